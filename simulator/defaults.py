@@ -1,0 +1,59 @@
+"""The documented default rules for settings a scenario (or a published run) leaves out.
+
+Every user, every scenario file and every validation row gets the same rule; the README lists them.
+"""
+
+from __future__ import annotations
+
+
+def split_layers(num_layers: int, pp: int) -> tuple[int, ...]:
+    """Layers per pipeline stage when none are given.
+
+    Even when pp divides the layers. Otherwise every stage gets ceil(L/pp) layers and the excess is
+    taken one layer at a time from the first stage, then the last, then the second, the second to
+    last, ... because the first and last stages also hold the embedding and the LM head (the rule of
+    the Llama 3 paper, Dubey et al. 2024 §3.3.2: 126 layers on 16 stages -> 7 on the first and last).
+    """
+    if pp <= 0 or num_layers < pp:
+        raise ValueError(f"cannot split {num_layers} layers over pp={pp} stages")
+    per = -(-num_layers // pp)
+    counts = [per] * pp
+    excess = per * pp - num_layers
+    order = [i for pair in zip(range(pp), range(pp - 1, -1, -1)) for i in pair]
+    seen: list[int] = []
+    for i in order:
+        if i not in seen:
+            seen.append(i)
+    for i in seen[:excess]:
+        counts[i] -= 1
+    return tuple(counts)
+
+
+def default_virtual_stages(num_layers: int, pp: int) -> int:
+    """Model chunks per rank for interleaved-1F1B when the source does not say.
+
+    The smallest interleaving that Megatron-LM accepts: the smallest divisor > 1 of the layers per
+    stage (Megatron requires layers per stage divisible by the number of chunks), 1 when a stage
+    holds a single layer or the layers do not divide evenly over the stages.
+    """
+    if pp <= 1 or num_layers % pp:
+        return 1
+    per_stage = num_layers // pp
+    for v in range(2, per_stage + 1):
+        if per_stage % v == 0:
+            return v
+    return 1
+
+
+DEFAULT_MICRO_BATCH_SIZE = 1  # Megatron-LM's --micro-batch-size default when a source omits it
+
+
+def default_grad_dtype(zero_stage: int, dtype: str) -> str:
+    """Gradient precision (memory per parameter and DP reduction volume) when not given.
+
+    Megatron-LM (DDP and its distributed optimizer, i.e. ZeRO-1) accumulates and all-reduces
+    gradients in fp32 ``main_grad`` buffers with bf16 training (``accumulate_allreduce_grads_in_fp32``):
+    18 bytes/param. DeepSpeed ZeRO-2/3 and FSDP keep gradients in the training dtype: 16 bytes/param,
+    the accounting of Rajbhandari et al. 2020 (2 + 2 + 12).
+    """
+    return dtype if zero_stage >= 2 else "fp32"

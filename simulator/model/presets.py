@@ -1,0 +1,54 @@
+"""Model presets a scenario can name (``[model] preset = ...``); fields in the file override them.
+
+Sources: GPT-3 (Brown et al. 2020, Table 2.1); Megatron GPT sizes (Narayanan et al. 2021,
+Table 1); Llama 2 (Touvron et al. 2023, Table 1 and the released config.json files);
+Llama 3 / 3.1 (Dubey et al. 2024, Table 3 and config.json); Mixtral 8x7B (Jiang et al. 2024,
+Table 1 and config.json). Megatron GPT models use vocabulary 51200 (GPT-2 BPE padded).
+"""
+
+from __future__ import annotations
+
+from .spec import ModelSpec
+
+
+def _gpt(name: str, layers: int, hidden: int, heads: int, seq: int = 2048) -> ModelSpec:
+    return ModelSpec(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                     vocab_size=51200, seq_length=seq, mlp="gelu")
+
+
+def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int,
+           seq: int, **kw) -> ModelSpec:
+    return ModelSpec(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                     num_kv_heads=kv, ffn_hidden_size=ffn, vocab_size=vocab, seq_length=seq,
+                     mlp="swiglu", **kw)
+
+
+MODEL_PRESETS: dict[str, ModelSpec] = {
+    m.name: m
+    for m in (
+        _gpt("gpt3-175b", 96, 12288, 96),
+        _gpt("gpt3-13b", 40, 5120, 40),
+        _gpt("gpt3-6.7b", 32, 4096, 32),
+        _gpt("gpt3-2.7b", 32, 2560, 32),
+        _gpt("gpt3-1.3b", 24, 2048, 16),
+        # Narayanan et al. 2021 Table 1 (weak-scaling family).
+        _gpt("megatron-gpt-1.7b", 24, 2304, 24),
+        _gpt("megatron-gpt-3.6b", 30, 3072, 32),
+        _gpt("megatron-gpt-7.5b", 36, 4096, 32),
+        _gpt("megatron-gpt-18.4b", 40, 6144, 48),
+        _gpt("megatron-gpt-39.1b", 48, 8192, 64),
+        _gpt("megatron-gpt-76.1b", 60, 10240, 80),
+        _gpt("megatron-gpt-145.6b", 80, 12288, 96),
+        _gpt("megatron-gpt-310.1b", 96, 16384, 128),
+        _gpt("megatron-gpt-529.6b", 105, 20480, 128),
+        _gpt("megatron-gpt-1t", 128, 25600, 160),
+        _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
+        _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
+        _llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
+        _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
+        _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
+        _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192),
+        # Mixtral trains with 32k context; 4096 is the sequence length of its scenario default.
+        _llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 4096, num_experts=8, moe_top_k=2),
+    )
+}

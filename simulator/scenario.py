@@ -1,0 +1,329 @@
+"""Scenario files: TOML (tomllib) into frozen dataclasses, presets, ``--set`` overrides, validation.
+
+Sections map one-to-one onto dataclasses (DESIGN.md §4.1). Every rejection is a ScenarioError
+whose message names the key and the numbers; the CLI prints it on one line and exits 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from .hardware.clusters import CLUSTER_PRESETS, TOPOLOGIES, ClusterSpec
+from .hardware.gpus import GPU_PRESETS
+from .model.presets import MODEL_PRESETS
+from .model.spec import ModelSpec
+from .units import DTYPE_BYTES, GB, gbit_per_s_to_bytes_per_s
+from .defaults import default_grad_dtype, default_virtual_stages, split_layers
+from .scenario_checks import ScenarioError, validate
+
+SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
+RECOMPUTE_MODES = ("none", "selective", "full")
+OPTIMIZERS = ("adam", "adamw", "sgd")
+COMPUTE_MODELS = ("roofline", "calibrated")
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelSpec:
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    ep: int = 1
+    sequence_parallel: bool = False
+    zero_stage: int = 0
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    recompute: str = "none"
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True  # distributed optimizer / ZeRO all-gather overlapped with forward
+    offload_optimizer: bool = False
+    cp_algorithm: str = "ring"  # "ring" (ring attention P2P) | "all-gather" (Llama 3's K/V all-gather)
+    layers_per_stage: tuple[int, ...] = ()
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingSpec:
+    global_batch_size: int
+    micro_batch_size: int = 1
+    dtype: str = "bf16"
+    optimizer: str = "adam"
+    grad_dtype: str = ""  # "" -> defaults.default_grad_dtype (fp32 main grads for Megatron, ZeRO >= 2: dtype)
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def grad_dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.grad_dtype]
+
+
+@dataclass(frozen=True, slots=True)
+class CostSpec:
+    compute: str = "roofline"
+    tables: str = ""  # directory of calibration tables when compute = "calibrated"
+    collective_algorithms: tuple[tuple[str, str], ...] = ()  # (op, algorithm) overrides
+
+    def algorithm_for(self, op: str) -> str | None:
+        return dict(self.collective_algorithms).get(op)
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    model: ModelSpec
+    cluster: ClusterSpec
+    parallel: ParallelSpec
+    training: TrainingSpec
+    cost: CostSpec = field(default_factory=CostSpec)
+    source: str = ""  # path of the file it came from
+
+    @property
+    def num_gpus(self) -> int:
+        return self.cluster.num_gpus
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per pipeline per iteration: B / (b · dp)."""
+        return self.training.global_batch_size // (self.training.micro_batch_size * self.parallel.dp)
+
+
+# ---- reading ------------------------------------------------------------------------------
+_SECTIONS = ("model", "cluster", "parallelism", "training", "cost")
+_MODEL_KEYS = {f.name for f in dataclasses.fields(ModelSpec)} - {"name", "extra"} | {"preset", "hf_config"}
+_CLUSTER_KEYS = {"preset", "num_nodes", "gpu", "gpus_per_node", "nvlink_bandwidth_GBps", "nics_per_node",
+                 "nic_bandwidth_Gbps", "pcie_bandwidth_GBps", "topology", "oversubscription", "nvls"}
+_PARALLEL_KEYS = {f.name for f in dataclasses.fields(ParallelSpec)}
+_TRAINING_KEYS = {f.name for f in dataclasses.fields(TrainingSpec)}
+_COST_KEYS = {"compute", "tables", "collective_algorithms"}
+
+
+def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
+    """Read a scenario file, apply ``section.key=value`` overrides, validate, build the dataclasses."""
+    p = Path(path)
+    if not p.is_file():
+        raise ScenarioError(f"scenario file {str(p)!r} does not exist")
+    try:
+        raw = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"{p}: malformed TOML: {exc}") from None
+    raw = apply_overrides(raw, overrides)
+    return scenario_from_dict(raw, default_name=p.stem, base_dir=p.parent, source=str(p))
+
+
+def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
+    """``--set parallelism.tp=4``: the value is read as a TOML value (string when it is not one)."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not sep or not dot or not name or section not in _SECTIONS:
+            raise ScenarioError(f"--set {item!r}: expected SECTION.KEY=VALUE with SECTION one of "
+                                f"{', '.join(_SECTIONS)}")
+        try:
+            value = tomllib.loads(f"v = {text.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = text.strip()
+        out.setdefault(section, {})[name] = value
+    return out
+
+
+def scenario_from_dict(raw: dict, default_name: str = "scenario", base_dir: Path | None = None,
+                       source: str = "") -> Scenario:
+    unknown = set(raw) - set(_SECTIONS) - {"name"}
+    if unknown:
+        raise ScenarioError(f"unknown top-level key(s) {sorted(unknown)}; known: name, {', '.join(_SECTIONS)}")
+    for sec in _SECTIONS:
+        if sec in raw and not isinstance(raw[sec], dict):
+            raise ScenarioError(f"[{sec}] must be a table, got {type(raw[sec]).__name__}")
+    name = raw.get("name", default_name)
+    if not isinstance(name, str) or not name:
+        raise ScenarioError(f"name must be a non-empty string, got {name!r}")
+    model = _model(raw.get("model", {}), base_dir or Path("."))
+    cluster = _cluster(raw.get("cluster", {}))
+    training = _training(raw.get("training", {}))
+    parallel = _parallel(raw.get("parallelism", {}), model, cluster, training)
+    cost = _cost(raw.get("cost", {}), base_dir or Path("."))
+    if not training.grad_dtype:
+        training = replace(training, grad_dtype=default_grad_dtype(parallel.zero_stage, training.dtype))
+    scn = Scenario(name, model, cluster, parallel, training, cost, source)
+    validate(scn)
+    return scn
+
+
+def _check_keys(section: str, table: dict, known: set) -> None:
+    unknown = set(table) - known
+    if unknown:
+        raise ScenarioError(f"[{section}] unknown key(s) {sorted(unknown)}; known: {', '.join(sorted(known))}")
+
+
+def _typed(section: str, key: str, value, kind: type):
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is int and isinstance(value, bool) or not isinstance(value, kind):
+        raise ScenarioError(f"{section}.{key} must be {kind.__name__}, got {value!r}")
+    return value
+
+
+def _fields_of(section: str, table: dict, cls) -> dict:
+    types = {f.name: f.type for f in dataclasses.fields(cls)}
+    out = {}
+    for key, value in table.items():
+        t = types.get(key)
+        if t is None:
+            continue
+        kind = {"int": int, "float": float, "str": str, "bool": bool, "bool | None": bool}.get(str(t))
+        if kind is not None:
+            out[key] = _typed(section, key, value, kind)
+        elif key == "layers_per_stage":
+            if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool)
+                                                      for v in value):
+                raise ScenarioError(f"{section}.{key} must be a list of integers, got {value!r}")
+            out[key] = tuple(value)
+    return out
+
+
+def _model(table: dict, base_dir: Path) -> ModelSpec:
+    _check_keys("model", table, _MODEL_KEYS)
+    base: dict = {}
+    if "preset" in table:
+        preset = table["preset"]
+        if preset not in MODEL_PRESETS:
+            raise ScenarioError(f"model.preset {preset!r} is unknown; known: {', '.join(MODEL_PRESETS)}")
+        spec = MODEL_PRESETS[preset]
+        base = {f.name: getattr(spec, f.name) for f in dataclasses.fields(ModelSpec) if f.name != "extra"}
+    if "hf_config" in table:
+        from .model.hf import load_hf_config
+        cfg = Path(table["hf_config"])
+        cfg = cfg if cfg.is_absolute() else base_dir / cfg
+        if not cfg.is_file():
+            raise ScenarioError(f"model.hf_config file {str(cfg)!r} does not exist")
+        try:
+            base.update(load_hf_config(cfg))
+        except ValueError as exc:
+            raise ScenarioError(f"model.hf_config {str(cfg)!r}: {exc}") from None
+        base.setdefault("name", cfg.parent.name or "hf-model")
+    fields = _fields_of("model", {k: v for k, v in table.items() if k not in ("preset", "hf_config")}, ModelSpec)
+    base.update(fields)
+    base.setdefault("name", table.get("preset", "custom"))
+    required = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length")
+    missing = [k for k in required if k not in base]
+    if missing:
+        raise ScenarioError(f"[model] needs {', '.join(missing)} (or a preset / hf_config)")
+    for key in required + ("num_experts", "moe_top_k"):
+        if key in base and base[key] <= 0:
+            raise ScenarioError(f"model.{key} must be positive, got {base[key]}")
+    for key in ("num_kv_heads", "ffn_hidden_size"):
+        if base.get(key, 0) < 0:
+            raise ScenarioError(f"model.{key} must be positive, got {base[key]}")
+    if base.get("mlp", "gelu") not in ("gelu", "swiglu"):
+        raise ScenarioError(f"model.mlp must be 'gelu' or 'swiglu', got {base['mlp']!r}")
+    # Presets derive norm/bias/... from mlp; an mlp override must re-derive them.
+    if "mlp" in fields and "preset" in table:
+        for k in ("norm", "position_embedding", "tie_embeddings", "bias"):
+            if k not in fields:
+                base[k] = "" if k in ("norm", "position_embedding") else None
+    return ModelSpec(**base)
+
+
+def _cluster(table: dict) -> ClusterSpec:
+    _check_keys("cluster", table, _CLUSTER_KEYS)
+    preset = table.get("preset", "dgx-a100-80gb")
+    if preset not in CLUSTER_PRESETS:
+        raise ScenarioError(f"cluster.preset {preset!r} is unknown; known: {', '.join(CLUSTER_PRESETS)}")
+    c = CLUSTER_PRESETS[preset]
+    changes: dict = {}
+    for key, kind in (("num_nodes", int), ("gpus_per_node", int), ("nics_per_node", int)):
+        if key in table:
+            v = _typed("cluster", key, table[key], kind)
+            if v <= 0:
+                raise ScenarioError(f"cluster.{key} must be positive, got {v}")
+            changes[key] = v
+    if "gpu" in table:
+        if table["gpu"] not in GPU_PRESETS:
+            raise ScenarioError(f"cluster.gpu {table['gpu']!r} is unknown; known: {', '.join(GPU_PRESETS)}")
+        changes["gpu"] = GPU_PRESETS[table["gpu"]]
+    for key, field_name, conv in (("nvlink_bandwidth_GBps", "nvlink_bandwidth_Bps", lambda v: v * GB),
+                                  ("nic_bandwidth_Gbps", "nic_bandwidth_Bps", gbit_per_s_to_bytes_per_s),
+                                  ("pcie_bandwidth_GBps", "pcie_bandwidth_Bps", lambda v: v * GB),
+                                  ("oversubscription", "oversubscription", float)):
+        if key in table:
+            v = _typed("cluster", key, table[key], float)
+            if v <= 0:
+                raise ScenarioError(f"cluster.{key} must be positive, got {v}")
+            changes[field_name] = conv(v)
+    if "topology" in table:
+        if table["topology"] not in TOPOLOGIES:
+            raise ScenarioError(f"cluster.topology {table['topology']!r} is unknown; known: {', '.join(TOPOLOGIES)}")
+        changes["topology"] = table["topology"]
+    if "nvls" in table:
+        changes["nvls"] = _typed("cluster", "nvls", table["nvls"], bool)
+    return replace(c, **changes)
+
+
+def _training(table: dict) -> TrainingSpec:
+    _check_keys("training", table, _TRAINING_KEYS)
+    if "global_batch_size" not in table:
+        raise ScenarioError("[training] needs global_batch_size")
+    t = TrainingSpec(**_fields_of("training", table, TrainingSpec))
+    for key in ("global_batch_size", "micro_batch_size"):
+        if getattr(t, key) <= 0:
+            raise ScenarioError(f"training.{key} must be positive, got {getattr(t, key)}")
+    if t.dtype not in ("bf16", "fp16", "fp8"):
+        raise ScenarioError(f"training.dtype must be bf16, fp16 or fp8, got {t.dtype!r}")
+    if t.optimizer not in OPTIMIZERS:
+        raise ScenarioError(f"training.optimizer must be one of {', '.join(OPTIMIZERS)}, got {t.optimizer!r}")
+    if t.grad_dtype not in ("", "fp32", "bf16", "fp16"):
+        raise ScenarioError(f"training.grad_dtype must be fp32, bf16 or fp16, got {t.grad_dtype!r}")
+    return t
+
+
+def _parallel(table: dict, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> ParallelSpec:
+    _check_keys("parallelism", table, _PARALLEL_KEYS)
+    vals = _fields_of("parallelism", table, ParallelSpec)
+    for key in ("tp", "pp", "dp", "cp", "ep", "virtual_stages"):
+        if key in vals and vals[key] <= 0:
+            raise ScenarioError(f"parallelism.{key} must be positive, got {vals[key]}")
+    if "dp" not in vals:
+        tp, pp, cp = vals.get("tp", 1), vals.get("pp", 1), vals.get("cp", 1)
+        if cluster.num_gpus % (tp * pp * cp):
+            raise ScenarioError(f"parallelism: tp*pp*cp = {tp}*{pp}*{cp} = {tp * pp * cp} does not divide "
+                                f"the {cluster.num_gpus} GPUs of the cluster")
+        vals["dp"] = cluster.num_gpus // (tp * pp * cp)
+    if vals.get("schedule") == "interleaved-1f1b" and "virtual_stages" not in vals and vals.get("pp", 1) > 1:
+        vals["virtual_stages"] = default_virtual_stages(model.num_layers, vals["pp"])
+    par = ParallelSpec(**vals)
+    if not par.layers_per_stage and par.pp <= model.num_layers:
+        par = replace(par, layers_per_stage=split_layers(model.num_layers, par.pp))
+    return par
+
+
+def _cost(table: dict, base_dir: Path) -> CostSpec:
+    _check_keys("cost", table, _COST_KEYS)
+    compute = table.get("compute", "roofline")
+    if compute not in COMPUTE_MODELS:
+        raise ScenarioError(f"cost.compute must be one of {', '.join(COMPUTE_MODELS)}, got {compute!r}")
+    tables = table.get("tables", "")
+    if not isinstance(tables, str):
+        raise ScenarioError(f"cost.tables must be a path string, got {tables!r}")
+    if compute == "calibrated":
+        if not tables:
+            raise ScenarioError("cost.tables is required when cost.compute = 'calibrated'")
+        tp = Path(tables)
+        if not tp.is_absolute() and not tp.exists():
+            tp = base_dir / tp
+        if not tp.is_dir():
+            raise ScenarioError(f"cost.tables directory {tables!r} does not exist")
+        tables = str(tp)
+    algs = table.get("collective_algorithms", {})
+    if not isinstance(algs, dict) or not all(isinstance(v, str) for v in algs.values()):
+        raise ScenarioError(f"cost.collective_algorithms must be a table of op = \"algorithm\", got {algs!r}")
+    return CostSpec(compute, tables, tuple(sorted(algs.items())))
+

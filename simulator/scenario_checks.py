@@ -1,0 +1,84 @@
+"""Cross-field rules a scenario must satisfy before it is simulated (DESIGN.md §4.1).
+
+Each rule raises ScenarioError with one line naming the key(s) and the numbers.
+"""
+
+from __future__ import annotations
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot be simulated; the message names the key and the numbers."""
+
+
+_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
+_RECOMPUTE = ("none", "selective", "full")
+
+
+def validate(scn) -> None:  # scn: scenario.Scenario (duck-typed to keep this module below it)
+    m, c, p, t = scn.model, scn.cluster, scn.parallel, scn.training
+    if p.num_gpus != c.num_gpus:
+        raise ScenarioError(f"parallelism: dp*tp*pp*cp = {p.dp}*{p.tp}*{p.pp}*{p.cp} = {p.num_gpus} != "
+                            f"{c.num_gpus} GPUs ({c.num_nodes} nodes x {c.gpus_per_node})")
+    if m.hidden_size % m.num_attention_heads:
+        raise ScenarioError(f"model.hidden_size {m.hidden_size} is not divisible by "
+                            f"num_attention_heads {m.num_attention_heads}")
+    if m.num_attention_heads % m.num_kv_heads:
+        raise ScenarioError(f"model.num_attention_heads {m.num_attention_heads} is not divisible by "
+                            f"num_kv_heads {m.num_kv_heads}")
+    if m.num_attention_heads % p.tp:
+        raise ScenarioError(f"parallelism.tp = {p.tp} does not divide model.num_attention_heads = "
+                            f"{m.num_attention_heads}")
+    if m.num_kv_heads % p.tp and p.tp % m.num_kv_heads:
+        raise ScenarioError(f"parallelism.tp = {p.tp} and model.num_kv_heads = {m.num_kv_heads}: one must "
+                            f"divide the other")
+    if m.ffn_hidden_size % p.tp:
+        raise ScenarioError(f"parallelism.tp = {p.tp} does not divide model.ffn_hidden_size = "
+                            f"{m.ffn_hidden_size}")
+    if m.moe_top_k > m.num_experts:
+        raise ScenarioError(f"model.moe_top_k = {m.moe_top_k} exceeds num_experts = {m.num_experts}")
+    if p.ep > 1 and m.num_experts % p.ep:
+        raise ScenarioError(f"parallelism.ep = {p.ep} does not divide model.num_experts = {m.num_experts}")
+    if p.ep > 1 and (p.dp * p.cp) % p.ep:
+        raise ScenarioError(f"parallelism.ep = {p.ep} does not divide dp*cp = {p.dp}*{p.cp} = {p.dp * p.cp} "
+                            f"(experts are spread over data-parallel ranks)")
+    if m.seq_length % p.cp:
+        raise ScenarioError(f"parallelism.cp = {p.cp} does not divide model.seq_length = {m.seq_length}")
+    if p.sequence_parallel and (m.seq_length // p.cp) % p.tp:
+        raise ScenarioError(f"sequence_parallel: tp = {p.tp} does not divide the sequence "
+                            f"{m.seq_length}/cp={m.seq_length // p.cp}")
+    if t.global_batch_size % (t.micro_batch_size * p.dp):
+        raise ScenarioError(f"training.global_batch_size = {t.global_batch_size} is not divisible by "
+                            f"micro_batch_size*dp = {t.micro_batch_size}*{p.dp} = {t.micro_batch_size * p.dp}")
+    if not 0 <= p.zero_stage <= 3:
+        raise ScenarioError(f"parallelism.zero_stage must be 0..3, got {p.zero_stage}")
+    if p.schedule not in _SCHEDULES:
+        raise ScenarioError(f"parallelism.schedule {p.schedule!r} is unknown; known: {', '.join(_SCHEDULES)}")
+    if p.recompute not in _RECOMPUTE:
+        raise ScenarioError(f"parallelism.recompute {p.recompute!r} is unknown; known: {', '.join(_RECOMPUTE)}")
+    if p.cp_algorithm not in ("ring", "all-gather"):
+        raise ScenarioError(f"parallelism.cp_algorithm must be 'ring' or 'all-gather', got {p.cp_algorithm!r}")
+    if p.offload_optimizer and p.zero_stage == 0:
+        raise ScenarioError("parallelism.offload_optimizer needs zero_stage >= 1 (ZeRO-Offload shards the "
+                            "optimizer state), got zero_stage = 0")
+    if p.pp > m.num_layers:
+        raise ScenarioError(f"parallelism.pp = {p.pp} exceeds model.num_layers = {m.num_layers}")
+    lps = p.layers_per_stage
+    if len(lps) != p.pp or sum(lps) != m.num_layers or min(lps) < 1:
+        raise ScenarioError(f"parallelism.layers_per_stage = {list(lps)} must have pp = {p.pp} positive "
+                            f"entries summing to num_layers = {m.num_layers}")
+    m_count = t.global_batch_size // (t.micro_batch_size * p.dp)
+    if p.schedule == "interleaved-1f1b" and p.pp > 1:
+        if p.virtual_stages < 2:
+            raise ScenarioError(f"parallelism.virtual_stages = {p.virtual_stages}: interleaved-1f1b needs >= 2")
+        if m_count % p.pp:
+            raise ScenarioError(f"interleaved-1f1b: micro-batches per pipeline = {m_count} must be a multiple "
+                                f"of pp = {p.pp} (Megatron-LM's rule)")
+        bad = [n for n in lps if n % p.virtual_stages]
+        if bad:
+            raise ScenarioError(f"parallelism.virtual_stages = {p.virtual_stages} does not divide the layers "
+                                f"per stage {list(lps)}")
+    elif p.virtual_stages != 1 and p.pp > 1:
+        raise ScenarioError(f"parallelism.virtual_stages = {p.virtual_stages} needs schedule = "
+                            f"'interleaved-1f1b', got {p.schedule!r}")
+    if p.schedule != "gpipe" and p.pp > 1 and m_count < 1:
+        raise ScenarioError(f"no micro-batches: global_batch_size {t.global_batch_size} < micro_batch_size*dp")
