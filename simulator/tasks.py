@@ -7,7 +7,7 @@ of its task list; every other ordering constraint is an explicit dependency (DES
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 TASK_KINDS = ("compute", "comm", "host")
 # Breakdown categories of metrics.json time_breakdown_s (DESIGN.md §4.3), minus "bubble"
@@ -150,6 +150,13 @@ class TaskGraphBuilder:
     def last_on(self, rank: int, stream: str) -> int | None:
         ids = self._streams.get((rank, stream))
         return ids[-1] if ids else None
+
+    def set_mem(self, tid: int, mem_delta_bytes: float) -> None:
+        """Attach a memory allocation (+) or release (-) to an already appended task."""
+        self._tasks[tid] = replace(self._tasks[tid], mem_delta_bytes=mem_delta_bytes)
+
+    def stream_ids(self, rank: int, stream: str) -> tuple[int, ...]:
+        return tuple(self._streams.get((rank, stream), ()))
 
     def build(self, ranks: tuple[int, ...], full: bool, meta: dict | None = None) -> TaskGraph:
         streams = {k: tuple(v) for k, v in self._streams.items()}

@@ -1,0 +1,165 @@
+"""Command line: python -m simulator {presets,run,collective,validate,sweep,search,calibrate} (DESIGN.md §4.2).
+
+Bad input of any kind ends with one line on stderr naming the key and the numbers, exit code 2.
+``--json`` prints exactly one JSON value on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, as for every other bad input
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="simulator", description="Discrete-event simulator of distributed LLM training.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub.add_parser("presets", help="models, GPUs and clusters a scenario can name").add_argument("--json", action="store_true")
+
+    r = sub.add_parser("run", help="simulate one scenario")
+    r.add_argument("scenario")
+    r.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    r.add_argument("--out", help="results folder (default results/<name>)")
+    r.add_argument("--json", action="store_true")
+    r.add_argument("--full", action="store_true", help="simulate every rank instead of one per stage")
+
+    c = sub.add_parser("collective", help="one collective over all GPUs of N nodes")
+    c.add_argument("--cluster", required=True)
+    c.add_argument("--nodes", type=int, default=1)
+    c.add_argument("--op", required=True)
+    c.add_argument("--size-bytes", type=float, default=2**30)
+    c.add_argument("--algorithm")
+    c.add_argument("--sweep", action="store_true", help="8 B .. 8 GiB, busbw curve PNG")
+    c.add_argument("--out")
+    c.add_argument("--json", action="store_true")
+
+    v = sub.add_parser("validate", help="predictions against published training runs")
+    v.add_argument("csv", nargs="*")
+    v.add_argument("--json", action="store_true")
+    v.add_argument("--out", default="results")
+
+    for name in ("sweep", "search"):
+        s = sub.add_parser(name, help="cartesian grid of plans" if name == "sweep" else "best plan")
+        s.add_argument("scenario")
+        s.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+        s.add_argument("--jobs", type=int, default=0)
+        s.add_argument("--backend", choices=("local", "ray"), default="local")
+        s.add_argument("--ray-address", default=None)
+        s.add_argument("--out")
+        s.add_argument("--json", action="store_true")
+        if name == "sweep":
+            s.add_argument("--grid", action="append", default=[], metavar="SECTION.KEY=V1,V2", required=True)
+        else:
+            s.add_argument("--top", type=int, default=10)
+
+    cal = sub.add_parser("calibrate", help="profile kernels, import and compare real traces")
+    csub = cal.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    pr = csub.add_parser("profile")
+    pr.add_argument("--device", choices=("cuda", "cpu"))
+    pr.add_argument("--out")
+    cm = csub.add_parser("compare")
+    cm.add_argument("trace")
+    cm.add_argument("scenario")
+    cm.add_argument("--out")
+    sh = csub.add_parser("show")
+    sh.add_argument("trace")
+    sh.add_argument("--out")
+    return p
+
+
+def _presets(args) -> int:
+    from .hardware.clusters import CLUSTER_PRESETS
+    from .hardware.gpus import GPU_PRESETS
+    from .model.presets import MODEL_PRESETS
+    data = {"models": {k: {"params": m.num_params(), "layers": m.num_layers, "hidden_size": m.hidden_size}
+                       for k, m in MODEL_PRESETS.items()},
+            "gpus": {k: {"bf16_tflops": g.peak("bf16") / 1e12, "memory_GiB": g.memory_capacity_bytes / 2**30}
+                     for k, g in GPU_PRESETS.items()},
+            "clusters": {k: {"gpu": c.gpu.name, "gpus_per_node": c.gpus_per_node} for k, c in CLUSTER_PRESETS.items()}}
+    if args.json:
+        print(json.dumps(data))
+        return 0
+    print("models:")
+    for k, m in data["models"].items():
+        print(f"  {k:22s} {m['params'] / 1e9:8.2f}B params, {m['layers']} layers, hidden {m['hidden_size']}")
+    print("gpus:")
+    for k, g in data["gpus"].items():
+        print(f"  {k:22s} {g['bf16_tflops']:7.1f} TFLOP/s bf16, {g['memory_GiB']:.1f} GiB")
+    print("clusters:")
+    for k, c in data["clusters"].items():
+        print(f"  {k:22s} {c['gpus_per_node']} x {c['gpu']} per node")
+    return 0
+
+
+def _run(args) -> int:
+    from .analysis.report import format_summary
+    from .pipeline import simulate, write_results
+    from .scenario import load_scenario
+    scn = load_scenario(args.scenario, args.set)
+    result = simulate(scn, full=args.full)
+    out = Path(args.out) if args.out else Path("results") / scn.name
+    write_results(result, out)
+    if not result.memory.fits:
+        peak, cap = result.memory.peak["total"], result.memory.capacity_bytes
+        print(f"warning: plan does not fit in GPU memory: peak {peak / 2**30:.1f} GiB > capacity "
+              f"{cap / 2**30:.1f} GiB (rank {result.memory.worst_rank})", file=sys.stderr)
+    if args.json:
+        print(json.dumps(result.metrics))
+    else:
+        print(format_summary(result.metrics))
+        print(f"results written to {out}/")
+    return 0
+
+
+def _collective(args) -> int:
+    from .explore.collective_cli import collective_command
+    return collective_command(args)
+
+
+def _validate(args) -> int:
+    from .explore.validate import validate_command
+    return validate_command(args)
+
+
+def _sweep(args) -> int:
+    from .explore.sweep import sweep_command
+    return sweep_command(args)
+
+
+def _search(args) -> int:
+    from .explore.search import search_command
+    return search_command(args)
+
+
+def _calibrate(args) -> int:
+    from .calibration.cli import cmd_compare, cmd_profile, cmd_show
+    if args.action == "profile":
+        return cmd_profile(args.device, args.out)
+    if args.action == "compare":
+        return cmd_compare(args.trace, args.scenario, args.out)
+    return cmd_show(args.trace, args.out)
+
+
+COMMANDS = {"presets": _presets, "run": _run, "collective": _collective, "validate": _validate,
+            "sweep": _sweep, "search": _search, "calibrate": _calibrate}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except (ValueError, FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"error: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

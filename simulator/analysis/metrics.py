@@ -1,0 +1,93 @@
+"""Metrics of one simulated (or measured) step: time, throughput, MFU/HFU, and the exposed-time breakdown.
+
+The breakdown is read off the critical rank's timeline with a sweep line: at every instant the rank
+is either computing (the compute stream's category), exposed on communication (a comm stream busy
+while compute idles), or idle (bubble). The parts therefore add up to the iteration time exactly.
+"""
+
+from __future__ import annotations
+
+from ..trace import Trace
+from ..units import TFLOP
+
+BREAKDOWN_KEYS = ("compute", "recompute", "comm_tp", "comm_cp", "comm_ep", "comm_pp", "comm_dp", "bubble",
+                  "optimizer", "offload", "other")
+# When compute idles and several streams are busy, the time is charged to the first busy one in
+# this order: blocking collectives first, then the overlappable ones.
+_EXPOSED_ORDER = ("comm_ep", "comm_cp", "comm_tp", "offload", "optimizer", "comm_pp", "comm_dp", "other",
+                  "compute", "recompute")
+
+
+def exposed_breakdown(trace: Trace, rank: int, t0: float, t1: float) -> dict[str, float]:
+    """Seconds of [t0, t1] on ``rank`` by what is exposed (DESIGN.md §4.3 time_breakdown_s)."""
+    out = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
+    points: list[tuple[float, int, int, str]] = []  # (time, +1/-1, is_compute, category)
+    for e in trace.events:
+        if e.rank != rank or e.end_s <= e.start_s:
+            continue
+        cat = e.category if e.category in out else "other"
+        comp = 1 if e.stream == "compute" else 0
+        points.append((e.start_s, 1, comp, cat))
+        points.append((e.end_s, -1, comp, cat))
+    points.sort(key=lambda p: (p[0], p[1]))
+    active_compute: dict[str, int] = {}
+    active_other: dict[str, int] = {}
+    prev = t0
+    for time, delta, comp, cat in points:
+        if time > prev:
+            _charge(out, prev, min(time, t1), active_compute, active_other)
+            prev = time
+        bucket = active_compute if comp else active_other
+        bucket[cat] = bucket.get(cat, 0) + delta
+        if bucket[cat] == 0:
+            del bucket[cat]
+    if t1 > prev:
+        _charge(out, prev, t1, active_compute, active_other)
+    return out
+
+
+def _charge(out: dict, a: float, b: float, compute: dict, other: dict) -> None:
+    if b <= a:
+        return
+    if compute:
+        cat = next((c for c in _EXPOSED_ORDER if c in compute), next(iter(compute)))
+    elif other:
+        cat = next((c for c in _EXPOSED_ORDER if c in other), next(iter(other)))
+    else:
+        cat = "bubble"
+    out[cat] += b - a
+
+
+def critical_rank(trace: Trace) -> int:
+    """The rank whose last event ends last (lowest rank on ties)."""
+    last: dict[int, float] = {}
+    for e in trace.events:
+        if e.end_s > last.get(e.rank, float("-inf")):
+            last[e.rank] = e.end_s
+    return min(last, key=lambda r: (-last[r], r))
+
+
+def summarize(scn, iteration_time_s: float, model_flops: float, hardware_flops: float,
+              breakdown: dict[str, float], memory_peak: dict, capacity_bytes: float, fits: bool) -> dict:
+    """metrics.json (DESIGN.md §4.3); MFU/HFU against the GPU's dense peak (PaLM, Chowdhery 2022 App. B)."""
+    n = scn.num_gpus
+    peak = scn.cluster.gpu.peak(scn.training.dtype)
+    t = iteration_time_s
+    tokens = scn.training.global_batch_size * scn.model.seq_length
+    return {
+        "scenario": scn.name,
+        "num_gpus": n,
+        "iteration_time_s": t,
+        "tokens_per_s": tokens / t,
+        "model_flops_per_iteration": model_flops,
+        "hardware_flops_per_iteration": hardware_flops,
+        "model_tflops_per_gpu": model_flops / t / n / TFLOP,
+        "hardware_tflops_per_gpu": hardware_flops / t / n / TFLOP,
+        "mfu": model_flops / (t * n * peak),
+        "hfu": hardware_flops / (t * n * peak),
+        "bubble_fraction": breakdown["bubble"] / t if t > 0 else 0.0,
+        "time_breakdown_s": breakdown,
+        "memory_bytes": memory_peak,
+        "memory_capacity_bytes": capacity_bytes,
+        "fits_in_memory": fits,
+    }

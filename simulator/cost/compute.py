@@ -1,0 +1,93 @@
+"""Compute cost: roofline time of one kernel (OpWork) with global per-architecture efficiencies.
+
+time = max(FLOPs / (peak · gemm_eff(shape)), bytes / (HBM bandwidth · mem_eff)) + kernel overhead.
+The efficiencies are global per GPU architecture, each from a published measurement; no constant is
+fitted to a validation row (DESIGN.md §5).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..hardware.gpus import GPUSpec
+from ..tasks import OpWork
+
+
+@dataclass(frozen=True, slots=True)
+class Efficiency:
+    gemm_max: float  # best achievable fraction of dense peak for large GEMMs
+    attention: float  # flash-attention fwd+bwd fraction of dense peak (causal, head_dim 128)
+    memory: float  # fraction of HBM bandwidth reached by streaming elementwise kernels
+    num_sms: int  # streaming multiprocessors: wave quantization of GEMM tiles
+    kernel_overhead_s: float  # per-kernel launch/tail gap when the GPU is saturated with kernels
+
+
+# Sources:
+# - gemm_max: "Maximum Achievable Matmul FLOPS" (MAMF) measured with torch.mm over a shape sweep,
+#   Bekman, Machine Learning Engineering Open Book (compute/accelerator, 2024): A100 SXM bf16
+#   ~268 of 312 TFLOP/s (0.86), H100 SXM bf16 ~792 of 989 TFLOP/s (0.80).
+# - attention: FlashAttention-2 (Dao 2023, Fig. 6/7): A100 causal fwd+bwd up to ~190-200 TFLOP/s at
+#   head_dim 128, seq 2k-8k (~0.62 of 312); FlashAttention-3 (Shah et al. 2024, Fig. 4/5): H100 bf16
+#   causal fwd+bwd ~ 450-550 TFLOP/s for FA2-style kernels in Megatron-Core/TE (~0.50 of 989).
+#   These FLOPs count only the unmasked half of causal attention, as the papers do.
+# - memory: STREAM-like copy kernels reach ~90% of HBM peak on A100/H100 (NVIDIA's "GPU Performance
+#   Background" guide; Jia et al. 2018 microbenchmarking methodology); we take 0.85 for the mix of
+#   norm/elementwise kernels which are rarely perfectly coalesced.
+# - num_sms: A100 108 SMs (A100 whitepaper), H100 SXM5 132 SMs (H100 whitepaper).
+# - kernel_overhead_s: back-to-back kernel launch gap of ~2-4 us on a busy stream (NVIDIA Nsight
+#   Systems timelines; PyTorch CUDA Graphs announcement, 2021: "launch overhead ... several us").
+EFFICIENCIES: dict[str, Efficiency] = {
+    "ampere": Efficiency(gemm_max=0.86, attention=0.62, memory=0.85, num_sms=108, kernel_overhead_s=2e-6),
+    "hopper": Efficiency(gemm_max=0.80, attention=0.50, memory=0.85, num_sms=132, kernel_overhead_s=2e-6),
+}
+
+# CUTLASS/cuBLAS tensor-core GEMM output tile for bf16 on Ampere/Hopper (128 x 256), NVIDIA
+# "Matrix Multiplication Background User's Guide": tile and wave quantization.
+GEMM_TILE_M = 128
+GEMM_TILE_N = 256
+# Fraction of the full attention score matrix a causal kernel computes (lower triangle).
+CAUSAL_EXECUTED_FRACTION = 0.5
+
+
+def wave_efficiency(m: int, n: int, num_sms: int) -> float:
+    """Fraction of the last wave that is busy: tiles / (waves · SMs) (NVIDIA GEMM guide, wave quantization)."""
+    tiles = math.ceil(m / GEMM_TILE_M) * math.ceil(n / GEMM_TILE_N)
+    waves = math.ceil(tiles / num_sms)
+    tile_eff = (m * n) / (math.ceil(m / GEMM_TILE_M) * GEMM_TILE_M * math.ceil(n / GEMM_TILE_N) * GEMM_TILE_N)
+    return tile_eff * tiles / (waves * num_sms)
+
+
+class RooflineCompute:
+    """Kernel time from FLOPs and bytes against one GPU's peak, with the global efficiencies."""
+
+    def __init__(self, gpu: GPUSpec, dtype: str) -> None:
+        self.gpu = gpu
+        self.eff = EFFICIENCIES[gpu.architecture]
+        self.peak_flops_per_s = gpu.peak(dtype)
+        self.mem_Bps = gpu.hbm_bandwidth_Bps * self.eff.memory
+        self._cache: dict[OpWork, float] = {}
+
+    def op_time_s(self, op: OpWork) -> float:
+        t = self._cache.get(op)
+        if t is None:
+            t = self._cache[op] = self._op_time_s(op)
+        return t
+
+    def _op_time_s(self, op: OpWork) -> float:
+        mem_s = op.bytes / self.mem_Bps
+        if op.kind == "gemm" and op.flops > 0:
+            m, n, _k = op.shape if len(op.shape) == 3 else (1 << 14, 1 << 14, 0)
+            # Either orientation of the output can be tiled; cuBLAS picks the better one.
+            wave = max(wave_efficiency(m, n, self.eff.num_sms), wave_efficiency(n, m, self.eff.num_sms))
+            flop_s = op.flops / (self.peak_flops_per_s * self.eff.gemm_max * wave)
+        elif op.kind == "attention" and op.flops > 0:
+            # The op counts the full s^2 score matrix (Narayanan 2021 eq. 3); a causal flash kernel skips
+            # the masked upper triangle, half of it (Dao 2023 §3.1), at the measured efficiency.
+            flop_s = CAUSAL_EXECUTED_FRACTION * op.flops / (self.peak_flops_per_s * self.eff.attention)
+        else:
+            flop_s = 0.0
+        return max(flop_s, mem_s) + self.eff.kernel_overhead_s
+
+    def work_time_s(self, work: tuple[OpWork, ...]) -> float:
+        return sum(self.op_time_s(op) for op in work)

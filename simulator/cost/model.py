@@ -1,0 +1,82 @@
+"""CostModel: the one object the engine asks "how long?" for every task of a scenario.
+
+Compute and host work are static (roofline or calibrated tables); TP collectives inside a node are
+costed statically by their algorithm (they own the GPU's NVLink ports); every other transfer returns
+a CommPlan that the engine runs through the shared-bandwidth network.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ..hardware.topology import Topology
+from ..tasks import Task
+from .collectives import collective_time_s, plan_collective
+from .compute import RooflineCompute
+from .plan import CommPlan
+
+# ZeRO-Offload's CPU-Adam (Ren et al. 2021, §5.1 and Table 3): ~0.2 s per step for 1B parameters on
+# one DGX-2 node's CPU (2 x Xeon Platinum 8168); the node's GPUs share it.
+CPU_ADAM_PARAMS_PER_S_PER_NODE = 5.0e9
+# PCIe host links deliver ~80% of their line rate in cudaMemcpy with pinned memory (NVIDIA
+# bandwidthTest: ~25 GB/s on Gen4 x16, ~50 GB/s on Gen5 x16).
+PCIE_EFFICIENCY = 0.8
+
+
+class CostModel:
+    def __init__(self, scn, topo: Topology, tables=None) -> None:
+        self.scn = scn
+        self.topo = topo
+        self.roofline = RooflineCompute(scn.cluster.gpu, scn.training.dtype)
+        self.tables = tables  # cost.calibrated.CalibrationTables | None
+        self.missing: set[str] = set()
+        self._work_cache: dict[int, float] = {}
+        self._static_comm: dict = {}
+        self.algorithms = dict(scn.cost.collective_algorithms)
+
+    # ---- engine protocol ----------------------------------------------------------------------
+    def duration_s(self, task: Task) -> float | None:
+        if task.kind == "compute":
+            key = id(task.work)
+            t = self._work_cache.get(key)
+            if t is None:
+                t = self._work_cache[key] = self._work_time_s(task.work)
+            return t
+        if task.kind == "host":
+            params = sum(w.shape[0] for w in task.work if w.shape)
+            return params / (CPU_ADAM_PARAMS_PER_S_PER_NODE / self.scn.cluster.gpus_per_node)
+        c = task.comm
+        if c.axis == "host":
+            return c.size_bytes / (self.scn.cluster.pcie_bandwidth_Bps * PCIE_EFFICIENCY)
+        if c.axis == "tp" and self._in_one_node(c.group):
+            key = (c.op, c.size_bytes, len(c.group))
+            t = self._static_comm.get(key)
+            if t is None:
+                t = self._static_comm[key] = collective_time_s(c, self.topo, self.algorithms.get(c.op))
+            return t
+        return None
+
+    def comm_plan(self, task: Task) -> CommPlan:
+        return plan_collective(task.comm, self.topo, self.algorithms.get(task.comm.op))
+
+    # ---- helpers ----------------------------------------------------------------------------------
+    def _in_one_node(self, group: tuple[int, ...]) -> bool:
+        g = self.scn.cluster.gpus_per_node
+        return group[0] // g == group[-1] // g
+
+    def _work_time_s(self, work) -> float:
+        if self.tables is None:
+            return self.roofline.work_time_s(work)
+        total = 0.0
+        for op in work:
+            t = self.tables.lookup_s(op, self.scn.training.dtype)
+            if t is None:
+                self.missing.add(f"{op.kind}:{op.name}")
+                t = self.roofline.op_time_s(op)
+            total += t
+        return total
+
+    def warn_missing(self) -> None:
+        if self.missing:
+            print(f"warning: calibration tables lack {len(self.missing)} op(s), roofline used for: "
+                  f"{', '.join(sorted(self.missing))}", file=sys.stderr)

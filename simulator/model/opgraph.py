@@ -1,0 +1,244 @@
+"""The operator graph of one micro-batch: every kernel-sized op of the model, UNSHARDED.
+
+Each op carries its forward and backward FLOPs, HBM bytes, parameters, shape and the rule by which
+tensor parallelism divides it; ``strategy/sharding`` turns an op into one rank's work. All layers
+are identical, so the graph holds one layer template plus the embedding and head ops.
+
+FLOP convention (Narayanan et al. 2021 eq. 3; Korthikanti et al. 2022 §5; PaLM App. B MFU):
+only matrix multiplications count. A GEMM of (m, n, k) costs 2·m·n·k forward and twice that
+backward, split equally into the input gradient ("B" of zero-bubble, Qi et al. 2024) and the
+weight gradient ("W"). The attention core counts QK^T and AV over the FULL s x s score matrix,
+4·b·s²·h forward, although the mask is causal: this is how those papers count, so MFU computed
+from this graph matches theirs. Vector ops (norms, activations, residuals, softmax, loss,
+embedding lookup) carry zero FLOPs and are costed by their bytes (they are memory-bound).
+With these rules a GPT layer costs 24·b·s·h² + 4·b·s²·h forward and the model
+24·b·s·l·h²·(1 + s/(6h)) + 2·b·s·h·V (Narayanan eq. 3 divided by 4, no recompute).
+
+Bytes are the compulsory HBM traffic of each kernel (each operand read once, each result written
+once), dtype-sized; bias vectors and norm weights (n elements against m·n activations) and
+FlashAttention's per-row softmax statistics are neglected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import ceil
+
+from ..units import dtype_bytes as _dtype_bytes
+from .spec import ModelSpec
+
+OP_KINDS = ("gemm", "attention", "elementwise", "norm", "softmax", "embedding", "loss")
+TP_SPLITS = ("column", "row", "heads", "vocab", "sequence", "expert", "none")
+
+# Dropout mask element: torch.nn.functional.dropout keeps a bool mask, 1 byte per element
+# (Korthikanti et al. 2022 §4.1 counts the mask as s·b·h bytes).
+_MASK_BYTES = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    name: str
+    kind: str  # one of OP_KINDS
+    block: str  # "embed" | "attn" | "mlp" | "head"
+    fwd_flops: float  # one micro-batch, unsharded
+    bwd_input_flops: float  # gradient w.r.t. inputs ("B")
+    bwd_weight_flops: float  # gradient w.r.t. weights ("W"); 0 for ops without weights
+    fwd_bytes: float  # HBM bytes read + written in forward
+    bwd_bytes: float  # HBM bytes read + written in backward (B and W together)
+    params: int
+    shape: tuple[int, ...]  # gemm (m, n, k); attention (b, heads, seq_q, seq_kv, head_dim);
+    #                         others (tokens, width)
+    tp_split: str  # one of TP_SPLITS
+    dtype_bytes: int = 2
+    experts: int = 1  # expert GEMMs: the number of experts whose weights the op holds
+    kv_heads: int = 0  # attention: key/value heads (GQA); 0 for other ops
+
+
+@dataclass(frozen=True, slots=True)
+class OpGraph:
+    model: ModelSpec
+    micro_batch_size: int
+    dtype_bytes: int
+    embed: tuple[Op, ...]
+    layer: tuple[Op, ...]  # one transformer layer; every layer is identical
+    head: tuple[Op, ...]
+
+    @property
+    def tokens(self) -> int:
+        return self.micro_batch_size * self.model.seq_length
+
+    def fwd_flops(self) -> float:
+        """Whole model, one micro-batch, forward."""
+        return self._total(lambda op: op.fwd_flops)
+
+    def bwd_flops(self) -> float:
+        return self._total(lambda op: op.bwd_input_flops + op.bwd_weight_flops)
+
+    def num_params(self) -> int:
+        return int(self._total(lambda op: op.params))
+
+    def _total(self, f) -> float:
+        layer = sum(f(op) for op in self.layer)
+        return (sum(f(op) for op in self.embed) + self.model.num_layers * layer
+                + sum(f(op) for op in self.head))
+
+
+# ---- work formulas shared with strategy/sharding --------------------------------------------
+def gemm_flops(m: int, n: int, k: int) -> float:
+    """(m x k) @ (k x n): m·n multiply-adds per k, 2 FLOPs each."""
+    return 2.0 * m * n * k
+
+
+def gemm_bytes(m: int, n: int, k: int, dtype_bytes: int, experts: int = 1) -> float:
+    """Read input (m·k) and weights (experts·k·n), write output (m·n). The two backward GEMMs
+    (dX = dY·W^T, dW = X^T·dY) each move the same three matrices, so each costs this too."""
+    return float(m * k + experts * k * n + m * n) * dtype_bytes
+
+
+def attention_flops(batch: int, heads: int, seq_q: int, seq_kv: int, head_dim: int) -> float:
+    """QK^T and AV: 2·(2·b·heads·sq·skv·d) = 4·b·s²·h for sq = skv = s (Narayanan eq. 3)."""
+    return 4.0 * batch * heads * seq_q * seq_kv * head_dim
+
+
+def attention_bytes(batch: int, heads: int, kv_heads: int, seq_q: int, seq_kv: int, head_dim: int,
+                    dtype_bytes: int, backward: bool = False) -> float:
+    """Fused (FlashAttention, Dao et al. 2022) kernel, compulsory traffic. Forward reads Q, K, V and
+    writes O; backward reads Q, K, V, O, dO and writes dQ, dK, dV."""
+    q = batch * heads * seq_q * head_dim
+    kv = batch * kv_heads * seq_kv * head_dim
+    return float((4 * q + 4 * kv) if backward else (2 * q + 2 * kv)) * dtype_bytes
+
+
+def expert_rows(tokens: int, top_k: int, capacity_factor: float) -> int:
+    """Token slots the experts compute: capacity cf·T·k/E per expert (GShard, Lepikhin et al. 2020
+    §2.2; Switch Transformer, Fedus et al. 2021 eq. 4) over E experts = cf·T·k; padded slots are
+    computed, so cf > 1 costs FLOPs."""
+    return ceil(capacity_factor * tokens * top_k - 1e-9)
+
+
+# ---- op constructors --------------------------------------------------------------------------
+def _gemm(name: str, block: str, m: int, n: int, k: int, params: int, tp_split: str, d: int,
+          experts: int = 1) -> Op:
+    f = gemm_flops(m, n, k)
+    b = gemm_bytes(m, n, k, d, experts)
+    return Op(name, "gemm", block, f, f, f, b, 2 * b, params, (m, n, k), tp_split, d, experts)
+
+
+def _vector(name: str, kind: str, block: str, tokens: int, width: int, fwd_elem_bytes: float,
+            bwd_elem_bytes: float, params: int, tp_split: str, d: int) -> Op:
+    """A memory-bound op over a (tokens, width) tensor; *_elem_bytes: bytes moved per element."""
+    e = tokens * width
+    return Op(name, kind, block, 0.0, 0.0, 0.0, fwd_elem_bytes * e, bwd_elem_bytes * e, params,
+              (tokens, width), tp_split, d)
+
+
+def _norm(name: str, block: str, m: ModelSpec, tokens: int, d: int) -> Op:
+    # forward reads x, writes y; backward reads dy and x, writes dx
+    return _vector(name, "norm", block, tokens, m.hidden_size, 2 * d, 3 * d, m.norm_params(),
+                   "sequence", d)
+
+
+def _residual(name: str, block: str, m: ModelSpec, tokens: int, d: int) -> Op:
+    """Megatron's fused bias-dropout-add for GPT-style models (hidden dropout 0.1, Brown et al. 2020
+    / Megatron defaults): reads x and the residual, writes out and the mask; backward reads dy and
+    the mask, writes dx. Llama-style models train without dropout (Touvron et al. 2023): a plain
+    add whose gradient is the identity (no backward kernel)."""
+    if m.mlp == "gelu":
+        return _vector(name, "elementwise", block, tokens, m.hidden_size, 3 * d + _MASK_BYTES,
+                       2 * d + _MASK_BYTES, 0, "sequence", d)
+    return _vector(name, "elementwise", block, tokens, m.hidden_size, 3 * d, 0, 0, "sequence", d)
+
+
+def _attention_ops(m: ModelSpec, b: int, d: int) -> list[Op]:
+    h, kv, s, t = m.hidden_size, m.kv_hidden_size, m.seq_length, b * m.seq_length
+    n_qkv = h + 2 * kv  # GQA: Q is h x h, K and V are h x (kv_heads·head_dim) (Ainslie et al. 2023)
+    ops = [_norm("ln1", "attn", m, t, d),
+           _gemm("qkv", "attn", t, n_qkv, h, h * n_qkv + (n_qkv if m.bias else 0), "column", d)]
+    if m.position_embedding == "rope":
+        # rotary embedding of q and k (Su et al. 2021): read and write both, either direction
+        ops.append(_vector("rope", "elementwise", "attn", t, h + kv, 2 * d, 2 * d, 0, "column", d))
+    heads, kvh, hd = m.num_attention_heads, m.num_kv_heads, m.head_dim
+    f = attention_flops(b, heads, s, s, hd)
+    ops.append(Op("attn_core", "attention", "attn", f, 2 * f, 0.0,
+                  attention_bytes(b, heads, kvh, s, s, hd, d),
+                  attention_bytes(b, heads, kvh, s, s, hd, d, backward=True),
+                  0, (b, heads, s, s, hd), "heads", d, 1, kvh))
+    ops.append(_gemm("attn_out", "attn", t, h, h, h * h + (h if m.bias else 0), "row", d))
+    ops.append(_residual("attn_residual", "attn", m, t, d))
+    return ops
+
+
+def _act_bytes(m: ModelSpec, d: int) -> tuple[int, int]:
+    """Bytes per output element of the activation. GELU: read x, write y / read dy, x, write dx.
+    SwiGLU (Shazeer 2020): read gate and up, write y / read dy, gate, up, write dgate, dup."""
+    return (3 * d, 5 * d) if m.mlp == "swiglu" else (2 * d, 3 * d)
+
+
+def _mlp_ops(m: ModelSpec, b: int, d: int) -> list[Op]:
+    h, f, t = m.hidden_size, m.ffn_hidden_size, b * m.seq_length
+    # SwiGLU's gate and up projections are one fused fc1 GEMM of width 2·f, as Megatron-core's
+    # linear_fc1 with gated_linear_unit; GELU MLPs have one h -> f GEMM.
+    n1 = (m.mlp_matrices - 1) * f
+    fc1_params = h * n1 + (n1 if m.bias else 0)
+    fc2_params = f * h + (h if m.bias else 0)
+    act_fwd, act_bwd = _act_bytes(m, d)
+    ops = [_norm("ln2", "mlp", m, t, d)]
+    if not m.is_moe:
+        ops += [_gemm("fc1", "mlp", t, n1, h, fc1_params, "column", d),
+                _vector("act", "elementwise", "mlp", t, f, act_fwd, act_bwd, 0, "column", d),
+                _gemm("fc2", "mlp", t, h, f, fc2_params, "row", d)]
+    else:
+        e = m.num_experts
+        rows = expert_rows(t, m.moe_top_k, m.moe_capacity_factor)
+        ops += [
+            # router: a replicated h x E linear layer (Megatron-core TopKRouter); under sequence
+            # parallelism each rank routes its own s/t tokens
+            _gemm("router", "mlp", t, e, h, m.router_params_per_layer(), "sequence", d),
+            _gemm("expert_fc1", "mlp", rows, n1, h, e * fc1_params, "expert", d, e),
+            _vector("expert_act", "elementwise", "mlp", rows, f, act_fwd, act_bwd, 0, "expert", d),
+            _gemm("expert_fc2", "mlp", rows, h, f, e * fc2_params, "expert", d, e),
+        ]
+    ops.append(_residual("mlp_residual", "mlp", m, t, d))
+    return ops
+
+
+def _embed_ops(m: ModelSpec, b: int, d: int) -> list[Op]:
+    """Token (and learned position) lookup, fused into one gather: forward reads one row per token
+    of each table and writes the output; backward reads dy and scatter-adds into each table's rows
+    (read-modify-write). Megatron's VocabParallelEmbedding writes the full output on every TP
+    rank."""
+    t, tables = b * m.seq_length, 2 if m.position_embedding == "learned" else 1
+    return [_vector("embed", "embedding", "embed", t, m.hidden_size, (tables + 1) * d,
+                    (1 + 2 * tables) * d, m.embedding_params(), "vocab", d)]
+
+
+def _head_ops(m: ModelSpec, b: int, d: int) -> list[Op]:
+    t, h, v = b * m.seq_length, m.hidden_size, m.vocab_size
+    fp32 = _dtype_bytes("fp32")
+    head_params = 0 if m.tie_embeddings else v * h  # tied: the weights live in "embed"
+    return [
+        _norm("final_norm", "head", m, t, d),
+        _gemm("lm_head", "head", t, v, h, head_params, "vocab", d),
+        # Megatron's vocab-parallel cross entropy (tensor_parallel/cross_entropy.py): forward reads
+        # the logits and saves the fp32 softmax; backward reads it and writes the logit gradient.
+        _vector("loss", "loss", "head", t, v, d + fp32, fp32 + d, 0, "vocab", d),
+    ]
+
+
+def build_op_graph(model: ModelSpec, micro_batch_size: int, dtype: str = "bf16") -> OpGraph:
+    if micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+    if model.hidden_size % model.num_attention_heads:
+        raise ValueError(f"hidden_size {model.hidden_size} is not divisible by "
+                         f"num_attention_heads {model.num_attention_heads}")
+    if model.num_attention_heads % model.num_kv_heads:
+        raise ValueError(f"num_attention_heads {model.num_attention_heads} is not divisible by "
+                         f"num_kv_heads {model.num_kv_heads}")
+    if model.is_moe and not 1 <= model.moe_top_k <= model.num_experts:
+        raise ValueError(f"moe_top_k {model.moe_top_k} must be in 1..num_experts "
+                         f"{model.num_experts}")
+    d = _dtype_bytes(dtype)
+    b = micro_batch_size
+    return OpGraph(model, b, d, tuple(_embed_ops(model, b, d)),
+                   tuple(_attention_ops(model, b, d) + _mlp_ops(model, b, d)),
+                   tuple(_head_ops(model, b, d)))

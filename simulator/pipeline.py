@@ -1,0 +1,96 @@
+"""The spine of the program (DESIGN.md §2) in a few lines: scenario -> tasks -> simulation -> metrics.
+
+    plan = lower(scenario)                       # OpGraph + Strategy + DeviceMesh -> TaskGraph
+    topo = build_topology(scenario.cluster)      # networkx GPUs, NVSwitch, NICs, switches
+    cost = CostModel(scenario, topo)             # work -> seconds (roofline or calibrated tables)
+    sim  = simulate_graph(plan.graph, cost)      # simpy -> Trace
+    metrics = summarize(...)                     # Trace + Scenario -> Metrics
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .analysis.memory import MemoryReport, memory_report
+from .analysis.metrics import critical_rank, exposed_breakdown, summarize
+from .cost.model import CostModel
+from .engine.sim import SimResult, simulate_graph
+from .hardware.topology import Topology, build_topology
+from .model.opgraph import build_op_graph
+from .scenario import Scenario
+from .strategy.lower import LoweredPlan, lower
+
+
+@dataclass(frozen=True)
+class RunResult:
+    scenario: Scenario
+    plan: LoweredPlan
+    topology: Topology
+    sim: SimResult
+    memory: MemoryReport
+    metrics: dict
+
+    @property
+    def trace(self):
+        return self.sim.trace
+
+    @property
+    def graph(self):
+        return self.plan.graph
+
+
+def model_flops_per_iteration(scn: Scenario) -> float:
+    """Model FLOPs of one step (no recompute): 3 x forward of every micro-batch of the global batch;
+    for GPT this is Korthikanti et al. 2022 eq. 7 / Narayanan eq. 3 without the recompute term."""
+    g = build_op_graph(scn.model, scn.training.micro_batch_size, scn.training.dtype)
+    return (g.fwd_flops() + g.bwd_flops()) * scn.training.global_batch_size / scn.training.micro_batch_size
+
+
+def simulate(scn: Scenario, full: bool = False) -> RunResult:
+    plan = lower(scn, full)
+    topo = build_topology(scn.cluster)
+    tables = None
+    if scn.cost.compute == "calibrated":
+        from .cost.calibrated import CalibrationTables
+        tables = CalibrationTables.load(scn.cost.tables)
+    cost = CostModel(scn, topo, tables)
+    sim = simulate_graph(plan.graph, cost, topo.capacity_Bps, plan.rank_labels, dict(plan.graph.meta))
+    cost.warn_missing()
+    trace = sim.trace
+    rank = critical_rank(trace)
+    breakdown = exposed_breakdown(trace, rank, 0.0, sim.makespan_s)
+    # symmetric mode: each simulated rank stands for the dp·cp·tp ranks of its stage
+    replicas = 1 if full else scn.parallel.dp * scn.parallel.cp * scn.parallel.tp
+    hw_flops = sum(e.flops for e in trace.events) * replicas
+    mem = memory_report(scn, plan.stage_params, trace)
+    metrics = summarize(scn, sim.makespan_s, model_flops_per_iteration(scn), hw_flops, breakdown, mem.peak,
+                        mem.capacity_bytes, mem.fits)
+    return RunResult(scn, plan, topo, sim, mem, metrics)
+
+
+def write_results(result: RunResult, out_dir: str | Path) -> Path:
+    """results/<name>/: metrics.json, trace.json, timeline.png, bubbles.png, memory.png, links.png, report.md."""
+    import json
+
+    from .analysis.links import link_utilization, links_markdown, plot_link_heatmap
+    from .analysis.memory import plot_memory
+    from .analysis.plots import plot_bubbles, plot_timeline
+    from .analysis.report import write_report
+    from .trace import write_chrome_trace
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    scn = result.scenario
+    (out / "metrics.json").write_text(json.dumps(result.metrics, indent=2) + "\n")
+    write_chrome_trace(result.trace, out / "trace.json")
+    plot_timeline(result.trace, out / "timeline.png", title=scn.name)
+    plot_bubbles(result.trace, out / "bubbles.png", title=f"{scn.name}: pipeline schedule")
+    plot_memory(result.memory, scn, out / "memory.png")
+    rows = link_utilization(result.sim.link_stats, result.topology, result.sim.makespan_s)
+    plot_link_heatmap(rows, result.topology, out / "links.png")
+    sections = [("Busiest links", links_markdown(rows, top=10))]
+    if not result.memory.fits:
+        sections.insert(0, ("Warning", "This plan does not fit in GPU memory (see the memory breakdown)."))
+    write_report(out, result.metrics, ["timeline.png", "bubbles.png", "memory.png", "links.png"], sections)
+    return out

@@ -1,0 +1,215 @@
+"""Activation memory of one transformer layer (and of the embedding / LM head) per micro-batch on
+one rank, derived tensor by tensor from the layer's forward graph (Korthikanti et al. 2022, sec. 4).
+
+The lowering puts these bytes on a micro-batch's F task (+) and its B (or B and W) task (-), so the
+per-rank peak comes from the simulated schedule; the paper's closed forms are the tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..model.spec import ModelSpec
+from ..units import DTYPE_BYTES
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+MASK_BYTES = 1  # dropout masks are stored as uint8 (Korthikanti et al. 2022, sec. 4.1)
+LOGITS_BYTES = DTYPE_BYTES["fp32"]  # Megatron-LM casts logits to fp32 for the vocab-parallel cross entropy
+
+
+@dataclass(frozen=True, slots=True)
+class ActivationTerm:
+    """One tensor a layer keeps for its backward.
+
+    ``core``: part of the attention core (scores, softmax, attention dropout), which selective
+    recompute recomputes instead of storing. ``weight_grad``: needed by the weight-gradient GEMMs
+    (the W pass of zero-bubble schedules): a weight GEMM's input X, or its output gradient dY, which
+    the B pass creates and W consumes (Qi et al. 2024, sec. 2 and Table 1).
+    """
+
+    name: str
+    bytes: float
+    core: bool = False
+    weight_grad: bool = False
+    stored_at_f: bool = True  # False: an output gradient allocated during B, kept until W
+
+
+def has_dropout(model: ModelSpec) -> bool:
+    """GPT-style models (GELU MLP) train with dropout 0.1 after attention, the attention
+    projection and the MLP (Brown et al. 2020; Megatron-LM defaults), so they store uint8 masks.
+    Llama-style models (SwiGLU) train without dropout (Touvron et al. 2023), so no masks: PyTorch's
+    dropout with p = 0 returns its input. This follows ModelSpec's rule of deriving architecture
+    details from ``mlp``; ``model.extra["dropout"]`` (a bool) overrides it."""
+    flag = model.extra.get("dropout") if model.extra else None
+    return bool(flag) if flag is not None else model.mlp == "gelu"
+
+
+def _check(model: ModelSpec, micro_batch_size: int, tp: int, cp: int, ep: int, dtype_bytes: int) -> None:
+    for name, value in (("micro_batch_size", micro_batch_size), ("tp", tp), ("cp", cp), ("ep", ep),
+                        ("dtype_bytes", dtype_bytes)):
+        if value < 1:
+            raise ValueError(f"activation memory: {name} must be >= 1, got {value}")
+    if model.num_attention_heads % tp:
+        raise ValueError(f"activation memory: tp = {tp} does not divide num_attention_heads = "
+                         f"{model.num_attention_heads}")
+    if model.seq_length % cp:
+        raise ValueError(f"activation memory: cp = {cp} does not divide seq_length = {model.seq_length}")
+    if model.num_experts % ep:
+        raise ValueError(f"activation memory: ep = {ep} does not divide num_experts = {model.num_experts}")
+
+
+def activation_terms(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool, cp: int,
+                     dtype_bytes: int = 2, ep: int = 1) -> list[ActivationTerm]:
+    """Every tensor one layer keeps from its forward to its backward, bytes on one rank.
+
+    Notation of Korthikanti et al. 2022 (sec. 4.1): T = (s/cp)*b local tokens, h hidden, f the MLP
+    width, a heads, t = tp. Tensors outside the tensor-parallel region (norm inputs, the inputs of
+    the column-parallel GEMMs, the residual dropout masks) are replicated on the t ranks with TP only
+    and split along the sequence with sequence parallelism (sec. 4.2.2): divided by r = t with SP,
+    r = 1 without. Tensors inside the region (Q, K, V, the attention context, the MLP intermediates,
+    the attention scores) are split over heads / columns: divided by t. With a GPT layer
+    (f = 4h, dropout) the non-core terms sum to 10 + 24/t (x sbh) and the core terms to 5as/(ht),
+    i.e. sbh(34 + 5as/h) unsharded, eq. 1-2 of the paper.
+
+    Generalisations, each from the layer's tensors rather than by scaling:
+    GQA: K and V have num_kv_heads * head_dim columns (max(kv_heads/t, 1) heads per rank).
+    SwiGLU: the first MLP GEMM outputs gate and up (2f columns) and both feed the gated product,
+    whose output (f columns) is the second GEMM's input: 6Tf/t bytes/2 instead of GELU's 4Tf/t.
+    MoE: each token is sent to top_k experts; with capacity factor cf an EP rank receives on average
+    T*top_k*cf token-slots (its own tokens' share of all experts: with balanced routing the tokens a
+    rank sends equal the slots it receives, so ep does not divide them). Expert tensors follow the
+    dense rule (expert tensor parallelism = tp, Megatron-Core's default). The router adds its logits.
+    CP: the sequence is split over cp ranks, and ring attention scores local queries against the
+    whole sequence: (s/cp) x s scores per head.
+    """
+    _check(model, micro_batch_size, tp, cp, ep, dtype_bytes)
+    d = dtype_bytes
+    s_local = model.seq_length // cp
+    tokens = s_local * micro_batch_size
+    h, f, t = model.hidden_size, model.ffn_hidden_size, tp
+    r = t if sp else 1
+    heads = model.num_attention_heads // t
+    kv_cols = model.head_dim * max(model.num_kv_heads // t, 1)
+    drop = has_dropout(model)
+    gated = model.mlp == "swiglu"
+    scores = heads * s_local * model.seq_length * micro_batch_size  # elements, per rank
+
+    T = ActivationTerm
+    terms = [
+        T("attn_norm_input", d * tokens * h / r),  # the layer input: all full recompute keeps
+        T("qkv_input", d * tokens * h / r, weight_grad=True),  # norm output, X of the QKV GEMM
+        T("q", d * tokens * h / t),
+        T("k", d * tokens * kv_cols),
+        T("v", d * tokens * kv_cols),
+        T("softmax_output", d * scores, core=True),
+    ]
+    if drop:
+        terms += [T("attn_dropout_mask", MASK_BYTES * scores, core=True),
+                  T("attn_dropout_output", d * scores, core=True)]
+    terms += [T("proj_input", d * tokens * h / t, weight_grad=True)]
+    if drop:
+        terms.append(T("attn_residual_dropout_mask", MASK_BYTES * tokens * h / r))
+    terms += [T("mlp_norm_input", d * tokens * h / r),
+              T("fc1_input", d * tokens * h / r, weight_grad=True)]  # also the router's input
+    # Output gradients of the attention GEMMs, created by B and kept for W. A row-parallel GEMM's
+    # output gradient is the full (s/cp) x b x h tensor on every TP rank (the backward of its
+    # all-reduce, or of SP's reduce-scatter, is an identity / all-gather), so it is not divided.
+    terms += [T("qkv_output_grad", d * tokens * (h / t + 2 * kv_cols), weight_grad=True, stored_at_f=False),
+              T("proj_output_grad", d * tokens * h, weight_grad=True, stored_at_f=False)]
+    if model.is_moe:
+        slots = tokens * model.moe_top_k * model.moe_capacity_factor
+        terms += [T("router_logits", d * tokens * model.num_experts / r),
+                  T("router_logits_grad", d * tokens * model.num_experts / r, weight_grad=True,
+                    stored_at_f=False)]
+        terms += _mlp_terms("expert_", d, slots, h, f, t, r, gated)
+        terms.append(T("expert_output", d * slots * h / r))  # kept to weight the combine by the router probs
+    else:
+        terms += _mlp_terms("", d, tokens, h, f, t, r, gated)
+    if drop:
+        terms.append(T("mlp_dropout_mask", MASK_BYTES * tokens * h / r))
+    return terms
+
+
+def _mlp_terms(prefix: str, d: int, tokens: float, h: int, f: int, t: int, r: int,
+               gated: bool) -> list[ActivationTerm]:
+    T = ActivationTerm
+    fc1_cols = (2 if gated else 1) * f  # SwiGLU: gate and up projections
+    out = []
+    if prefix:  # experts: the permuted token copies are the GEMM input (dense: fc1_input above)
+        out.append(T(prefix + "fc1_input", d * tokens * h / r, weight_grad=True))
+    out += [
+        T(prefix + "fc1_output", d * tokens * fc1_cols / t),  # GELU / SwiGLU input
+        T(prefix + "fc2_input", d * tokens * f / t, weight_grad=True),  # activation output
+        T(prefix + "fc1_output_grad", d * tokens * fc1_cols / t, weight_grad=True, stored_at_f=False),
+        T(prefix + "fc2_output_grad", d * tokens * h, weight_grad=True, stored_at_f=False),
+    ]
+    return out
+
+
+def _check_recompute(recompute: str) -> None:
+    if recompute not in RECOMPUTE_MODES:
+        raise ValueError(f"parallelism.recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
+
+
+def layer_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool, cp: int,
+                           recompute: str, dtype_bytes: int = 2, ep: int = 1) -> float:
+    """Bytes one transformer layer keeps for one micro-batch on one rank until its backward.
+
+    none: every forward tensor (Korthikanti et al. 2022: sbh(34 + 5as/h) unsharded, sbh(10 + 24/t +
+    5as/(ht)) with TP only, sbh/t (34 + 5as/h) with TP + SP, Table 2). selective: the attention core
+    is recomputed, the 5as^2b term is dropped (sec. 5: sbh(10 + 24/t), or 34 sbh/t with SP). full:
+    only the layer input is kept, 2sbh (2sbh/t with SP, where Megatron stores it sequence-split).
+    """
+    _check_recompute(recompute)
+    terms = activation_terms(model, micro_batch_size, tp, sp, cp, dtype_bytes, ep)
+    if recompute == "full":
+        return next(x.bytes for x in terms if x.name == "attn_norm_input")
+    return sum(x.bytes for x in terms if x.stored_at_f and not (recompute == "selective" and x.core))
+
+
+def weight_grad_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool, cp: int,
+                      dtype_bytes: int = 2, ep: int = 1) -> float:
+    """Bytes the W pass of one layer needs: each weight GEMM's input X and output gradient dY.
+    For a GPT layer with t = 1 this is 32sbh, Qi et al. 2024 Table 1 (X: 2+2+2+8, dY: 6+2+8+2)."""
+    terms = activation_terms(model, micro_batch_size, tp, sp, cp, dtype_bytes, ep)
+    return sum(x.bytes for x in terms if x.weight_grad)
+
+
+def layer_activation_split(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool, cp: int,
+                           recompute: str, dtype_bytes: int = 2, ep: int = 1) -> tuple[float, float]:
+    """(freed at B, freed at W) for schedules that split the backward (zero-bubble).
+
+    F allocates ``layer_activation_bytes``. B consumes what only the input gradient needs and
+    allocates the output gradients dY the W pass needs; what stays until W is ``weight_grad_bytes``
+    (the weight GEMMs' inputs X and their dY, Qi et al. 2024 Table 1: 32sbh for a GPT layer). The
+    two parts sum to the F allocation. The B part is negative (B allocates more than it frees) when
+    little was stored at F, e.g. with full recompute, where B recomputes the forward and must then
+    keep X and dY for W; the lowering applies a negative "freed" amount as an allocation at B.
+    """
+    total = layer_activation_bytes(model, micro_batch_size, tp, sp, cp, recompute, dtype_bytes, ep)
+    at_w = weight_grad_bytes(model, micro_batch_size, tp, sp, cp, dtype_bytes, ep)
+    return total - at_w, at_w
+
+
+def embedding_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool, cp: int,
+                               dtype_bytes: int = 2) -> float:
+    """First stage, per micro-batch: the embedding backward needs only the token ids (input data,
+    not counted); the dropout after the embedding keeps a uint8 mask of sbh (sbh/t with SP),
+    Korthikanti et al. 2022 sec. 4.3. Zero for models trained without dropout."""
+    _check(model, micro_batch_size, tp, cp, 1, dtype_bytes)
+    if not has_dropout(model):
+        return 0.0
+    r = tp if sp else 1
+    return MASK_BYTES * (model.seq_length // cp) * micro_batch_size * model.hidden_size / r
+
+
+def head_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool, cp: int,
+                          dtype_bytes: int = 2) -> float:
+    """Last stage, per micro-batch: the final norm's input and output (the LM-head GEMM's input),
+    2sbh each (/t with SP), plus the logits the loss keeps: Megatron-LM computes the vocab-parallel
+    cross entropy in fp32 (``output.float()``), keeping the fp32 softmax of s x b x V/t entries,
+    4sbV/t bytes (Korthikanti et al. 2022 sec. 4.3). The 16-bit logits die once cast."""
+    _check(model, micro_batch_size, tp, cp, 1, dtype_bytes)
+    tokens = (model.seq_length // cp) * micro_batch_size
+    r = tp if sp else 1
+    return 2 * dtype_bytes * tokens * model.hidden_size / r + LOGITS_BYTES * tokens * model.vocab_size / tp

@@ -1,0 +1,202 @@
+"""Tensor, sequence, context and expert parallel split rules: one op's work on ONE rank.
+
+Rules, per ``Op.tp_split`` (Shoeybi et al. 2019 §3; Korthikanti et al. 2022 §4.2.2; Liu et al. 2023
+ring attention; Megatron-core MoE):
+- "column" GEMMs divide n (output features) by tp, "row" GEMMs divide k; vector ops tagged
+  column/row/heads divide their width by tp; "heads" divides query and key/value heads by tp;
+  "vocab" divides the vocabulary, padded up to a multiple of tp as Megatron pads it (the
+  embedding lookup itself is not divided: every rank writes the full masked output).
+- "sequence" ops (norms, residual adds, router) are replicated under TP alone and see tokens / tp
+  with sequence parallelism (the all-gather / reduce-scatter around them belong to ``lower``).
+- Context parallelism divides every op's tokens by cp; attention keeps seq_q / cp queries against
+  all seq_kv keys, which ring attention streams past, so its FLOPs are divided by cp.
+- "expert" ops: expert tensor parallelism equals tp (Megatron-core's default
+  expert_tensor_parallel_size = tensor_model_parallel_size): expert_fc1 is column- and
+  expert_fc2 row-parallel, expert_act divides its width. Expert parallelism is carved out of data
+  parallelism (GShard, Lepikhin et al. 2020 §2; Megatron-core), so each EP rank holds
+  num_experts / ep experts but computes the same cf·T·k token slots it dispatched, now gathered
+  from all ep ranks: EP divides expert WEIGHTS (params, weight bytes), never expert FLOPs.
+Shapes that do not divide raise ValueError naming the op and the numbers.
+"""
+
+from __future__ import annotations
+
+from math import ceil, prod
+
+from ..model.opgraph import TP_SPLITS, Op, OpGraph, attention_bytes, gemm_bytes, gemm_flops
+from ..tasks import OpWork
+
+BACKWARD_PARTS = ("B", "W", "BW")
+
+
+def _div(n: int, parts: int, op: Op, what: str) -> int:
+    if n % parts:
+        raise ValueError(f"op {op.name}: {what} {n} is not divisible by {parts}")
+    return n // parts
+
+
+def _check(op: Op, tp: int, cp: int, ep: int) -> None:
+    for name, v in (("tp", tp), ("cp", cp), ("ep", ep)):
+        if v < 1:
+            raise ValueError(f"{name} must be >= 1, got {v}")
+    if op.tp_split not in TP_SPLITS:
+        raise ValueError(f"op {op.name}: unknown tp_split {op.tp_split!r}; known: {TP_SPLITS}")
+    if op.experts > 1 and op.experts % ep:
+        raise ValueError(f"op {op.name}: num_experts {op.experts} is not divisible by ep {ep}")
+
+
+def _expert_row_parallel(op: Op) -> bool:
+    """expert_fc2 consumes the ffn width (k) that expert_fc1 produced split over tp."""
+    return op.name.endswith("fc2")
+
+
+def sharded_shape(op: Op, tp: int, sp: bool, cp: int) -> tuple[int, ...]:
+    """The op's shape on one rank."""
+    s = op.tp_split
+    if op.kind == "attention":
+        b, heads, sq, skv, hd = op.shape
+        return (b, _div(heads, tp, op, "attention heads"), _div(sq, cp, op, "seq_q"), skv, hd)
+    if op.kind == "gemm":
+        m, n, k = op.shape
+        m = _div(m, cp, op, "tokens (m)") if op.experts == 1 else ceil(m / cp)
+        if s == "column" or (s == "expert" and not _expert_row_parallel(op)):
+            n = _div(n, tp, op, "output features (n)")
+        elif s == "row" or s == "expert":
+            k = _div(k, tp, op, "input features (k)")
+        elif s == "vocab":
+            n = ceil(n / tp)
+        elif s == "sequence" and sp:
+            m = _div(m, tp, op, "tokens (m) under sequence parallelism")
+        elif s == "heads":
+            raise ValueError(f"op {op.name}: tp_split 'heads' does not apply to a gemm")
+        return (m, n, k)
+    tokens, width = op.shape
+    tokens = _div(tokens, cp, op, "tokens") if s != "expert" else ceil(tokens / cp)
+    if op.kind == "embedding":
+        return (tokens, width)
+    if s in ("column", "row", "heads", "expert"):
+        width = _div(width, tp, op, "width")
+    elif s == "vocab":
+        width = ceil(width / tp)
+    elif s == "sequence" and sp:
+        tokens = _div(tokens, tp, op, "tokens under sequence parallelism")
+    return (tokens, width)
+
+
+def _work(op: Op, tp: int, sp: bool, cp: int, ep: int) -> tuple:
+    """(shape, fwd flops, B flops, W flops, fwd bytes, B bytes, W bytes) on one rank."""
+    _check(op, tp, cp, ep)
+    shape = sharded_shape(op, tp, sp, cp)
+    d = op.dtype_bytes
+    if op.kind == "gemm":
+        m, n, k = shape
+        g = op.experts // ep
+        f, by = gemm_flops(m, n, k), gemm_bytes(m, n, k, d, g)
+        return shape, f, f, f, by, by, by
+    if op.kind == "attention":
+        b, heads, sq, skv, hd = shape
+        kv = _div(op.kv_heads, tp, op, "key/value heads")
+        fwd = op.fwd_flops * prod(shape) / prod(op.shape)
+        return (shape, fwd, op.bwd_input_flops * fwd / op.fwd_flops, 0.0,
+                attention_bytes(b, heads, kv, sq, skv, hd, d),
+                attention_bytes(b, heads, kv, sq, skv, hd, d, backward=True), 0.0)
+    r = prod(shape) / prod(op.shape)
+    if op.kind == "embedding":  # no input gradient (token ids); backward is the table's scatter-add
+        return shape, 0.0, 0.0, 0.0, op.fwd_bytes * r, 0.0, op.bwd_bytes * r
+    return (shape, op.fwd_flops * r, op.bwd_input_flops * r, op.bwd_weight_flops * r,
+            op.fwd_bytes * r, op.bwd_bytes * r, 0.0)
+
+
+def shard_op(op: Op, tp: int, sp: bool, cp: int, ep: int) -> OpWork:
+    """Forward work of ``op`` on one rank."""
+    shape, f, _, _, by, _, _ = _work(op, tp, sp, cp, ep)
+    return OpWork(op.name, op.kind, f, by, shape)
+
+
+def shard_ops(ops: tuple[Op, ...], tp: int, sp: bool, cp: int, ep: int) -> tuple[OpWork, ...]:
+    """Forward work of ``ops`` on one rank, in program order."""
+    return tuple(shard_op(op, tp, sp, cp, ep) for op in ops)
+
+
+def shard_ops_backward(ops: tuple[Op, ...], tp: int, sp: bool, cp: int, ep: int,
+                       part: str) -> tuple[OpWork, ...]:
+    """Backward work on one rank in execution order (the reverse of the forward).
+
+    part "B": input gradients (ops with weights-only backward, the embedding, are left out);
+    "W": weight gradients of the GEMMs and the embedding (zero-bubble's deferred W, Qi et al. 2024);
+    "BW": both, one OpWork per op. Ops with no work in the requested part are omitted.
+    """
+    if part not in BACKWARD_PARTS:
+        raise ValueError(f"backward part must be one of {BACKWARD_PARTS}, got {part!r}")
+    out = []
+    for op in reversed(ops):
+        shape, _, fb, fw, _, bb, bw = _work(op, tp, sp, cp, ep)
+        flops = (fb if "B" in part else 0.0) + (fw if "W" in part else 0.0)
+        nbytes = (bb if "B" in part else 0.0) + (bw if "W" in part else 0.0)
+        if flops or nbytes:
+            out.append(OpWork(op.name, op.kind, flops, nbytes, shape))
+    return tuple(out)
+
+
+def _op_params_per_rank(op: Op, tp: int, ep: int) -> int:
+    """Parameters of ``op`` one rank holds. Column-parallel layers split weight and bias;
+    row-parallel layers split the weight and keep the full bias on every rank (Megatron
+    RowParallelLinear);
+    vector ops and the router are replicated; the vocabulary is padded to a multiple of tp."""
+    if op.params == 0:
+        return 0
+    local_experts = op.experts // ep
+    per_group = op.params // op.experts
+    s = op.tp_split
+    if op.kind == "gemm":
+        m, n, k = op.shape
+        row = s == "row" or (s == "expert" and _expert_row_parallel(op))
+        if row:
+            bias = per_group - n * k
+            return local_experts * (_div(n * k, tp, op, "weight") + bias)
+        if s in ("column", "expert"):
+            return local_experts * _div(per_group, tp, op, "parameters")
+        if s == "vocab":
+            return ceil(n / tp) * k
+        return op.params
+    return op.params
+
+
+def _embedding_params_per_rank(graph: OpGraph, tp: int) -> int:
+    """Vocab-parallel word embedding; learned position embeddings are replicated across TP."""
+    m = graph.model
+    pos = m.embedding_params() - m.vocab_size * m.hidden_size
+    return ceil(m.vocab_size / tp) * m.hidden_size + pos
+
+
+def params_per_rank(graph: OpGraph, tp: int, ep: int, layers: int, has_embed: bool,
+                    has_head: bool) -> dict:
+    """{"dense": ..., "expert": ...} parameters held by one rank of a pipeline stage with ``layers``
+    layers ("expert" = the MoE expert weights, reduced over the expert-data-parallel group).
+
+    Tied embeddings: with pp > 1 Megatron allocates the word embedding on both the first and the
+    last stage and all-reduces their gradients (Megatron-LM ``setup_embeddings_and_output_layer``,
+    ``_allreduce_word_embedding_grads``), so a head stage without the embedding holds a copy of the
+    vocab-parallel word embedding; with one stage it is counted once."""
+    for name, v in (("tp", tp), ("ep", ep)):
+        if v < 1:
+            raise ValueError(f"{name} must be >= 1, got {v}")
+    if layers < 0:
+        raise ValueError(f"layers must be >= 0, got {layers}")
+    m = graph.model
+    dense = expert = 0
+    for op in graph.layer:
+        n = _op_params_per_rank(op, tp, ep)
+        if op.tp_split == "expert":
+            expert += n
+        else:
+            dense += n
+    dense *= layers
+    expert *= layers
+    if has_embed:
+        dense += _embedding_params_per_rank(graph, tp)
+    if has_head:
+        dense += sum(_op_params_per_rank(op, tp, ep) for op in graph.head)
+        if m.tie_embeddings and not has_embed:
+            dense += ceil(m.vocab_size / tp) * m.hidden_size
+    return {"dense": dense, "expert": expert}

@@ -1,0 +1,87 @@
+"""ModelSpec: preset parameter counts against published sizes, and the derived defaults."""
+
+import pytest
+
+from simulator.model.presets import MODEL_PRESETS
+from simulator.model.spec import ModelSpec
+
+
+@pytest.mark.parametrize("name, billions, tol", [
+    ("llama2-7b", 6.738, 0.001),     # Touvron et al. 2023; HF model card 6,738,415,616
+    ("llama2-13b", 13.016, 0.001),
+    ("llama2-70b", 68.977, 0.001),
+    ("llama3-8b", 8.030, 0.001),     # HF model card 8,030,261,248
+    ("llama3-70b", 70.554, 0.001),
+    ("llama3-405b", 405.853, 0.001),
+    ("mixtral-8x7b", 46.703, 0.001),  # Jiang et al. 2024: 46.7B total
+    ("gpt3-175b", 174.6, 0.001),     # Narayanan et al. 2021 Table 1 / eq. 2
+])
+def test_preset_param_counts(name, billions, tol):
+    assert MODEL_PRESETS[name].num_params() / 1e9 == pytest.approx(billions, rel=tol)
+
+
+def test_llama3_8b_exact_count():
+    assert MODEL_PRESETS["llama3-8b"].num_params() == 8_030_261_248
+    assert MODEL_PRESETS["llama2-7b"].num_params() == 6_738_415_616
+
+
+def test_mixtral_active_params():
+    m = MODEL_PRESETS["mixtral-8x7b"]
+    assert m.num_active_params() / 1e9 == pytest.approx(12.9, rel=0.005)  # Jiang et al. 2024: 12.9B
+    inactive = m.num_layers * (m.num_experts - m.moe_top_k) * m.expert_params()
+    assert m.num_params() - m.num_active_params() == inactive
+
+
+def test_dense_active_equals_total():
+    m = MODEL_PRESETS["llama3-70b"]
+    assert m.num_active_params() == m.num_params()
+
+
+@pytest.mark.parametrize("name", [n for n, m in MODEL_PRESETS.items() if m.mlp == "gelu"])
+def test_gpt_presets_follow_narayanan_eq2(name):
+    """P = 12·l·h²·(1 + 13/(12h) + (V + s)/(12·l·h)), plus the final LayerNorm's 2h."""
+    m = MODEL_PRESETS[name]
+    l, h, v, s = m.num_layers, m.hidden_size, m.vocab_size, m.seq_length
+    assert m.num_params() == 12 * l * h * h + 13 * l * h + (v + s) * h + 2 * h
+
+
+def test_gpt_megatron_table1_sizes():
+    # Narayanan et al. 2021 Table 1 model sizes (billions), to the digit quoted
+    for name, b in [("megatron-gpt-1.7b", 1.7), ("megatron-gpt-18.4b", 18.4),
+                    ("megatron-gpt-145.6b", 145.6), ("megatron-gpt-529.6b", 529.6)]:
+        assert round(MODEL_PRESETS[name].num_params() / 1e9, 1) == b
+
+
+def test_defaults_mha_and_4h_ffn():
+    m = ModelSpec("t", num_layers=2, hidden_size=256, num_attention_heads=8, vocab_size=1000,
+                  seq_length=128)
+    assert m.num_kv_heads == 8 and m.ffn_hidden_size == 1024
+    assert (m.norm, m.position_embedding, m.tie_embeddings, m.bias) == ("layernorm", "learned",
+                                                                         True, True)
+    assert m.head_dim == 32 and m.kv_hidden_size == 256 and not m.is_moe and m.mlp_matrices == 2
+
+
+def test_swiglu_defaults_llama_style():
+    m = ModelSpec("t", num_layers=2, hidden_size=256, num_attention_heads=8, vocab_size=1000,
+                  seq_length=128, num_kv_heads=2, ffn_hidden_size=688, mlp="swiglu")
+    assert (m.norm, m.position_embedding, m.tie_embeddings, m.bias) == ("rmsnorm", "rope", False,
+                                                                         False)
+    assert m.kv_hidden_size == 64 and m.mlp_matrices == 3
+    # attention: Q and O are h x h, K and V are h x kv each; MLP: 3 matrices; 2 RMSNorms
+    assert m.params_per_layer() == 256 * (256 + 2 * 64) + 256 * 256 + 3 * 256 * 688 + 2 * 256
+    assert m.num_params() == 2 * m.params_per_layer() + 2 * 1000 * 256 + 256
+
+
+def test_explicit_overrides_win():
+    m = ModelSpec("t", num_layers=1, hidden_size=64, num_attention_heads=4, vocab_size=10,
+                  seq_length=8, tie_embeddings=False, bias=False, norm="rmsnorm")
+    assert m.head_params() == 10 * 64 + 64
+    assert m.attention_params_per_layer() == 4 * 64 * 64
+
+
+def test_moe_counts():
+    m = ModelSpec("t", num_layers=1, hidden_size=64, num_attention_heads=4, vocab_size=10,
+                  seq_length=8, mlp="swiglu", ffn_hidden_size=128, num_experts=4, moe_top_k=2)
+    assert m.is_moe and m.router_params_per_layer() == 64 * 4
+    assert m.mlp_params_per_layer() == 4 * 3 * 64 * 128 + 64 * 4
+    assert m.dense_params_per_layer() == m.attention_params_per_layer() + 2 * 64 + 64 * 4

@@ -1,0 +1,185 @@
+"""The operator graph of one micro-batch: parameters, FLOPs (Narayanan eq. 3) and bytes."""
+
+import pytest
+
+from simulator.model.opgraph import build_op_graph
+from simulator.model.presets import MODEL_PRESETS
+from simulator.model.spec import ModelSpec
+
+SMALL_GPT = ModelSpec("small-gpt", num_layers=3, hidden_size=64, num_attention_heads=4,
+                      vocab_size=1000, seq_length=128)
+SMALL_LLAMA = ModelSpec("small-llama", num_layers=2, hidden_size=64, num_attention_heads=8,
+                        num_kv_heads=2, ffn_hidden_size=160, vocab_size=500, seq_length=32,
+                        mlp="swiglu")
+SMALL_MOE = ModelSpec("small-moe", num_layers=2, hidden_size=64, num_attention_heads=8,
+                      num_kv_heads=2, ffn_hidden_size=96, vocab_size=500, seq_length=32,
+                      mlp="swiglu", num_experts=4, moe_top_k=2)
+
+
+def op(ops, name):
+    return next(o for o in ops if o.name == name)
+
+
+@pytest.mark.parametrize("name", sorted(MODEL_PRESETS))
+def test_params_summed_over_ops_match_spec(name):
+    m = MODEL_PRESETS[name]
+    assert build_op_graph(m, 1).num_params() == m.num_params()
+
+
+def test_gpt3_175b_params_narayanan_eq2():
+    m = MODEL_PRESETS["gpt3-175b"]
+    l, h, v, s = m.num_layers, m.hidden_size, m.vocab_size, m.seq_length
+    eq2 = 12 * l * h * h * (1 + 13 / (12 * h) + (v + s) / (12 * l * h))
+    assert build_op_graph(m, 1).num_params() == pytest.approx(eq2, rel=1e-3)
+    assert build_op_graph(m, 1).num_params() / 1e9 == pytest.approx(174.6, rel=1e-3)
+
+
+def test_llama3_8b_params():
+    g = build_op_graph(MODEL_PRESETS["llama3-8b"], 1)
+    assert g.num_params() / 1e9 == pytest.approx(8.03, rel=1e-3)
+
+
+@pytest.mark.parametrize("b", [1, 3])
+def test_gpt_forward_flops_closed_form(b):
+    """Korthikanti 2022 / Narayanan 2021 eq. 3 (÷4: forward only, no recompute)."""
+    m = SMALL_GPT
+    g = build_op_graph(m, b)
+    l, h, s, v = m.num_layers, m.hidden_size, m.seq_length, m.vocab_size
+    assert g.fwd_flops() == pytest.approx(
+        24 * b * s * l * h * h * (1 + s / (6 * h)) + 2 * b * s * h * v, rel=1e-12)
+    assert g.bwd_flops() == 2 * g.fwd_flops()
+
+
+def test_gpt_forward_flops_is_2_params_tokens_plus_attention():
+    m, b = SMALL_GPT, 2
+    g = build_op_graph(m, b)
+    t, h, l = b * m.seq_length, m.hidden_size, m.num_layers
+    # matmul weights: all parameters but biases, norms and the position table (the tied word
+    # embedding is the LM head's matrix)
+    biases_norms = l * (13 * h) + 2 * h
+    matmul_params = m.num_params() - biases_norms - m.seq_length * h
+    attention = l * 4 * b * m.seq_length ** 2 * h
+    assert g.fwd_flops() == 2 * matmul_params * t + attention
+
+
+def test_llama_gqa_swiglu_flops_and_shapes():
+    m, b = SMALL_LLAMA, 2
+    g = build_op_graph(m, b)
+    t, h, kv, f = b * m.seq_length, 64, 2 * 8, 160
+    qkv = op(g.layer, "qkv")
+    assert qkv.shape == (t, h + 2 * kv, h) and qkv.params == h * (h + 2 * kv)
+    fc1, fc2 = op(g.layer, "fc1"), op(g.layer, "fc2")
+    assert fc1.shape == (t, 2 * f, h) and fc2.shape == (t, h, f)  # gate+up fused, then down
+    per_layer = 2 * t * (h * (h + 2 * kv) + h * h + 3 * h * f) + 4 * b * m.seq_length ** 2 * h
+    assert g.fwd_flops() == m.num_layers * per_layer + 2 * t * h * m.vocab_size
+    # 6·N·T + attention, N = non-embedding matmul params + LM head
+    n = m.num_params() - m.vocab_size * h - (2 * m.num_layers + 1) * h
+    attention = m.num_layers * 4 * b * m.seq_length ** 2 * h
+    assert g.fwd_flops() + g.bwd_flops() == 6 * n * t + 3 * attention
+    att = op(g.layer, "attn_core")
+    assert att.shape == (b, 8, 32, 32, 8) and att.kv_heads == 2 and att.tp_split == "heads"
+    assert [o.name for o in g.layer] == ["ln1", "qkv", "rope", "attn_core", "attn_out",
+                                         "attn_residual", "ln2", "fc1", "act", "fc2",
+                                         "mlp_residual"]
+
+
+def test_backward_split_gemm_equal_halves_attention_all_input():
+    g = build_op_graph(SMALL_LLAMA, 1)
+    for o in g.layer + g.head:
+        if o.kind == "gemm":
+            assert o.bwd_input_flops == o.bwd_weight_flops == o.fwd_flops > 0
+            assert o.bwd_bytes == 2 * o.fwd_bytes
+        elif o.kind == "attention":
+            assert o.bwd_input_flops == 2 * o.fwd_flops and o.bwd_weight_flops == 0
+        else:
+            assert o.fwd_flops == o.bwd_input_flops == o.bwd_weight_flops == 0
+
+
+def test_gemm_bytes_compulsory_traffic():
+    g = build_op_graph(SMALL_GPT, 1, "bf16")
+    m, n, k = op(g.layer, "fc1").shape
+    assert op(g.layer, "fc1").fwd_bytes == 2 * (m * k + k * n + m * n)
+    g32 = build_op_graph(SMALL_GPT, 1, "fp32")
+    assert op(g32.layer, "fc1").fwd_bytes == 2 * op(g.layer, "fc1").fwd_bytes
+
+
+def test_attention_bytes_gqa():
+    m, b = SMALL_LLAMA, 2
+    a = op(build_op_graph(m, b).layer, "attn_core")
+    q, kv = b * 32 * 64, b * 32 * 16
+    assert a.fwd_bytes == 2 * (2 * q + 2 * kv) and a.bwd_bytes == 2 * (4 * q + 4 * kv)
+
+
+def test_moe_ops():
+    m, b = SMALL_MOE, 2
+    g = build_op_graph(m, b)
+    t, h, f, e, k = b * 32, 64, 96, 4, 2
+    router, fc1, fc2 = op(g.layer, "router"), op(g.layer, "expert_fc1"), op(g.layer, "expert_fc2")
+    assert router.shape == (t, e, h) and router.tp_split == "sequence" and router.params == h * e
+    assert fc1.shape == (t * k, 2 * f, h) and fc1.experts == e and fc1.tp_split == "expert"
+    assert fc2.shape == (t * k, h, f) and fc2.params == e * f * h
+    assert fc1.fwd_bytes == 2 * (t * k * h + e * h * 2 * f + t * k * 2 * f)  # all experts' weights
+    assert op(g.layer, "expert_act").shape == (t * k, f)
+    # MoE forward FLOPs: 2·T·(active matmul params) — top_k experts per token
+    active = h * (h + 2 * 16) + h * h + h * e + k * 3 * h * f
+    attn = 4 * b * 32 ** 2 * h
+    assert g.fwd_flops() == m.num_layers * (2 * t * active + attn) + 2 * t * h * m.vocab_size
+    assert g.num_params() == m.num_params()
+
+
+def test_moe_capacity_factor_pads_rows():
+    m = ModelSpec("cf", num_layers=1, hidden_size=64, num_attention_heads=8, vocab_size=100,
+                  seq_length=10, mlp="swiglu", ffn_hidden_size=96, num_experts=4, moe_top_k=1,
+                  moe_capacity_factor=1.25)
+    assert op(build_op_graph(m, 1).layer, "expert_fc1").shape[0] == 13  # ceil(1.25·10·1)
+
+
+def test_embedding_and_head():
+    m, b = SMALL_GPT, 2
+    g = build_op_graph(m, b)
+    (emb,) = g.embed
+    assert emb.kind == "embedding" and emb.fwd_flops == 0 and emb.fwd_bytes > 0
+    assert emb.params == m.vocab_size * 64 + 128 * 64
+    assert [o.name for o in g.head] == ["final_norm", "lm_head", "loss"]
+    head = op(g.head, "lm_head")
+    assert head.shape == (b * 128, 1000, 64) and head.params == 0  # tied: weights live in embed
+    assert head.fwd_flops == 2 * b * 128 * 1000 * 64 and head.tp_split == "vocab"
+    untied = build_op_graph(SMALL_LLAMA, 1)
+    assert op(untied.head, "lm_head").params == 500 * 64
+
+
+def test_residual_dropout_only_for_gpt_style():
+    gpt = op(build_op_graph(SMALL_GPT, 1).layer, "attn_residual")
+    llama = op(build_op_graph(SMALL_LLAMA, 1).layer, "attn_residual")
+    assert gpt.fwd_bytes == 128 * 64 * (3 * 2 + 1) and gpt.bwd_bytes == 128 * 64 * (2 * 2 + 1)
+    assert llama.fwd_bytes == 32 * 64 * 3 * 2 and llama.bwd_bytes == 0
+
+
+def test_every_op_is_well_formed():
+    for model in (SMALL_GPT, SMALL_LLAMA, SMALL_MOE):
+        g = build_op_graph(model, 1)
+        for o in g.embed + g.layer + g.head:
+            assert o.kind in ("gemm", "attention", "elementwise", "norm", "softmax", "embedding",
+                              "loss")
+            assert o.fwd_bytes > 0 and o.params >= 0
+            assert len(o.shape) == {"gemm": 3, "attention": 5}.get(o.kind, 2)
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(micro_batch_size=0), "micro_batch_size"),
+    (dict(micro_batch_size=1, dtype="int3"), "dtype"),
+])
+def test_bad_input(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        build_op_graph(SMALL_GPT, **kw)
+
+
+def test_bad_model_shapes():
+    bad_kv = ModelSpec("x", num_layers=1, hidden_size=64, num_attention_heads=8, num_kv_heads=3,
+                       vocab_size=10, seq_length=8)
+    with pytest.raises(ValueError, match="num_kv_heads 3"):
+        build_op_graph(bad_kv, 1)
+    bad_h = ModelSpec("x", num_layers=1, hidden_size=65, num_attention_heads=8, vocab_size=10,
+                      seq_length=8)
+    with pytest.raises(ValueError, match="hidden_size 65"):
+        build_op_graph(bad_h, 1)
