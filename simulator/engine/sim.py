@@ -118,9 +118,13 @@ def simulate_graph(graph: TaskGraph, cost: TaskCost, capacity_Bps: dict | None =
     missing = [tasks[i].name for i in range(n) if end[i] is None]
     if missing:
         raise RuntimeError(f"simulation deadlocked: {len(missing)} tasks never ran, first {missing[0]!r}")
+    flops: dict[int, float] = {}  # work tuples are shared between tasks: sum each once
+    for t in tasks:
+        if id(t.work) not in flops:
+            flops[id(t.work)] = t.flops
     events = tuple(
         TraceEvent(t.name, t.category, t.rank, t.stream, start[t.id], end[t.id], t.stage, t.microbatch,
-                   t.chunk, t.phase, t.layer, t.flops, t.mem_delta_bytes)
+                   t.chunk, t.phase, t.layer, flops[id(t.work)], t.mem_delta_bytes)
         for t in tasks)
     makespan = max(end) if n else 0.0  # type: ignore[type-var]
     trace = Trace(events, "simulated", dict(rank_labels or {}), dict(metadata or {}))

@@ -9,7 +9,7 @@ dp x cp ranks of a stage (Megatron-Core MoE): EP groups are ``ep`` consecutive (
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,10 @@ class DeviceMesh:
         return self.rank(pp=stage)
 
     def group(self, axis: str, rank: int) -> tuple[int, ...]:
-        """Ranks of ``rank``'s group along one axis, in ring order."""
+        """Ranks of ``rank``'s group along one axis, in ring order (memoised: lowering asks often)."""
+        return _group(self, axis, rank)
+
+    def _build_group(self, axis: str, rank: int) -> tuple[int, ...]:
         pp, dp, cp, tp = self.coords(rank)
         if axis == "tp":
             return tuple(self.rank(pp, dp, cp, t) for t in range(self.tp))
@@ -70,3 +73,8 @@ class DeviceMesh:
     @cached_property
     def representatives(self) -> tuple[int, ...]:
         return tuple(self.representative(s) for s in range(self.pp))
+
+
+@cache
+def _group(mesh: DeviceMesh, axis: str, rank: int) -> tuple[int, ...]:
+    return mesh._build_group(axis, rank)

@@ -1,0 +1,86 @@
+"""Scenario loading: presets, overrides, derived dp, the default rules and every rejection message."""
+
+import pytest
+
+from simulator.defaults import default_virtual_stages, split_layers
+from simulator.scenario import ScenarioError, apply_overrides, load_scenario, scenario_from_dict
+
+
+def base(**sections):
+    raw = {"model": {"preset": "gpt3-175b"}, "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 128},
+           "parallelism": {"tp": 8, "pp": 16}, "training": {"global_batch_size": 1536}}
+    for k, v in sections.items():
+        raw.setdefault(k, {}).update(v)
+    return raw
+
+
+def test_preset_fields_dp_derived_and_microbatches():
+    s = scenario_from_dict(base())
+    assert s.model.num_layers == 96 and s.model.hidden_size == 12288
+    assert s.parallel.dp == 8 and s.num_gpus == 1024
+    assert s.num_microbatches == 192
+    assert s.parallel.layers_per_stage == (6,) * 16
+    assert s.training.grad_dtype == "fp32"
+
+
+def test_fields_override_presets():
+    s = scenario_from_dict(base(model={"num_layers": 48}, cluster={"nic_bandwidth_Gbps": 400}))
+    assert s.model.num_layers == 48
+    assert s.cluster.nic_bandwidth_Bps == 50e9
+
+
+def test_set_overrides_parse_toml_values():
+    raw = apply_overrides(base(), ["parallelism.tp=4", "parallelism.sequence_parallel=true", "name=x"]
+                          [:2])
+    s = scenario_from_dict(raw)
+    assert s.parallel.tp == 4 and s.parallel.sequence_parallel is True and s.parallel.dp == 16
+
+
+def test_layer_split_rule_llama3_405b():
+    assert split_layers(126, 16) == (7,) + (8,) * 14 + (7,)
+    assert split_layers(10, 4) == (2, 3, 3, 2)
+    assert sum(split_layers(95, 8)) == 95
+
+
+def test_default_virtual_stages_rule():
+    assert default_virtual_stages(96, 16) == 2  # 6 layers per stage -> 2 chunks
+    assert default_virtual_stages(105, 35) == 3  # 3 layers per stage -> 3 chunks
+    assert default_virtual_stages(16, 16) == 1
+
+
+@pytest.mark.parametrize("sections, message", [
+    ({"model": {"num_attention_heads": 12, "num_kv_heads": 12}}, "tp = 8 does not divide model.num_attention_heads = 12"),
+    ({"parallelism": {"tp": 7}}, "tp*pp*cp = 7*16*1 = 112 does not divide the 1024 GPUs"),
+    ({"parallelism": {"dp": 4}}, "dp*tp*pp*cp = 4*8*16*1 = 512 != 1024 GPUs"),
+    ({"training": {"global_batch_size": 100}}, "global_batch_size = 100 is not divisible by micro_batch_size*dp = 1*8"),
+    ({"model": {"preset": "gpt-9"}}, "model.preset 'gpt-9' is unknown"),
+    ({"cluster": {"preset": "dgx-z"}}, "cluster.preset 'dgx-z' is unknown"),
+    ({"model": {"hidden_size": -5}}, "model.hidden_size must be positive, got -5"),
+    ({"model": {"colour": 1}}, "[model] unknown key(s) ['colour']"),
+    ({"parallelism": {"tp": "8"}}, "parallelism.tp must be int, got '8'"),
+    ({"parallelism": {"zero_stage": 4}}, "zero_stage must be 0..3, got 4"),
+    ({"parallelism": {"schedule": "interleaved-1f1b", "virtual_stages": 4}}, "virtual_stages = 4 does not divide"),
+    ({"parallelism": {"ep": 2}}, "ep = 2 does not divide model.num_experts = 1"),
+    ({"parallelism": {"offload_optimizer": True}}, "offload_optimizer needs zero_stage >= 1"),
+    ({"parallelism": {"layers_per_stage": [6, 6]}}, "layers_per_stage = [6, 6] must have pp = 16"),
+])
+def test_rejections_name_key_and_numbers(sections, message):
+    with pytest.raises(ScenarioError) as err:
+        scenario_from_dict(base(**sections))
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_file_errors(tmp_path):
+    with pytest.raises(ScenarioError, match="does not exist"):
+        load_scenario(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[model\npreset = 1")
+    with pytest.raises(ScenarioError, match="malformed TOML"):
+        load_scenario(bad)
+    ok = tmp_path / "ok.toml"
+    ok.write_text('[model]\npreset = "gpt3-1.3b"\n[cluster]\nnum_nodes = 1\n[training]\nglobal_batch_size = 8\n')
+    s = load_scenario(ok)
+    assert s.name == "ok" and s.parallel.dp == 8
+    with pytest.raises(ScenarioError, match="--set 'tp=4'"):
+        load_scenario(ok, ["tp=4"])
