@@ -55,6 +55,7 @@ class TrainingSpec:
     dtype: str = "bf16"
     optimizer: str = "adam"
     grad_dtype: str = ""  # "" -> defaults.default_grad_dtype (fp32 main grads for Megatron, ZeRO >= 2: dtype)
+    attention: str = "flash"  # "flash" (FlashAttention-2 kernels) | "unfused" (pre-2022 Megatron softmax path)
 
     @property
     def dtype_bytes(self) -> int:
@@ -280,6 +281,8 @@ def _training(table: dict) -> TrainingSpec:
         raise ScenarioError(f"training.dtype must be bf16, fp16 or fp8, got {t.dtype!r}")
     if t.optimizer not in OPTIMIZERS:
         raise ScenarioError(f"training.optimizer must be one of {', '.join(OPTIMIZERS)}, got {t.optimizer!r}")
+    if t.attention not in ("flash", "unfused"):
+        raise ScenarioError(f"training.attention must be 'flash' or 'unfused', got {t.attention!r}")
     if t.grad_dtype not in ("", "fp32", "bf16", "fp16"):
         raise ScenarioError(f"training.grad_dtype must be fp32, bf16 or fp16, got {t.grad_dtype!r}")
     return t

@@ -15,10 +15,12 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..analysis.measured import KERNEL_CATEGORIES
 from ..trace import COMPUTE_STREAM, Trace, TraceEvent
 from ..units import S_TO_US
 
-KERNEL_CATEGORIES = ("gemm", "attention", "elementwise", "nccl", "memcpy", "other")
+__all__ = ["KERNEL_CATEGORIES", "MeasuredOp", "KinetoRun", "categorize", "parse_kineto", "run_to_trace",
+           "load_kineto_trace", "parse_annotation"]
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 # Our own tiny model names each op region "sim:<microbatch>:<layer>:<op>" (calibration/tiny_model).
 ANNOTATION_PREFIX = "sim:"
@@ -41,7 +43,7 @@ _PATTERNS: tuple[tuple[str, re.Pattern], ...] = tuple((c, re.compile(p, re.IGNOR
               r"Backward\d*$"),
     ("elementwise", r"elementwise|vectorized|unrolled|at::native|reduce_kernel|norm|softmax|gelu|silu|"
                     r"relu|dropout|adam|foreach|multi_tensor|cross_entropy|nll|embedding|index|scatter|"
-                    r"gather|catarray|bn_fw|bn_bw|pool|rotary|rope|triton_|^aten::|Backward\d*$"),
+                    r"gather|catarray|bn_fw|bn_bw|pool|rotary|rope|triton_|accumulategrad|^aten::|Backward\d*$"),
 ))
 
 
@@ -112,16 +114,23 @@ def _phase(stack_names: list[str]) -> str:
 
 
 def _context(ev: dict, stack: list[dict], fwd_annotation: dict[int, str]) -> tuple[str, str, str]:
-    """(phase, annotation, launcher) of an event given its enclosing CPU events (outermost first)."""
-    names = [s["name"] for s in stack] + [ev["name"]]
-    phase = _phase(names)
-    annotation = next((s["name"] for s in reversed(stack) if s.get("cat") == "user_annotation"
-                       and not s["name"].startswith("ProfilerStep#")), "")
+    """(phase, annotation, launcher) of an event given its enclosing CPU events (outermost first).
+
+    The annotation is the innermost user annotation (ours, ``sim:...``, preferred); inside a backward
+    node without an annotation of its own, the one of the forward op with the node's sequence number."""
+    chain = stack + [ev]
+    phase = _phase([s["name"] for s in chain])
     launcher = next((s["name"] for s in stack if s.get("cat") == "cpu_op"), ev["name"])
-    if phase == "B":
-        seq = next((s["args"].get("Sequence number") for s in reversed(stack + [ev])
-                    if s["name"].startswith("autograd::engine::evaluate_function")), None)
-        annotation = fwd_annotation.get(seq, annotation) if seq is not None else annotation
+    node = max((i for i, s in enumerate(chain) if s["name"].startswith("autograd::engine::evaluate_function")),
+               default=-1)
+    annots = [(i, s["name"]) for i, s in enumerate(stack) if s.get("cat") == "user_annotation"
+              and not s["name"].startswith("ProfilerStep#")]
+    if node >= 0 and not any(i > node for i, _ in annots):
+        seq = chain[node]["args"].get("Sequence number")
+        if seq in fwd_annotation:
+            return phase, fwd_annotation[seq], launcher
+    names = [a for _, a in reversed(annots)]
+    annotation = next((a for a in names if a.startswith(ANNOTATION_PREFIX)), names[0] if names else "")
     return phase, annotation, launcher
 
 
@@ -145,7 +154,7 @@ def parse_kineto(path: str | Path) -> KinetoRun:
     host = sorted((e for e in events if e.get("cat") in host_cats), key=lambda e: (e["ts"], -e["dur"]))
     if not device and not any(e.get("cat") == "cpu_op" for e in host):
         raise ValueError(f"{path}: no GPU kernels and no CPU ops; not a torch.profiler trace")
-    t0 = min(e["ts"] for e in (device or host))
+    t0 = min(e["ts"] for e in device + host)
 
     def s(ts_us: float) -> float:
         return (ts_us - t0) / S_TO_US
@@ -205,8 +214,8 @@ def parse_kineto(path: str | Path) -> KinetoRun:
     props = doc.get("deviceProperties") or []
     meta = {
         "source_file": str(path), "importer": "kineto", "cpu_only": cpu_only,
-        "device": next((p.get("name") for p in props if isinstance(p, dict)
-                        and p.get("id") == (devices[0] if devices else 0)), "" if props else "cpu"),
+        "device": "cpu" if cpu_only else next((p.get("name") for p in props if isinstance(p, dict)
+                                                and p.get("id") == devices[0]), "GPU (no deviceProperties)"),
         "distributed": dist, "t0_us": t0, "base_time_ns": doc.get("baseTimeNanoseconds", 0),
         "flow_events": sum(1 for e in doc["traceEvents"] if isinstance(e, dict) and e.get("ph") in ("s", "f")),
         "counts": {"kernels": sum(1 for e in device if e["cat"] == "kernel"),

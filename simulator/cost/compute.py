@@ -12,6 +12,19 @@ from dataclasses import dataclass
 
 from ..hardware.gpus import GPUSpec
 from ..tasks import OpWork
+from ..units import DTYPE_BYTES
+
+ATTENTION_IMPLS = ("flash", "unfused")
+# Bytes moved per attention-score element by the unfused kernels (see _unfused_attention_s).
+UNFUSED_FWD_BYTES_PER_SCORE = 13
+UNFUSED_BWD_BYTES_PER_SCORE = 19
+UNFUSED_KERNELS = 4  # QK^T, softmax, dropout, AV
+
+
+def attention_flops_of(shape: tuple[int, ...]) -> float:
+    """Forward FLOPs of QK^T and AV for an attention shape (b, heads, sq, skv, d): 4·b·heads·sq·skv·d."""
+    b, heads, sq, skv, hd = shape
+    return 4.0 * b * heads * sq * skv * hd
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +74,11 @@ def wave_efficiency(m: int, n: int, num_sms: int) -> float:
 class RooflineCompute:
     """Kernel time from FLOPs and bytes against one GPU's peak, with the global efficiencies."""
 
-    def __init__(self, gpu: GPUSpec, dtype: str) -> None:
+    def __init__(self, gpu: GPUSpec, dtype: str, attention: str = "flash") -> None:
+        if attention not in ATTENTION_IMPLS:
+            raise ValueError(f"attention implementation {attention!r} is unknown; known: {', '.join(ATTENTION_IMPLS)}")
+        self.attention = attention
+        self.dtype_bytes = DTYPE_BYTES[dtype]
         self.gpu = gpu
         self.eff = EFFICIENCIES[gpu.architecture]
         self.peak_flops_per_s = gpu.peak(dtype)
@@ -81,6 +98,8 @@ class RooflineCompute:
             # Either orientation of the output can be tiled; cuBLAS picks the better one.
             wave = max(wave_efficiency(m, n, self.eff.num_sms), wave_efficiency(n, m, self.eff.num_sms))
             flop_s = op.flops / (self.peak_flops_per_s * self.eff.gemm_max * wave)
+        elif op.kind == "attention" and op.flops > 0 and self.attention == "unfused":
+            return self._unfused_attention_s(op)
         elif op.kind == "attention" and op.flops > 0:
             # The op counts the full s^2 score matrix (Narayanan 2021 eq. 3); a causal flash kernel skips
             # the masked upper triangle, half of it (Dao 2023 §3.1), at the measured efficiency.
@@ -88,6 +107,23 @@ class RooflineCompute:
         else:
             flop_s = 0.0
         return max(flop_s, mem_s) + self.eff.kernel_overhead_s
+
+    def _unfused_attention_s(self, op: OpWork) -> float:
+        """Pre-FlashAttention Megatron (2019-2022): QK^T and AV as batched GEMMs over the full s x s
+        matrix (no causal skipping), the score matrix materialised in HBM and passed through the fused
+        scale-mask-softmax and the attention dropout (Korthikanti et al. 2022 §4.1 lists these
+        tensors: 2as²b scores, 2as²b softmax output, as²b dropout mask). Per score element, forward:
+        QK^T writes 2 B, softmax reads and writes 2 + 2, dropout reads 2 and writes 2 + 1 (mask), AV
+        reads 2: 13 B. Backward: dV reads P (2), dP written (2), dropout backward 2 + 1 + 2, softmax
+        backward reads dP and P and writes dS (6), dQ and dK read dS (4): 19 B."""
+        b, heads, sq, skv, _hd = op.shape
+        scores = b * heads * sq * skv
+        backward = op.flops > 1.5 * attention_flops_of(op.shape)
+        mem_s = scores * (UNFUSED_BWD_BYTES_PER_SCORE if backward else UNFUSED_FWD_BYTES_PER_SCORE) / self.mem_Bps
+        tiles = b * heads * math.ceil(sq / GEMM_TILE_M) * math.ceil(skv / GEMM_TILE_N)
+        wave = tiles / (math.ceil(tiles / self.eff.num_sms) * self.eff.num_sms)
+        gemm_s = op.flops / (self.peak_flops_per_s * self.eff.gemm_max * wave)
+        return gemm_s + mem_s + UNFUSED_KERNELS * self.eff.kernel_overhead_s
 
     def work_time_s(self, work: tuple[OpWork, ...]) -> float:
         return sum(self.op_time_s(op) for op in work)

@@ -27,7 +27,7 @@ class CostModel:
     def __init__(self, scn, topo: Topology, tables=None) -> None:
         self.scn = scn
         self.topo = topo
-        self.roofline = RooflineCompute(scn.cluster.gpu, scn.training.dtype)
+        self.roofline = RooflineCompute(scn.cluster.gpu, scn.training.dtype, scn.training.attention)
         self.tables = tables  # cost.calibrated.CalibrationTables | None
         self.missing: set[str] = set()
         self._work_cache: dict[int, float] = {}

@@ -152,19 +152,23 @@ def _check_recompute(recompute: str) -> None:
 
 
 def layer_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool, cp: int,
-                           recompute: str, dtype_bytes: int = 2, ep: int = 1) -> float:
+                           recompute: str, dtype_bytes: int = 2, ep: int = 1, attention: str = "unfused") -> float:
     """Bytes one transformer layer keeps for one micro-batch on one rank until its backward.
 
     none: every forward tensor (Korthikanti et al. 2022: sbh(34 + 5as/h) unsharded, sbh(10 + 24/t +
     5as/(ht)) with TP only, sbh/t (34 + 5as/h) with TP + SP, Table 2). selective: the attention core
     is recomputed, the 5as^2b term is dropped (sec. 5: sbh(10 + 24/t), or 34 sbh/t with SP). full:
     only the layer input is kept, 2sbh (2sbh/t with SP, where Megatron stores it sequence-split).
+    attention = "flash": FlashAttention never stores the s x s scores, softmax output or dropout mask
+    (it recomputes them blockwise in the backward, Dao et al. 2022 §3.1), so the core terms are
+    dropped exactly as selective recompute drops them.
     """
     _check_recompute(recompute)
     terms = activation_terms(model, micro_batch_size, tp, sp, cp, dtype_bytes, ep)
     if recompute == "full":
         return next(x.bytes for x in terms if x.name == "attn_norm_input")
-    return sum(x.bytes for x in terms if x.stored_at_f and not (recompute == "selective" and x.core))
+    drop_core = recompute == "selective" or attention == "flash"
+    return sum(x.bytes for x in terms if x.stored_at_f and not (drop_core and x.core))
 
 
 def weight_grad_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool, cp: int,
@@ -176,7 +180,8 @@ def weight_grad_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool
 
 
 def layer_activation_split(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool, cp: int,
-                           recompute: str, dtype_bytes: int = 2, ep: int = 1) -> tuple[float, float]:
+                           recompute: str, dtype_bytes: int = 2, ep: int = 1,
+                           attention: str = "unfused") -> tuple[float, float]:
     """(freed at B, freed at W) for schedules that split the backward (zero-bubble).
 
     F allocates ``layer_activation_bytes``. B consumes what only the input gradient needs and
@@ -186,7 +191,7 @@ def layer_activation_split(model: ModelSpec, micro_batch_size: int, tp: int, sp:
     little was stored at F, e.g. with full recompute, where B recomputes the forward and must then
     keep X and dY for W; the lowering applies a negative "freed" amount as an allocation at B.
     """
-    total = layer_activation_bytes(model, micro_batch_size, tp, sp, cp, recompute, dtype_bytes, ep)
+    total = layer_activation_bytes(model, micro_batch_size, tp, sp, cp, recompute, dtype_bytes, ep, attention)
     at_w = weight_grad_bytes(model, micro_batch_size, tp, sp, cp, dtype_bytes, ep)
     return total - at_w, at_w
 

@@ -18,18 +18,48 @@ Work = tuple[OpWork, ...]
 
 @dataclass(frozen=True)
 class Segment:
-    """Forward work, backward input-gradient (B) and weight-gradient (W) work of a run of ops."""
+    """Forward work, backward input-gradient (B) and weight-gradient (W) work of a run of ops.
+
+    The backward of a segment that opens with a column-parallel GEMM (QKV, fc1, the router) is cut
+    around that GEMM, as Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication.backward
+    runs it (core/tensor_parallel/layers.py): the input-gradient GEMM, then the TP all-reduce (SP:
+    reduce-scatter) of that gradient launched asynchronously and overlapped with the weight-gradient
+    GEMM, then the ops before the GEMM (the norm) once the collective is done.
+    ``bwd_pre`` + ``bwd_wgrad`` + ``bwd_post`` is ``bwd`` regrouped; ``bwd_b_pre`` + ``bwd_b_post``
+    is ``bwd_b`` cut at the same place (zero-bubble defers the weight gradient to W).
+    """
 
     name: str
     fwd: Work
     bwd_b: Work
     bwd_w: Work
     bwd: Work  # B and W fused, as non-zero-bubble schedules run them
+    bwd_pre: Work = ()
+    bwd_wgrad: Work = ()
+    bwd_post: Work = ()
+    bwd_b_pre: Work = ()
+    bwd_b_post: Work = ()
+
+
+def _cut(name: str, bwd_b: Work, bwd_w: Work, bwd: Work) -> dict:
+    """Backward parts around the first GEMM of the forward (the last one in backward order)."""
+    gemms = [i for i, w in enumerate(bwd) if w.kind == "gemm"]
+    if not gemms:
+        return {"bwd_pre": bwd, "bwd_b_pre": bwd_b}
+    i = gemms[-1]
+    g = bwd[i].name
+    b = tuple(w for w in bwd_b if w.name == g)
+    wg = tuple(w for w in bwd_w if w.name == g)
+    j = next(k for k, w in enumerate(bwd_b) if w.name == g)
+    return {"bwd_pre": bwd[:i] + b, "bwd_wgrad": wg, "bwd_post": bwd[i + 1:],
+            "bwd_b_pre": bwd_b[:j + 1], "bwd_b_post": bwd_b[j + 1:]}
 
 
 def _segment(name: str, ops: tuple[Op, ...], tp: int, sp: bool, cp: int, ep: int) -> Segment:
-    return Segment(name, shard_ops(ops, tp, sp, cp, ep), shard_ops_backward(ops, tp, sp, cp, ep, "B"),
-                   shard_ops_backward(ops, tp, sp, cp, ep, "W"), shard_ops_backward(ops, tp, sp, cp, ep, "BW"))
+    b = shard_ops_backward(ops, tp, sp, cp, ep, "B")
+    w = shard_ops_backward(ops, tp, sp, cp, ep, "W")
+    bw = shard_ops_backward(ops, tp, sp, cp, ep, "BW")
+    return Segment(name, shard_ops(ops, tp, sp, cp, ep), b, w, bw, **_cut(name, b, w, bw))
 
 
 @dataclass(frozen=True)
@@ -39,6 +69,10 @@ class LayerBlocks:
     attn_pre | attn_core | attn_post  -- [TP collective] --  mlp_pre | experts | mlp_post  -- [TP collective]
     Dense layers have empty ``experts`` / ``mlp_post``; the MoE dispatch all-to-all sits between
     mlp_pre (norm + router) and experts, the combine between experts and mlp_post.
+    ``core_steps``: the attention core divided into the cp ring-attention steps (forward, B, B+W),
+    ``layer_w``: every weight-gradient GEMM of the layer (zero-bubble's W pass). ``attn`` fuses the
+    three attention segments into one task where nothing communicates between them (cp = 1), which
+    keeps the task graph of large runs small.
     """
 
     attn_pre: Segment
@@ -50,6 +84,14 @@ class LayerBlocks:
     embed: Segment
     head: Segment
     core_flops_fwd: float  # attention-core FLOPs on this rank (selective recompute re-runs them)
+    core_steps: dict  # "F" | "B" | "BW" -> work of one of the cp ring steps
+    layer_w: Work
+    attn: Segment  # attn_pre + attn_core + attn_post as one segment (no CP exchange inside: cp = 1)
+
+    def segments(self) -> tuple[Segment, ...]:
+        """The layer's segments in forward order."""
+        return tuple(s for s in (self.attn_pre, self.attn_core, self.attn_post, self.mlp_pre, self.experts,
+                                 self.mlp_post) if s is not None)
 
 
 def build_blocks(graph: OpGraph, tp: int, sp: bool, cp: int, ep: int) -> LayerBlocks:
@@ -67,13 +109,19 @@ def build_blocks(graph: OpGraph, tp: int, sp: bool, cp: int, ep: int) -> LayerBl
     else:
         mlp_pre, experts, mlp_post = seg("mlp", mlp), None, None
     core = seg("attn_core", attn[core_at:core_at + 1])
+    attn_pre, attn_post = seg("attn_pre", attn[:core_at]), seg("attn_post", attn[core_at + 1:])
+    segs = [s for s in (attn_pre, core, attn_post, mlp_pre, experts, mlp_post) if s is not None]
     return LayerBlocks(
-        attn_pre=seg("attn_pre", attn[:core_at]), attn_core=core, attn_post=seg("attn_post", attn[core_at + 1:]),
+        attn_pre=attn_pre, attn_core=core, attn_post=attn_post,
         mlp_pre=mlp_pre, experts=experts, mlp_post=mlp_post,
         embed=seg("embed", graph.embed), head=seg("head", graph.head),
-        core_flops_fwd=sum(w.flops for w in core.fwd))
+        core_flops_fwd=sum(w.flops for w in core.fwd),
+        core_steps={"F": split_work(core.fwd, cp), "B": split_work(core.bwd_b, cp), "BW": split_work(core.bwd, cp)},
+        layer_w=tuple(w for s in segs for w in s.bwd_w), attn=seg("attn", attn))
 
 
 def split_work(work: Work, parts: int) -> Work:
     """One of ``parts`` equal slices of a segment (ring-attention steps over K/V blocks)."""
+    if parts < 1:
+        raise ValueError(f"split_work: parts must be >= 1, got {parts}")
     return tuple(OpWork(w.name, w.kind, w.flops / parts, w.bytes / parts, w.shape) for w in work)

@@ -2,6 +2,8 @@
 
 It owns the TaskGraphBuilder and small helpers that append compute and communication tasks for
 one rank, so that ``layer_emit``, ``grad_sync`` and ``lower`` read as the framework's program order.
+Activation memory rides on compute tasks: ``alloc_next`` makes the rank's next compute kernel
+allocate, ``free_last`` makes its latest one release (tasks.Task.mem_delta_bytes).
 """
 
 from __future__ import annotations
@@ -14,6 +16,10 @@ from .blocks import LayerBlocks
 from .mesh import DeviceMesh
 
 COMPUTE = "compute"
+# Stream of the asynchronous TP collectives of the backward (Megatron-LM launches them with
+# async_op=True on NCCL's own stream and overlaps them with the weight-gradient GEMM).
+COMM_TP = "comm_tp"
+_ACTIVATION_CATEGORIES = ("compute", "recompute")
 
 
 @dataclass
@@ -24,8 +30,15 @@ class LowerCtx:
     blocks: LayerBlocks
     full: bool
     builder: TaskGraphBuilder = field(default_factory=TaskGraphBuilder)
+    # bytes a recomputed layer re-materialises from its recompute until its backward ends
+    recompute_transient_bytes: float = 0.0
     _sync_keys: dict = field(default_factory=dict)
     _sync_seq: dict = field(default_factory=dict)
+    _pending_alloc: dict = field(default_factory=dict)  # rank -> bytes the next kernel allocates
+    _last_kernel: dict = field(default_factory=dict)  # rank -> latest compute task with work
+    _stage: dict = field(default_factory=dict)  # rank -> pipeline stage (cache)
+    _groups: dict = field(default_factory=dict)  # (axis, rank) -> group (cache)
+    _collectives: dict = field(default_factory=dict)  # Collective interning: one object per distinct value
 
     # ---- shorthands -----------------------------------------------------------------------
     @property
@@ -38,39 +51,88 @@ class LowerCtx:
 
     def activation_bytes(self) -> float:
         """One micro-batch's hidden-state tensor on one rank: b·(s/cp)·h (divided by tp with SP)."""
-        m = self.scn.model
-        n = self.scn.training.micro_batch_size * (m.seq_length // self.par.cp) * m.hidden_size
-        return n * self.dtype_bytes / (self.par.tp if self.par.sequence_parallel else 1)
+        return self.full_activation_bytes() / (self.par.tp if self.par.sequence_parallel else 1)
 
     def full_activation_bytes(self) -> float:
+        """b·(s/cp)·h elements: the TP collectives' buffer (nccl-tests size of an all-reduce, of a
+        reduce-scatter's input, of an all-gather's output)."""
         m = self.scn.model
         return self.scn.training.micro_batch_size * (m.seq_length // self.par.cp) * m.hidden_size * self.dtype_bytes
+
+    def stage(self, rank: int) -> int:
+        s = self._stage.get(rank)
+        if s is None:
+            s = self._stage[rank] = self.mesh.stage_of(rank)
+        return s
+
+    def group(self, axis: str, rank: int) -> tuple[int, ...]:
+        g = self._groups.get((axis, rank))
+        if g is None:
+            g = self._groups[(axis, rank)] = self.mesh.group(axis, rank)
+        return g
+
+    # ---- activation memory on compute tasks ------------------------------------------------
+    def alloc_next(self, rank: int, nbytes: float) -> None:
+        """The rank's next compute kernel allocates ``nbytes`` (at its start)."""
+        if nbytes:
+            self._pending_alloc[rank] = self._pending_alloc.get(rank, 0.0) + nbytes
+
+    def free_last(self, rank: int, nbytes: float) -> None:
+        """The rank's latest compute kernel releases ``nbytes`` (at its end); a negative amount is an
+        allocation, applied to the next kernel instead."""
+        if nbytes < 0:
+            self.alloc_next(rank, -nbytes)
+        elif nbytes:
+            tid = self._last_kernel[rank]
+            old = self.builder.task(tid).mem_delta_bytes
+            if old > 0:
+                raise ValueError(f"task {self.builder.task(tid).name!r} both allocates {old} and frees {nbytes} bytes")
+            self.builder.set_mem(tid, old - nbytes)
 
     # ---- task constructors ---------------------------------------------------------------
     def compute(self, rank: int, name: str, work: tuple[OpWork, ...], deps=(), category: str = "compute",
                 **meta) -> int:
-        return self.builder.add(name, "compute", rank, COMPUTE, category, deps, work=work,
-                                stage=self.mesh.stage_of(rank), **meta)
+        kernel = bool(work) and category in _ACTIVATION_CATEGORIES
+        if kernel and self._pending_alloc.get(rank):
+            meta["mem_delta_bytes"] = meta.get("mem_delta_bytes", 0.0) + self._pending_alloc.pop(rank)
+        tid = self.builder.add(name, "compute", rank, COMPUTE, category, deps, work=work,
+                               stage=self.stage(rank), **meta)
+        if kernel:
+            self._last_kernel[rank] = tid
+        return tid
 
     def host(self, rank: int, name: str, work: tuple[OpWork, ...], deps=(), **meta) -> int:
         return self.builder.add(name, "host", rank, "host", "optimizer", deps, work=work,
-                                stage=self.mesh.stage_of(rank), **meta)
+                                stage=self.stage(rank), **meta)
 
     def comm(self, rank: int, stream: str, name: str, op: str, size_bytes: float, group: tuple[int, ...],
              axis: str, category: str, deps=(), **meta) -> int:
         sync = -1
-        if self.full and len(group) > 1 and op != "send_recv":
-            # every simulated participant emits its copy in the same order: number them per group
+        if len(group) > 1 and op != "send_recv":
+            # every simulated participant emits its copy in the same order: number them per group (in
+            # symmetric mode too: the tied-embedding all-reduce joins two simulated representatives)
             seq = self._sync_seq.get((rank, group), 0)
             self._sync_seq[(rank, group)] = seq + 1
             sync = self._sync_keys.setdefault((group, seq), len(self._sync_keys))
-        return self.builder.add(name, "comm", rank, stream, category, deps,
-                                comm=Collective(op, float(size_bytes), group, axis),
-                                stage=self.mesh.stage_of(rank), sync_key=sync, **meta)
+        key = (op, float(size_bytes), group, axis)
+        c = self._collectives.get(key)
+        if c is None:
+            c = self._collectives[key] = Collective(*key)
+        return self.builder.add(name, "comm", rank, stream, category, deps, comm=c, stage=self.stage(rank),
+                                sync_key=sync, **meta)
 
-    def tp_collective(self, rank: int, name: str, op: str, size_bytes: float, deps=(), **meta) -> int | None:
-        """A blocking TP/SP collective on the compute stream (Megatron runs them in the critical path)."""
+    def tp_collective(self, rank: int, name: str, op: str, size_bytes: float, deps=(), stream: str = COMPUTE,
+                      **meta) -> int | None:
+        """A TP/SP collective; blocking on the compute stream unless another ``stream`` is given
+        (Megatron runs the forward ones in the critical path). None when tp = 1."""
         if self.par.tp == 1:
             return None
-        return self.comm(rank, COMPUTE, name, op, size_bytes, self.mesh.group("tp", rank), "tp", "comm_tp",
-                         deps, **meta)
+        return self.comm(rank, stream, name, op, size_bytes, self.group("tp", rank), "tp", "comm_tp", deps, **meta)
+
+    def join(self, rank: int, name: str, deps, **meta) -> int | None:
+        """One task id standing for all of ``deps`` (a zero-work wait on the compute stream when
+        there are several); None when there are none."""
+        deps = tuple(d for d in deps if d is not None)
+        if len(deps) <= 1:
+            return deps[0] if deps else None
+        return self.builder.add(name, "compute", rank, COMPUTE, "compute", deps, stage=self.stage(rank), **meta)

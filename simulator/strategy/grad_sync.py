@@ -1,13 +1,20 @@
-"""Gradient synchronisation, parameter gathering and the optimizer step of one rank.
+"""Gradient synchronisation, parameter gathering, offload and the optimizer step of one rank.
 
-- DP / ZeRO-1 / ZeRO-2: gradients reduced in buckets as soon as the last micro-batch's backward has
-  produced them (Megatron-core DDP with overlap_grad_reduce; Li et al. 2020, PyTorch DDP), by
-  all-reduce (stage 0) or reduce-scatter (distributed optimizer / ZeRO-1, ZeRO-2); updated
-  parameters all-gathered after the step (Rajbhandari et al. 2020 §5), overlapped with the next
-  forward when overlap_param_gather (modelled at the start of this step, the steady state).
-- ZeRO-3 gathers and reduce-scatters per layer inside the micro-batch loop (``lower``), so only the
-  optimizer step is left here.
-- ZeRO-Offload (Ren et al. 2021): gradients to host over PCIe, Adam on the CPU, parameters back.
+- DP / ZeRO-1 (Megatron-core DDP and distributed optimizer): gradients reduced in buckets as soon as
+  the last micro-batch's backward has produced them (overlap_grad_reduce; Li et al. 2020, PyTorch
+  DDP), by all-reduce (stage 0) or reduce-scatter (ZeRO-1); the updated parameters all-gathered
+  after the step (Rajbhandari et al. 2020 §5), overlapped with the next forward when
+  overlap_param_gather (modelled at the start of this step, the steady state).
+- ZeRO-2 (DeepSpeed stage 2): gradients are partitioned as they are produced, so every micro-batch's
+  backward reduce-scatters its buckets (DeepSpeed engine.backward calls
+  overlapping_partition_gradients_reduce_epilogue on every micro-step, stage 1 only at the
+  gradient-accumulation boundary).
+- ZeRO-3 / FSDP: one all-gather of a unit's (layer's, embedding's, head's) parameters before each
+  forward and backward use and one reduce-scatter of its gradients per micro-batch (``lower`` places
+  them, prefetching one unit ahead).
+- ZeRO-Offload (Ren et al. 2021 §4.2): each reduced gradient shard is copied to the host over PCIe
+  as soon as it is reduced, Adam runs on the CPU, the updated 16-bit shard comes back over PCIe.
+Expert parameters are reduced and gathered over the expert-data-parallel group (dp·cp/ep ranks).
 """
 
 from __future__ import annotations
@@ -18,20 +25,30 @@ from .context import COMPUTE, LowerCtx
 # Megatron-core DistributedDataParallelConfig: bucket_size = max(40M, 1M x dp) parameters.
 BUCKET_MIN_PARAMS = 40_000_000
 BUCKET_PARAMS_PER_DP_RANK = 1_000_000
+# DeepSpeed ZeRO-2/3 reduce_bucket_size default: 5e8 elements (DeepSpeed configuration docs,
+# zero_optimization.reduce_bucket_size).
+DEEPSPEED_REDUCE_BUCKET_PARAMS = 500_000_000
 # Fused Adam (apex / torch foreach) per parameter: read grad, read+write fp32 master, m, v (24 B),
 # write the 16-bit model copy (2 B): memory-bound (Rajbhandari et al. 2020 §3 state sizes).
 ADAM_STATE_RW_BYTES = 24
+STREAM_DP = "comm_dp"
+STREAM_DP_RS = "comm_dp_rs"  # FSDP's separate reduce-scatter stream (torch FSDP _reduce_scatter_stream)
+STREAM_OFFLOAD = "offload"
+
+Ready = tuple[int, float, float]  # (task after which the gradients exist, dense params, expert params)
 
 
-def bucket_params(dp: int) -> int:
+def bucket_params(dp: int, zero_stage: int = 0) -> int:
+    if zero_stage >= 2:
+        return DEEPSPEED_REDUCE_BUCKET_PARAMS
     return max(BUCKET_MIN_PARAMS, BUCKET_PARAMS_PER_DP_RANK * dp)
 
 
-def buckets(layer_ready: list[tuple[int, float, float]], dp: int) -> list[tuple[int, float, float]]:
+def buckets(layer_ready: list[Ready], dp: int, zero_stage: int = 0) -> list[Ready]:
     """Group (ready task, dense params, expert params) in backward order into buckets.
 
     Returns (task after which the bucket is complete, dense params, expert params) per bucket."""
-    out, dense, expert, cap = [], 0.0, 0.0, bucket_params(dp)
+    out, dense, expert, cap = [], 0.0, 0.0, bucket_params(dp, zero_stage)
     for i, (tid, d, e) in enumerate(layer_ready):
         dense += d
         expert += e
@@ -41,51 +58,87 @@ def buckets(layer_ready: list[tuple[int, float, float]], dp: int) -> list[tuple[
     return out
 
 
-def reduce_gradients(ctx: LowerCtx, rank: int, ready: list[tuple[int, float, float]], end_dep: int) -> list[int]:
-    """Bucketed gradient reduction; returns the tasks the optimizer must wait for."""
+def _groups(ctx: LowerCtx, rank: int):
+    """(dense params group, expert params group) of gradient reduction / parameter gathering."""
+    return ctx.group("dp_cp", rank), ctx.group("edp", rank)
+
+
+def _to_host(ctx: LowerCtx, rank: int, name: str, params: float, group_size: int, dep: int) -> int:
+    """ZeRO-Offload: this rank's reduced shard of ``params`` gradients to host memory over PCIe."""
+    size = params / group_size * ctx.scn.training.grad_dtype_bytes
+    return ctx.comm(rank, STREAM_OFFLOAD, name, "send_recv", size, (rank,), "host", "offload", (dep,))
+
+
+def reduce_gradients(ctx: LowerCtx, rank: int, ready: list[Ready], end_dep: int, tag: str = "") -> list[int]:
+    """Bucketed gradient reduction (with its offload copies); returns the tasks the step waits for."""
     par = ctx.par
     gbytes = ctx.scn.training.grad_dtype_bytes
-    dense_group = ctx.mesh.group("dp_cp", rank)
-    expert_group = ctx.mesh.group("edp", rank)
     op = "all_reduce" if par.zero_stage == 0 else "reduce_scatter"
     out = []
-    for k, (tid, dense, expert) in enumerate(buckets(ready, par.dp * par.cp)):
+    for k, (tid, dense, expert) in enumerate(buckets(ready, par.dp * par.cp, par.zero_stage)):
         dep = tid if par.overlap_grad_reduce else end_dep
-        for params, group, tag in ((dense, dense_group, "dense"), (expert, expert_group, "expert")):
+        for params, group, kind in zip((dense, expert), _groups(ctx, rank), ("dense", "expert")):
             if params > 0 and len(group) > 1:
-                out.append(ctx.comm(rank, "comm_dp", f"grad_{op}.{tag}{k}", op, params * gbytes, group, "dp",
-                                    "comm_dp", (dep,)))
+                t = ctx.comm(rank, STREAM_DP, f"grad_{op}.{tag}{kind}{k}", op, params * gbytes, group, "dp",
+                             "comm_dp", (dep,))
+                out.append(_to_host(ctx, rank, f"grads_to_host.{tag}{kind}{k}", params, len(group), t)
+                           if par.offload_optimizer else t)
+            elif params > 0 and par.offload_optimizer:
+                out.append(_to_host(ctx, rank, f"grads_to_host.{tag}{kind}{k}", params, 1, dep))
+    return out
+
+
+def zero3_gather(ctx: LowerCtx, rank: int, name: str, dense: float, expert: float, dep: int | None) -> list[int]:
+    """ZeRO-3 / FSDP: all-gather one unit's 16-bit parameters before its use."""
+    out = []
+    for params, group, kind in zip((dense, expert), _groups(ctx, rank), ("", ".expert")):
+        if params > 0 and len(group) > 1:
+            out.append(ctx.comm(rank, STREAM_DP, f"{name}.param_all_gather{kind}", "all_gather",
+                                params * ctx.dtype_bytes, group, "dp", "comm_dp", () if dep is None else (dep,)))
+    return out
+
+
+def zero3_reduce(ctx: LowerCtx, rank: int, name: str, dense: float, expert: float, dep: int) -> list[int]:
+    """ZeRO-3 / FSDP: reduce-scatter one unit's gradients of one micro-batch (plus the offload copy)."""
+    out = []
+    gbytes = ctx.scn.training.grad_dtype_bytes
+    for params, group, kind in zip((dense, expert), _groups(ctx, rank), ("", ".expert")):
+        if params > 0 and len(group) > 1:
+            t = ctx.comm(rank, STREAM_DP_RS, f"{name}.grad_reduce_scatter{kind}", "reduce_scatter",
+                         params * gbytes, group, "dp", "comm_dp", (dep,))
+            out.append(_to_host(ctx, rank, f"{name}.grads_to_host{kind}", params, len(group), t)
+                       if ctx.par.offload_optimizer else t)
     return out
 
 
 def optimizer_step(ctx: LowerCtx, rank: int, deps: list[int], dense: float, expert: float) -> int:
-    """Adam over this rank's shard (ZeRO >= 1 shards it over the data-parallel group)."""
+    """Adam over this rank's shard (ZeRO >= 1 shards it over the data-parallel group), on the GPU or,
+    with offload, on the host CPU followed by the copy of the updated 16-bit shard back to the GPU."""
     par = ctx.par
-    shard = dense / (par.dp * par.cp) + expert / max(1, par.dp * par.cp // par.ep) if par.zero_stage else dense + expert
+    dense_n, expert_n = par.dp * par.cp, max(1, par.dp * par.cp // par.ep)
+    shard = dense / dense_n + expert / expert_n if par.zero_stage else dense + expert
     gbytes = ctx.scn.training.grad_dtype_bytes
     if not par.offload_optimizer:
         work = (OpWork("adam", "optimizer", 0.0, shard * (ADAM_STATE_RW_BYTES + gbytes), (int(shard),)),)
         return ctx.compute(rank, "optimizer", work, deps, "optimizer", phase="O")
-    d2h = ctx.comm(rank, "offload", "grads_to_host", "send_recv", shard * gbytes, (rank,), "host", "offload",
-                   deps)
-    step = ctx.host(rank, "cpu_adam", (OpWork("cpu_adam", "optimizer", 0.0, 0.0, (int(shard),)),), (d2h,),
-                    phase="O")
-    return ctx.comm(rank, "offload", "params_to_gpu", "send_recv", shard * ctx.dtype_bytes, (rank,), "host",
+    step = ctx.host(rank, "cpu_adam", (OpWork("cpu_adam", "optimizer", 0.0, 0.0, (int(shard),)),), deps, phase="O")
+    return ctx.comm(rank, STREAM_OFFLOAD, "params_to_gpu", "send_recv", shard * ctx.dtype_bytes, (rank,), "host",
                     "offload", (step,))
 
 
-def gather_parameters(ctx: LowerCtx, rank: int, ready: list[tuple[int, float, float]], deps: list[int]) -> list[int]:
+def gather_parameters(ctx: LowerCtx, rank: int, ready: list[Ready], deps: list[int]) -> list[int]:
     """Distributed-optimizer parameter all-gather, one per bucket (ZeRO-1/2)."""
     out = []
-    dense_group = ctx.mesh.group("dp_cp", rank)
-    for k, (_tid, dense, expert) in enumerate(buckets(ready, ctx.par.dp * ctx.par.cp)):
-        if dense + expert > 0 and len(dense_group) > 1:
-            out.append(ctx.comm(rank, "comm_dp", f"param_all_gather{k}", "all_gather",
-                                (dense + expert) * ctx.dtype_bytes, dense_group, "dp", "comm_dp", deps))
+    for k, (_tid, dense, expert) in enumerate(buckets(ready, ctx.par.dp * ctx.par.cp, ctx.par.zero_stage)):
+        for params, group, kind in zip((dense, expert), _groups(ctx, rank), ("", ".expert")):
+            if params > 0 and len(group) > 1:
+                out.append(ctx.comm(rank, STREAM_DP, f"param_all_gather{k}{kind}", "all_gather",
+                                    params * ctx.dtype_bytes, group, "dp", "comm_dp", deps))
     return out
 
 
 def last_compute(ctx: LowerCtx, rank: int) -> int:
     tid = ctx.builder.last_on(rank, COMPUTE)
-    assert tid is not None
+    if tid is None:
+        raise ValueError(f"rank {rank} has no compute task")
     return tid

@@ -1,34 +1,40 @@
 """Program order of one transformer layer on one rank: compute segments and the collectives between.
 
 Forward (Shoeybi et al. 2019; Korthikanti et al. 2022 Fig. 5): [SP all-gather] attention [TP all-reduce
-| SP reduce-scatter] [SP all-gather] MLP [TP all-reduce | SP reduce-scatter]. Backward runs the conjugate
-collectives in reverse. CP splits the attention core into ring steps overlapped with the K/V P2P
-exchange (Liu et al. 2023, ring attention) or gathers K/V first (Llama 3, Dubey et al. 2024 §3.3.2).
-EP brackets the experts with the dispatch and combine all-to-alls (Lepikhin et al. 2020, GShard).
+| SP reduce-scatter] [SP all-gather] MLP [TP all-reduce | SP reduce-scatter], blocking on the compute
+stream. Backward runs the conjugates in reverse: the exit's conjugate (SP all-gather of the output
+gradient) blocks; the entry's conjugate (TP all-reduce | SP reduce-scatter of the input gradient) is
+launched asynchronously after the column-parallel GEMM's input gradient and overlapped with its
+weight gradient, and with SP the saved sequence-sharded GEMM input is all-gathered again, overlapped
+with the input-gradient GEMM (Megatron-LM core/tensor_parallel/layers.py,
+LinearWithGradAccumulationAndAsyncCommunication.backward). CP splits the attention core into ring steps
+overlapped with the K/V P2P exchange (Liu et al. 2023, ring attention) or gathers K/V first (Llama 3,
+Dubey et al. 2024 §3.3.2; Transformer Engine's AttnFuncWithCPAndKVAllGather re-gathers K/V in the
+backward and reduce-scatters dK/dV). EP brackets the experts with the dispatch and combine
+all-to-alls (Lepikhin et al. 2020, GShard), forward and backward.
 """
 
 from __future__ import annotations
 
-from .blocks import Segment, split_work
-from .context import LowerCtx
+from .blocks import Segment
+from .context import COMM_TP, LowerCtx
 
 
-def _tp_pair(ctx: LowerCtx, forward: bool) -> tuple[str | None, str]:
-    """Collectives at a block's (entry, exit) in one direction; None where there is none."""
-    if ctx.par.sequence_parallel:
-        return ("all_gather", "reduce_scatter")
-    return (None, "all_reduce") if forward else (None, "all_reduce")
+def _d(x: int | None) -> tuple[int, ...]:
+    return () if x is None else (x,)
 
 
 def _kv_block_bytes(ctx: LowerCtx) -> float:
-    """K and V of one CP shard: 2·b·(s/cp)·(kv_heads·head_dim / tp) elements."""
+    """K and V of one CP shard: 2·b·(s/cp)·(kv_heads·head_dim / tp) elements (one KV head per rank
+    when tp exceeds the KV heads: GQA heads are replicated, Megatron-core)."""
     m = ctx.scn.model
     kv = m.kv_hidden_size // ctx.par.tp if m.num_kv_heads >= ctx.par.tp else m.head_dim
     return 2 * ctx.scn.training.micro_batch_size * (m.seq_length // ctx.par.cp) * kv * ctx.dtype_bytes
 
 
-def _a2a_bytes(ctx: LowerCtx) -> float:
-    """EP dispatch/combine send buffer: local tokens · top_k · capacity factor · h (GShard §2.2)."""
+def a2a_bytes(ctx: LowerCtx) -> float:
+    """EP dispatch/combine send buffer: local tokens · top_k · capacity factor · h (GShard §2.2).
+    With SP each TP rank routes its own s/t tokens (Megatron-core requires SP for MoE with TP)."""
     m, p = ctx.scn.model, ctx.par
     tokens = ctx.scn.training.micro_batch_size * m.seq_length // p.cp
     if p.sequence_parallel:
@@ -36,117 +42,144 @@ def _a2a_bytes(ctx: LowerCtx) -> float:
     return tokens * m.moe_top_k * m.moe_capacity_factor * m.hidden_size * ctx.dtype_bytes
 
 
-def _core(ctx: LowerCtx, rank: int, seg: Segment, part: str, dep: int, meta: dict, category: str) -> int:
-    """The attention core, with the CP exchange when cp > 1."""
-    work = seg.fwd if part == "F" else (seg.bwd_b if part == "B" else seg.bwd)
+def tp_op(ctx: LowerCtx, rank: int, dep: int | None, name: str, op: str, meta: dict) -> int | None:
+    """A blocking TP collective of the activation after ``dep``; ``dep`` itself when tp = 1."""
+    tid = ctx.tp_collective(rank, f"{name}.{op}", op, ctx.full_activation_bytes(), _d(dep), **meta)
+    return dep if tid is None else tid
+
+
+def _core(ctx: LowerCtx, rank: int, part: str, dep: int | None, name: str, meta: dict, category: str) -> int:
+    """The attention core, with the CP exchange when cp > 1; ``part`` is "F", "B" or "BW"."""
+    core = ctx.blocks.attn_core
+    work = {"F": core.fwd, "B": core.bwd_b, "BW": core.bwd}[part]
     cp = ctx.par.cp
     if cp == 1:
-        return ctx.compute(rank, f"{meta['name']}.core", work, (dep,), category, **meta["m"])
-    group = ctx.mesh.group("cp", rank)
-    # backward circulates K, V and their gradients: twice the forward's bytes (Liu et al. 2023 §3)
-    kv = _kv_block_bytes(ctx) * (1 if part == "F" else 2)
+        return ctx.compute(rank, f"{name}.core", work, _d(dep), category, **meta)
+    group = ctx.group("cp", rank)
+    kv = _kv_block_bytes(ctx)
     if ctx.par.cp_algorithm == "all-gather":
-        op = "all_gather" if part == "F" else "reduce_scatter"
-        c = ctx.comm(rank, "comm_cp", f"{meta['name']}.cp_{op}", op, kv * cp, group, "cp", "comm_cp", (dep,),
-                     **meta["m"])
-        return ctx.compute(rank, f"{meta['name']}.core", work, (c,), category, **meta["m"])
+        c = ctx.comm(rank, "comm_cp", f"{name}.cp_all_gather", "all_gather", kv * cp, group, "cp", "comm_cp",
+                     _d(dep), **meta)
+        x = ctx.compute(rank, f"{name}.core", work, (c,), category, **meta)
+        if part == "F":
+            return x
+        return ctx.comm(rank, "comm_cp", f"{name}.cp_reduce_scatter", "reduce_scatter", kv * cp, group, "cp",
+                        "comm_cp", (x,), **meta)
+    # Ring: step j attends to the K/V block received in step j-1 while the next block travels.
+    # The backward circulates K, V and the dK, dV accumulators: twice the bytes (Liu et al. 2023 §3).
+    size = kv * (1 if part == "F" else 2)
     nxt = group[(group.index(rank) + 1) % cp]
-    step_work = split_work(work, cp)
-    last = dep
-    send = None
+    step_work = ctx.blocks.core_steps[part]
+    last, prev_send = dep, None
     for j in range(cp):
+        send = None
         if j < cp - 1:
-            send = ctx.comm(rank, "comm_cp", f"{meta['name']}.cp_send{j}", "send_recv", kv, (rank, nxt), "cp",
-                            "comm_cp", (dep,), **meta["m"])
-        deps = (last,) if j == 0 else (last, prev_send)
-        last = ctx.compute(rank, f"{meta['name']}.core{j}", step_work, deps, category, **meta["m"])
+            send = ctx.comm(rank, "comm_cp", f"{name}.cp_send{j}", "send_recv", size, (rank, nxt), "cp",
+                            "comm_cp", _d(dep), **meta)
+        last = ctx.compute(rank, f"{name}.core{j}", step_work, _d(last) + _d(prev_send), category, **meta)
         prev_send = send
     return last
 
 
-def _experts(ctx: LowerCtx, rank: int, seg: Segment, part: str, dep: int, meta: dict, category: str) -> int:
-    work = seg.fwd if part == "F" else (seg.bwd_b if part == "B" else seg.bwd)
+def _experts(ctx: LowerCtx, rank: int, part: str, dep: int, name: str, meta: dict, category: str) -> int:
+    seg = ctx.blocks.experts
+    work = {"F": seg.fwd, "B": seg.bwd_b, "BW": seg.bwd}[part]
     if ctx.par.ep == 1:
-        return ctx.compute(rank, f"{meta['name']}.experts", work, (dep,), category, **meta["m"])
-    group = ctx.mesh.group("ep", rank)
-    size = _a2a_bytes(ctx)
-    a = ctx.comm(rank, "comm_ep", f"{meta['name']}.dispatch", "all_to_all", size, group, "ep", "comm_ep", (dep,),
-                 **meta["m"])
-    e = ctx.compute(rank, f"{meta['name']}.experts", work, (a,), category, **meta["m"])
-    return ctx.comm(rank, "comm_ep", f"{meta['name']}.combine", "all_to_all", size, group, "ep", "comm_ep", (e,),
-                    **meta["m"])
+        return ctx.compute(rank, f"{name}.experts", work, (dep,), category, **meta)
+    group = ctx.group("ep", rank)
+    size = a2a_bytes(ctx)
+    a = ctx.comm(rank, "comm_ep", f"{name}.dispatch", "all_to_all", size, group, "ep", "comm_ep", (dep,), **meta)
+    e = ctx.compute(rank, f"{name}.experts", work, (a,), category, **meta)
+    return ctx.comm(rank, "comm_ep", f"{name}.combine", "all_to_all", size, group, "ep", "comm_ep", (e,), **meta)
 
 
-def _after(ctx: LowerCtx, rank: int, last: int, name: str, op: str | None, meta: dict) -> int:
-    if op is None:
-        return last
+def column_backward(ctx: LowerCtx, rank: int, seg: Segment, dep: int | None, name: str, meta: dict,
+                    split_w: bool) -> int:
+    """Backward of a segment that opens with a column-parallel GEMM, with the asynchronous TP
+    collective of its input gradient overlapped with the weight-gradient GEMM (see module doc)."""
+    if ctx.par.tp == 1:
+        return ctx.compute(rank, f"{name}.grad", seg.bwd_b if split_w else seg.bwd, _d(dep), **meta)
+    sp = ctx.par.sequence_parallel
+    op = "reduce_scatter" if sp else "all_reduce"
     size = ctx.full_activation_bytes()
-    tid = ctx.tp_collective(rank, f"{name}.{op}", op, size, (last,), **meta["m"])
-    return last if tid is None else tid
+    gather = None
+    if sp and not split_w and seg.bwd_wgrad:
+        gather = ctx.tp_collective(rank, f"{name}.input_all_gather", "all_gather", size, _d(dep), COMM_TP, **meta)
+    x = ctx.compute(rank, f"{name}.grad", seg.bwd_b_pre if split_w else seg.bwd_pre, _d(dep), **meta)
+    red = ctx.tp_collective(rank, f"{name}.grad.{op}", op, size, (x,), COMM_TP, **meta)
+    if not split_w and seg.bwd_wgrad:
+        x = ctx.compute(rank, f"{name}.wgrad", seg.bwd_wgrad, (x,) + _d(gather), **meta)
+    post = seg.bwd_b_post if split_w else seg.bwd_post
+    if post:
+        return ctx.compute(rank, f"{name}.grad_post", post, (x, red), **meta)
+    return ctx.join(rank, f"{name}.grad_wait", (x, red), **meta)
 
 
-def layer_forward(ctx: LowerCtx, rank: int, dep: int | None, name: str, meta: dict,
-                  category: str = "compute") -> tuple[int, int]:
-    """Emit one layer's forward; returns (first task, last task)."""
-    b = ctx.blocks
-    m = {"name": name, "m": meta}
-    enter, leave = _tp_pair(ctx, True)
-    deps = () if dep is None else (dep,)
-    first = ctx.tp_collective(rank, f"{name}.attn.{enter}", enter, ctx.full_activation_bytes(), deps, **meta) \
-        if enter else None
-    x = ctx.compute(rank, f"{name}.attn", b.attn_pre.fwd, deps if first is None else (first,), category, **meta)
-    first = x if first is None else first
-    x = _core(ctx, rank, b.attn_core, "F", x, m, category)
-    x = ctx.compute(rank, f"{name}.attn_out", b.attn_post.fwd, (x,), category, **meta)
-    x = _after(ctx, rank, x, f"{name}.attn", leave, m)
-    x = _after(ctx, rank, x, f"{name}.mlp", enter, m)
+def layer_forward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, category: str = "compute") -> int:
+    """Emit one layer's forward after ``deps``; returns its last task."""
+    b, sp = ctx.blocks, ctx.par.sequence_parallel
+    x = ctx.join(rank, f"{name}.wait", deps, **meta)
+    if sp:
+        x = tp_op(ctx, rank, x, f"{name}.attn", "all_gather", meta)
+    if ctx.par.cp == 1:
+        x = ctx.compute(rank, f"{name}.attn", b.attn.fwd, _d(x), category, **meta)
+    else:
+        x = ctx.compute(rank, f"{name}.attn", b.attn_pre.fwd, _d(x), category, **meta)
+        x = _core(ctx, rank, "F", x, name, meta, category)
+        x = ctx.compute(rank, f"{name}.attn_out", b.attn_post.fwd, (x,), category, **meta)
+    x = tp_op(ctx, rank, x, f"{name}.attn", "reduce_scatter" if sp else "all_reduce", meta)
+    if sp:
+        x = tp_op(ctx, rank, x, f"{name}.mlp", "all_gather", meta)
     x = ctx.compute(rank, f"{name}.mlp", b.mlp_pre.fwd, (x,), category, **meta)
     if b.experts is not None:
-        x = _experts(ctx, rank, b.experts, "F", x, m, category)
+        x = _experts(ctx, rank, "F", x, name, meta, category)
         x = ctx.compute(rank, f"{name}.mlp_out", b.mlp_post.fwd, (x,), category, **meta)
-    x = _after(ctx, rank, x, f"{name}.mlp", leave, m)
-    return first, x
+    return tp_op(ctx, rank, x, f"{name}.mlp", "reduce_scatter" if sp else "all_reduce", meta)
 
 
-def layer_backward(ctx: LowerCtx, rank: int, dep: int | None, name: str, meta: dict, split_w: bool,
-                   recompute: str) -> tuple[int, int]:
-    """Emit one layer's backward (input gradient only when ``split_w``), with its recompute first."""
-    b = ctx.blocks
-    m = {"name": name, "m": meta}
+def layer_backward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, split_w: bool, recompute: str) -> int:
+    """Emit one layer's backward (input gradient only when ``split_w``), with its recompute first;
+    returns its last task. A recomputed layer's re-materialised activations
+    (``ctx.recompute_transient_bytes``) live from the recompute until the layer's backward ends."""
+    b, sp = ctx.blocks, ctx.par.sequence_parallel
     part = "B" if split_w else "BW"
-    first = None
+    rmeta = {**meta, "phase": "R"}
+    x = ctx.join(rank, f"{name}.wait", deps, **meta)
     if recompute == "full":
-        first, dep = layer_forward(ctx, rank, dep, f"{name}.R", {**meta, "phase": "R"}, "recompute")
-    # the conjugate of the forward's exit collective: SP all-gather / nothing for TP all-reduce
-    enter_b = "all_gather" if ctx.par.sequence_parallel else None
-    leave_b = "reduce_scatter" if ctx.par.sequence_parallel else "all_reduce"
-    deps = () if dep is None else (dep,)
-    x = _after(ctx, rank, dep, f"{name}.mlp_grad", enter_b, m) if dep is not None and enter_b else dep
-    w = (lambda s: s.bwd_b) if split_w else (lambda s: s.bwd)
+        ctx.alloc_next(rank, ctx.recompute_transient_bytes)
+        x = layer_forward(ctx, rank, _d(x), f"{name}.R", rmeta, "recompute")
+    if sp:  # conjugate of the MLP's exit reduce-scatter
+        x = tp_op(ctx, rank, x, f"{name}.mlp_grad", "all_gather", meta)
     if b.experts is not None:
-        x = ctx.compute(rank, f"{name}.mlp_out.grad", w(b.mlp_post), () if x is None else (x,), **meta)
-        first = first if first is not None else x
-        x = _experts(ctx, rank, b.experts, part, x, m, "compute")
-        x = ctx.compute(rank, f"{name}.mlp.grad", w(b.mlp_pre), (x,), **meta)
+        x = ctx.compute(rank, f"{name}.mlp_out.grad", b.mlp_post.bwd_b if split_w else b.mlp_post.bwd, _d(x),
+                        **meta)
+        x = _experts(ctx, rank, part, x, name, meta, "compute")
+    x = column_backward(ctx, rank, b.mlp_pre, x, f"{name}.mlp", meta, split_w)
+    if sp:
+        x = tp_op(ctx, rank, x, f"{name}.attn_grad", "all_gather", meta)
+    if ctx.par.cp == 1 and recompute != "selective":
+        x = column_backward(ctx, rank, b.attn, x, f"{name}.attn", meta, split_w)
     else:
-        x = ctx.compute(rank, f"{name}.mlp.grad", w(b.mlp_pre), () if x is None else (x,), **meta)
-        first = first if first is not None else x
-    x = _after(ctx, rank, x, f"{name}.mlp_grad", leave_b, m)
-    x = _after(ctx, rank, x, f"{name}.attn_grad", enter_b, m)
-    x = ctx.compute(rank, f"{name}.attn_out.grad", w(b.attn_post), (x,), **meta)
-    if recompute == "selective":
-        # Korthikanti 2022 §4.3: the attention core's forward is recomputed before its backward
-        x = ctx.compute(rank, f"{name}.core.R", b.attn_core.fwd, (x,), "recompute", **{**meta, "phase": "R"})
-    x = _core(ctx, rank, b.attn_core, part, x, m, "compute")
-    x = ctx.compute(rank, f"{name}.attn.grad", w(b.attn_pre), (x,), **meta)
-    x = _after(ctx, rank, x, f"{name}.attn_grad", leave_b, m)
-    del deps
-    return first, x
+        x = ctx.compute(rank, f"{name}.attn_out.grad", b.attn_post.bwd_b if split_w else b.attn_post.bwd, (x,),
+                        **meta)
+        if recompute == "selective":
+            # Korthikanti et al. 2022 §4.3: the attention core's forward (with its CP exchange) is
+            # recomputed right before its backward
+            ctx.alloc_next(rank, ctx.recompute_transient_bytes)
+            x = _core(ctx, rank, "F", x, f"{name}.R", rmeta, "recompute")
+        x = _core(ctx, rank, part, x, name, meta, "compute")
+        x = column_backward(ctx, rank, b.attn_pre, x, f"{name}.attn", meta, split_w)
+    if recompute in ("full", "selective"):
+        ctx.free_last(rank, ctx.recompute_transient_bytes)
+    return x
 
 
 def layer_weight_grad(ctx: LowerCtx, rank: int, dep: int | None, name: str, meta: dict) -> int:
-    """Zero-bubble W: every weight-gradient GEMM of the layer, no communication (Qi et al. 2024 §2)."""
-    b = ctx.blocks
-    segs = [b.attn_pre, b.attn_core, b.attn_post, b.mlp_pre] + [s for s in (b.experts, b.mlp_post) if s]
-    work = tuple(w for s in segs for w in s.bwd_w)
-    return ctx.compute(rank, f"{name}.W", work, () if dep is None else (dep,), **meta)
+    """Zero-bubble W: every weight-gradient GEMM of the layer (Qi et al. 2024 §2). With SP the
+    column-parallel GEMMs' sequence-sharded inputs are all-gathered again first, as in B+W."""
+    deps = _d(dep)
+    if ctx.par.sequence_parallel and ctx.par.tp > 1:
+        size = ctx.full_activation_bytes()
+        deps += tuple(ctx.tp_collective(rank, f"{name}.{blk}.input_all_gather", "all_gather", size, _d(dep), COMM_TP,
+                                        **meta) for blk in ("mlp", "attn"))
+    return ctx.compute(rank, f"{name}.W", ctx.blocks.layer_w, deps, **meta)

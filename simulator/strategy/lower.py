@@ -1,10 +1,12 @@
 """lower(): a Scenario becomes a TaskGraph of per-rank compute and communication tasks.
 
 The pipeline schedule (``schedules``) fixes the program order of every stage's compute stream; each
-action F/B/W of a virtual stage expands into its layers (``layer_emit``), P2P transfers connect the
-stages, and gradient synchronisation and the optimizer close the step (``grad_sync``). In symmetric
-mode one representative rank per pipeline stage is lowered (DESIGN.md §5); collectives still name
-their full groups, so the cost model charges the network for all of them.
+action F/B/W of a virtual stage expands into its units (embedding, layers via ``layer_emit``, head),
+P2P transfers connect the stages, and gradient synchronisation and the optimizer close the step
+(``grad_sync``). In symmetric mode one representative rank per pipeline stage is lowered (DESIGN.md
+§5); collectives still name their full groups, so the cost model charges the network for all of them.
+Activation memory is attached per unit: allocated by its forward, freed by its backward (B and W
+parts for zero-bubble), the sizes from ``activation_memory``.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from .activation_memory import (embedding_activation_bytes, head_activation_byte
                                 layer_activation_split)
 from .blocks import build_blocks
 from .context import LowerCtx
-from .grad_sync import gather_parameters, last_compute, optimizer_step, reduce_gradients
-from .layer_emit import layer_backward, layer_forward, layer_weight_grad
+from .grad_sync import (gather_parameters, last_compute, optimizer_step, reduce_gradients, zero3_gather,
+                        zero3_reduce)
+from .layer_emit import column_backward, layer_backward, layer_forward, layer_weight_grad, tp_op
 from .mesh import DeviceMesh
 from .schedules import Action, schedule_actions, splits_backward
 from .sharding import params_per_rank
@@ -34,11 +37,15 @@ class LoweredPlan:
 
 
 def chunk_layers(layers_per_stage: tuple[int, ...], v: int) -> tuple[tuple[int, ...], ...]:
-    """Global layer indices of every virtual stage (chunk c of rank r is virtual stage c·p + r)."""
+    """Global layer indices of every virtual stage (chunk c of rank r is virtual stage c·p + r);
+    Megatron-LM requires each stage's layers to divide evenly into its v chunks."""
     p = len(layers_per_stage)
-    sizes = [layers_per_stage[vs % p] // v for vs in range(p * v)]
+    bad = [n for n in layers_per_stage if n % v]
+    if bad or v < 1:
+        raise ValueError(f"layers per stage {list(layers_per_stage)} do not divide into virtual_stages = {v}")
     out, first = [], 0
-    for n in sizes:
+    for vs in range(p * v):
+        n = layers_per_stage[vs % p] // v
         out.append(tuple(range(first, first + n)))
         first += n
     return tuple(out)
@@ -73,16 +80,25 @@ class _Emitter:
     def __init__(self, ctx: LowerCtx, actions, layers, ranks, split_w: bool, stage_params: dict) -> None:
         self.ctx, self.actions, self.layers, self.ranks = ctx, actions, layers, ranks
         self.split_w, self.stage_params = split_w, stage_params
-        p = ctx.par.pp
-        self.p, self.nv = p, p * (ctx.par.virtual_stages if p > 1 else 1)
+        par = ctx.par
+        p = par.pp
+        self.p, self.nv, self.m = p, p * (par.virtual_stages if p > 1 else 1), ctx.scn.num_microbatches
         self.sends: dict = {}  # (rank, virtual stage, mb, phase) -> send task id
-        self.ready: dict = {r: [] for r in ranks}  # rank -> [(task, dense params, expert params)] bwd order
-        self.last_bwd: dict = {}  # (rank, virtual stage) -> number of backward passes seen
-        self.gathers: dict = {}  # (rank, virtual stage) -> param all-gather tasks to wait for
+        self.final_ready: dict = {r: [] for r in ranks}  # rank -> per chunk [(task, dense, expert)] (ZeRO <= 1)
+        self.seen: dict = {}  # (rank, virtual stage, phase) -> backward passes emitted
+        self.gathers: dict = {}  # (rank, virtual stage) -> param all-gathers its first forward waits for
+        self.grad_waits: dict = {r: [] for r in ranks}  # rank -> reductions the optimizer waits for
+        self.zero3 = par.zero_stage == 3 and par.dp * par.cp > 1
         self.act = self._activation_terms()
-        m = ctx.scn.model
-        self.layer_params = params_per_rank(ctx.graph, ctx.par.tp, ctx.par.ep, 1, False, False)
-        self.tied_pp = m.tie_embeddings and p > 1
+        g, tp, ep = ctx.graph, par.tp, par.ep
+        layer = params_per_rank(g, tp, ep, 1, False, False)
+        embed = params_per_rank(g, tp, ep, 0, True, False)["dense"]
+        # the head's parameters on a pp = 1 rank exclude the tied word embedding (counted in "embed")
+        head_alone = params_per_rank(g, tp, ep, 0, False, True)["dense"]
+        head_tied_pp1 = params_per_rank(g, tp, ep, 0, True, True)["dense"] - embed
+        self.unit_params = {"layer": (layer["dense"], layer["expert"]), "embed": (embed, 0.0),
+                            "head": (head_tied_pp1 if p == 1 else head_alone, 0.0)}
+        self.tied_pp = ctx.scn.model.tie_embeddings and p > 1
 
     # ---- memory terms -----------------------------------------------------------------------
     def _activation_terms(self) -> dict:
@@ -90,17 +106,13 @@ class _Emitter:
         args = (scn.model, scn.training.micro_batch_size, c.par.tp, c.par.sequence_parallel, c.par.cp)
         per_layer = layer_activation_bytes(*args, c.par.recompute, c.dtype_bytes, c.par.ep)
         at_b, at_w = layer_activation_split(*args, c.par.recompute, c.dtype_bytes, c.par.ep)
+        if c.par.recompute != "none":
+            c.recompute_transient_bytes = layer_activation_bytes(*args, "none", c.dtype_bytes, c.par.ep) - per_layer
+        if not self.split_w:
+            at_b, at_w = per_layer, 0.0
         return {"layer": per_layer, "layer_b": at_b, "layer_w": at_w,
                 "embed": embedding_activation_bytes(*args, c.dtype_bytes),
                 "head": head_activation_bytes(*args, c.dtype_bytes)}
-
-    def _chunk_activation(self, vs: int) -> tuple[float, float]:
-        """(freed at B, freed at W) bytes of one micro-batch on virtual stage vs."""
-        n = len(self.layers[vs])
-        extra = (self.act["embed"] if vs == 0 else 0.0) + (self.act["head"] if vs == self.nv - 1 else 0.0)
-        if self.split_w:
-            return n * self.act["layer_b"] + extra, n * self.act["layer_w"]
-        return n * self.act["layer"] + extra, 0.0
 
     # ---- driver ------------------------------------------------------------------------------
     def run(self) -> None:
@@ -142,8 +154,16 @@ class _Emitter:
         {"F": self._forward, "B": self._backward, "W": self._weight}[a.phase](r, vs, mb, dep)
         return True
 
-    def _meta(self, r: int, vs: int, mb: int, phase: str, layer: int = -1) -> dict:
+    def _meta(self, vs: int, mb: int, phase: str, layer: int = -1) -> dict:
         return {"microbatch": mb, "chunk": vs // self.p, "phase": phase, "layer": layer}
+
+    def _units(self, vs: int) -> list[str]:
+        """The chunk's units in forward order: "embed", layer indices as strings, "head"."""
+        return ((["embed"] if vs == 0 else []) + [str(layer) for layer in self.layers[vs]]
+                + (["head"] if vs == self.nv - 1 else []))
+
+    def _params(self, unit: str) -> tuple[float, float]:
+        return self.unit_params[unit if unit in ("embed", "head") else "layer"]
 
     def _send(self, r: int, vs: int, mb: int, phase: str, last: int) -> None:
         to = vs + 1 if phase == "F" else vs - 1
@@ -155,146 +175,141 @@ class _Emitter:
         size = ctx.full_activation_bytes() / ctx.par.tp
         self.sends[(r, vs, mb, phase)] = ctx.comm(
             r, "comm_pp", f"send.{vs}{phase}{mb}", "send_recv", size, (r, peer), "pp", "comm_pp", (last,),
-            **self._meta(r, vs, mb, phase))
+            **self._meta(vs, mb, phase))
+
+    def _prefetching(self, r: int, units: list[str], prefix: str):
+        """ZeRO-3 / FSDP: yields, per unit, the all-gathers it waits for. The gather of unit i+1 is
+        issued when unit i starts (after unit i-1's compute, whose parameters are then freed), so at
+        most two units are gathered at once (FSDP's one-unit prefetch)."""
+        issued: dict = {}
+        for i, unit in enumerate(units):
+            if not self.zero3:
+                yield ()
+                continue
+            before = self.ctx.builder.last_on(r, "compute")
+            for j in (i, i + 1):
+                if j < len(units) and j not in issued:
+                    issued[j] = zero3_gather(self.ctx, r, f"{prefix}.{units[j]}", *self._params(units[j]), before)
+            yield tuple(issued.pop(i))
 
     def _forward(self, r: int, vs: int, mb: int, dep: int | None) -> None:
         ctx, b = self.ctx, self.ctx.blocks
-        deps = [] if dep is None else [dep]
-        deps += self.gathers.pop((r, vs), [])
-        freed_b, freed_w = self._chunk_activation(vs)
-        first = None
-        x = None
-        if vs == 0:
-            x = ctx.compute(r, f"F{mb}.embed", b.embed.fwd, deps, mem_delta_bytes=freed_b + freed_w,
-                            **self._meta(r, vs, mb, "F"))
-            x = self._tp_after_embed(r, x, vs, mb)
-            first, deps = x, [x]
-        for layer in self.layers[vs]:
-            meta = self._meta(r, vs, mb, "F", layer)
-            d = x if x is not None else None
-            if x is None and len(deps) > 1:
-                d = ctx.compute(r, f"F{mb}.wait", (), deps, **self._meta(r, vs, mb, "F"))
-            elif x is None and deps:
-                d = deps[0]
-            d = self._zero3_gather(r, d, f"F{mb}.L{layer}")
-            f, x = layer_forward(ctx, r, d, f"F{mb}.L{layer}", meta)
-            if first is None:
-                first = f
-                self._alloc(first, freed_b + freed_w)
-        if vs == self.nv - 1:
-            x = ctx.compute(r, f"F{mb}.head", b.head.fwd, () if x is None else (x,), **self._meta(r, vs, mb, "F"))
+        x = ctx.join(r, f"F{mb}.wait", (dep,) + tuple(self.gathers.pop((r, vs), ())), **self._meta(vs, mb, "F"))
+        units = self._units(vs)
+        for unit, waits in zip(units, self._prefetching(r, units, f"F{mb}")):
+            deps = (x,) + waits if x is not None else waits
+            if unit == "embed":
+                meta = self._meta(vs, mb, "F")
+                ctx.alloc_next(r, self.act["embed"])
+                x = ctx.compute(r, f"F{mb}.embed", b.embed.fwd, deps, **meta)
+                # vocab-parallel embedding: all-reduce (reduce-scatter with SP) of its output over TP
+                x = tp_op(ctx, r, x, f"F{mb}.embed", "reduce_scatter" if ctx.par.sequence_parallel else "all_reduce",
+                          meta)
+            elif unit == "head":
+                meta = self._meta(vs, mb, "F")
+                x = ctx.join(r, f"F{mb}.head.wait", deps, **meta)
+                if ctx.par.sequence_parallel:  # ColumnParallelLinear output layer gathers the sequence
+                    x = tp_op(ctx, r, x, f"F{mb}.head", "all_gather", meta)
+                ctx.alloc_next(r, self.act["head"])
+                x = ctx.compute(r, f"F{mb}.head", b.head.fwd, () if x is None else (x,), **meta)
+            else:
+                ctx.alloc_next(r, self.act["layer"])
+                x = layer_forward(ctx, r, deps, f"F{mb}.L{unit}", self._meta(vs, mb, "F", int(unit)))
         self._send(r, vs, mb, "F", x)
 
-    def _alloc(self, tid: int, nbytes: float) -> None:
-        """Set the activation allocation on a task that was just created without one."""
-        t = self.ctx.builder.task(tid)
-        if t.mem_delta_bytes == 0.0:
-            self.ctx.builder.set_mem(tid, nbytes)
-
-    def _tp_after_embed(self, r: int, x: int, vs: int, mb: int) -> int:
-        """Vocab-parallel embedding: all-reduce (reduce-scatter with SP) of its output over TP."""
-        op = "reduce_scatter" if self.ctx.par.sequence_parallel else "all_reduce"
-        t = self.ctx.tp_collective(r, f"F{mb}.embed.{op}", op, self.ctx.full_activation_bytes(), (x,),
-                                   **self._meta(r, vs, mb, "F"))
-        return x if t is None else t
+    def _count(self, r: int, vs: int, phase: str) -> bool:
+        """Count a backward (B or W) pass of (rank, virtual stage); True on the last micro-batch."""
+        n = self.seen.get((r, vs, phase), 0) + 1
+        self.seen[(r, vs, phase)] = n
+        return n == self.m
 
     def _backward(self, r: int, vs: int, mb: int, dep: int | None) -> None:
         ctx, b = self.ctx, self.ctx.blocks
-        freed_b, _ = self._chunk_activation(vs)
+        final = self._count(r, vs, "B")
+        ready: list = []
         x = dep
-        if vs == self.nv - 1:
-            x = ctx.compute(r, f"B{mb}.head", b.head.bwd_b if self.split_w else b.head.bwd,
-                            () if x is None else (x,), **self._meta(r, vs, mb, "B"))
-        count = self.last_bwd.get((r, vs), 0) + 1
-        self.last_bwd[(r, vs)] = count
-        final = count == self.ctx.scn.num_microbatches
-        for layer in reversed(self.layers[vs]):
-            meta = self._meta(r, vs, mb, "B", layer)
-            x = self._zero3_gather(r, x, f"B{mb}.L{layer}")
-            _, x = layer_backward(ctx, r, x, f"B{mb}.L{layer}", meta, self.split_w, ctx.par.recompute)
+        units = self._units(vs)[::-1]
+        for unit, waits in zip(units, self._prefetching(r, units, f"B{mb}")):
+            deps = (x,) + waits if x is not None else waits
+            if unit == "head":
+                meta = self._meta(vs, mb, "B")
+                x = ctx.join(r, f"B{mb}.head.wait", deps, **meta)
+                x = column_backward(ctx, r, b.head, x, f"B{mb}.head", meta, self.split_w)
+                ctx.free_last(r, self.act["head"])
+            elif unit == "embed":
+                meta = self._meta(vs, mb, "B")
+                x = ctx.join(r, f"B{mb}.embed.wait", deps, **meta)
+                if ctx.par.sequence_parallel:  # conjugate of the embedding's reduce-scatter
+                    x = tp_op(ctx, r, x, f"B{mb}.embed_grad", "all_gather", meta)
+                if not self.split_w:  # the table's scatter-add is its weight gradient (W when split)
+                    x = ctx.compute(r, f"B{mb}.embed", b.embed.bwd, () if x is None else (x,), **meta)
+                ctx.free_last(r, self.act["embed"])
+            else:
+                if self.act["layer_b"] < 0:  # B allocates the output gradients W will need
+                    ctx.alloc_next(r, -self.act["layer_b"])
+                x = layer_backward(ctx, r, deps, f"B{mb}.L{unit}", self._meta(vs, mb, "B", int(unit)), self.split_w,
+                                   ctx.par.recompute)
+                if self.act["layer_b"] > 0:
+                    ctx.free_last(r, self.act["layer_b"])
             if not self.split_w:
-                self._grads_ready(r, x, final)
-        if vs == 0:
-            x = ctx.compute(r, f"B{mb}.embed", b.embed.bwd_b if self.split_w else b.embed.bwd, (x,),
-                            **self._meta(r, vs, mb, "B"))
-        ctx.builder.set_mem(x, -freed_b)
+                ready.append((x,) + self._params(unit))
+        self._grads_ready(r, vs, mb, ready, final, x)
         self._send(r, vs, mb, "B", x)
 
     def _weight(self, r: int, vs: int, mb: int, dep: int | None) -> None:
-        ctx = self.ctx
-        _, freed_w = self._chunk_activation(vs)
+        ctx, b = self.ctx, self.ctx.blocks
+        final = self._count(r, vs, "W")
+        ready: list = []
         x = None
-        count = self.last_bwd.get((r, vs, "W"), 0) + 1
-        self.last_bwd[(r, vs, "W")] = count
-        final = count == ctx.scn.num_microbatches
-        for layer in reversed(self.layers[vs]):
-            x = layer_weight_grad(ctx, r, x, f"W{mb}.L{layer}", self._meta(r, vs, mb, "W", layer))
-            self._grads_ready(r, x, final)
-        if x is not None:
-            ctx.builder.set_mem(x, -freed_w)
+        for unit in self._units(vs)[::-1]:
+            meta = self._meta(vs, mb, "W", -1 if unit in ("embed", "head") else int(unit))
+            if unit in ("embed", "head"):
+                work = b.embed.bwd_w if unit == "embed" else b.head.bwd_w
+                x = ctx.compute(r, f"W{mb}.{unit}", work, () if x is None else (x,), **meta)
+            else:
+                x = layer_weight_grad(ctx, r, x, f"W{mb}.L{unit}", meta)
+                ctx.free_last(r, self.act["layer_w"])
+            ready.append((x,) + self._params(unit))
+        self._grads_ready(r, vs, mb, ready, final, x)
 
-    # ---- ZeRO ------------------------------------------------------------------------------
-    def _zero3_gather(self, r: int, dep: int | None, name: str) -> int | None:
-        """ZeRO-3 / FSDP: gather the layer's parameters before use, prefetched one layer ahead
-        (the gather waits only for the previous gather on the comm stream and the compute two layers
-        back, i.e. at most two gathered layers live at once)."""
-        ctx = self.ctx
-        if ctx.par.zero_stage != 3 or ctx.par.dp * ctx.par.cp == 1:
-            return dep
-        params = self.layer_params["dense"] + self.layer_params["expert"]
-        group = ctx.mesh.group("dp_cp", r)
-        prev = ctx.builder.last_on(r, "compute")
-        g = ctx.comm(r, "comm_dp", f"{name}.param_all_gather", "all_gather", params * ctx.dtype_bytes, group, "dp",
-                     "comm_dp", () if prev is None else (prev,))
-        return g if dep is None else ctx.compute(r, f"{name}.wait", (), (dep, g))
-
-    def _grads_ready(self, r: int, x: int, final: bool) -> None:
-        ctx = self.ctx
-        if ctx.par.zero_stage == 3:
-            if ctx.par.dp * ctx.par.cp > 1:
-                params = self.layer_params["dense"] + self.layer_params["expert"]
-                ctx.comm(r, "comm_dp", f"grad_reduce_scatter.{x}", "reduce_scatter",
-                         params * ctx.scn.training.grad_dtype_bytes, ctx.mesh.group("dp_cp", r), "dp", "comm_dp", (x,))
-            return
-        if final:
-            self.ready[r].append((x, self.layer_params["dense"], self.layer_params["expert"]))
+    # ---- gradients and parameters --------------------------------------------------------------
+    def _grads_ready(self, r: int, vs: int, mb: int, ready: list, final: bool, end: int) -> None:
+        """Gradients of ``ready`` units exist: ZeRO-3 reduce-scatters each unit, ZeRO-2 buckets this
+        micro-batch, ZeRO-0/1 wait for the last micro-batch (reduced in ``_finish``)."""
+        ctx, stage = self.ctx, self.ctx.par.zero_stage
+        if self.zero3:
+            for k, (tid, dense, expert) in enumerate(ready):
+                self.grad_waits[r] += zero3_reduce(ctx, r, f"mb{mb}.vs{vs}.unit{k}", dense, expert, tid)
+        elif stage == 2:
+            self.grad_waits[r] += reduce_gradients(ctx, r, ready, end, f"mb{mb}.vs{vs}.")
+        elif final:
+            self.final_ready[r].append((vs, ready))
 
     def _early_param_gather(self, r: int) -> None:
         """Distributed optimizer with overlap_param_gather: the previous step's parameter all-gather
         runs during this step's first forwards; a chunk's first forward waits for its buckets."""
-        ctx, p = self.ctx, self.p
-        for vs in range(r % p if not ctx.full else ctx.mesh.stage_of(r), self.nv, p):
-            ready = [(-1, self.layer_params["dense"], self.layer_params["expert"])] * len(self.layers[vs])
-            self.gathers[(r, vs)] = gather_parameters(ctx, r, ready, [])
+        for vs in range(self.ctx.mesh.stage_of(r), self.nv, self.p):
+            ready = [(-1,) + self._params(u) for u in self._units(vs)[::-1]]
+            self.gathers[(r, vs)] = gather_parameters(self.ctx, r, ready, [])
 
     def _finish(self, r: int) -> None:
         ctx = self.ctx
         end = last_compute(ctx, r)
-        waits = reduce_gradients(ctx, r, self._with_embeddings(r), end) if ctx.par.zero_stage < 3 else []
+        waits = list(self.grad_waits[r])
+        if ctx.par.zero_stage < 2 or (ctx.par.zero_stage == 3 and not self.zero3):
+            for vs, ready in self.final_ready[r]:
+                waits += reduce_gradients(ctx, r, ready, end, f"vs{vs}.")
         s = ctx.mesh.stage_of(r)
         if self.tied_pp and s in (0, self.p - 1):
+            # Megatron-LM _allreduce_word_embedding_grads: the two copies of the tied embedding
             m = ctx.scn.model
             peer = ctx.mesh.rank(self.p - 1 if s == 0 else 0, *ctx.mesh.coords(r)[1:])
             group = (r, peer) if s == 0 else (peer, r)
             waits.append(ctx.comm(r, "comm_dp", "embedding_grad_all_reduce", "all_reduce",
-                                  m.vocab_size // ctx.par.tp * m.hidden_size * ctx.scn.training.grad_dtype_bytes,
+                                  -(-m.vocab_size // ctx.par.tp) * m.hidden_size * ctx.scn.training.grad_dtype_bytes,
                                   group, "pp", "comm_dp", (end,)))
-        if ctx.par.zero_stage == 3:
-            waits += [t for t in ctx.builder.stream_ids(r, "comm_dp")]
         params = self.stage_params[r]
         step = optimizer_step(ctx, r, [end] + waits, params["dense"], params["expert"])
         if ctx.par.zero_stage in (1, 2) and not ctx.par.overlap_param_gather:
-            gather_parameters(ctx, r, self._with_embeddings(r), [step])
-
-    def _with_embeddings(self, r: int) -> list:
-        """Gradient-ready list with the embedding / head parameters added to the first/last bucket."""
-        ready = list(self.ready[r])
-        layers_total = sum(d + e for _, d, e in ready)
-        params = self.stage_params[r]
-        extra = params["dense"] + params["expert"] - layers_total
-        if ready and extra > 0:
-            tid, d, e = ready[-1]
-            ready[-1] = (tid, d + extra, e)
-        elif extra > 0:
-            ready = [(last_compute(self.ctx, r), extra, 0.0)]
-        return ready
+            ready = [(-1,) + self._params(u) for vs in range(s, self.nv, self.p) for u in self._units(vs)[::-1]]
+            gather_parameters(ctx, r, ready, [step])

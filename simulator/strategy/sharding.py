@@ -145,7 +145,7 @@ def _op_params_per_rank(op: Op, tp: int, ep: int) -> int:
     vector ops and the router are replicated; the vocabulary is padded to a multiple of tp."""
     if op.params == 0:
         return 0
-    local_experts = op.experts // ep
+    local_experts = op.experts // ep if op.experts > 1 else 1  # EP splits expert ops only
     per_group = op.params // op.experts
     s = op.tp_split
     if op.kind == "gemm":

@@ -1,0 +1,322 @@
+"""Per-rank memory: model state by precision and ZeRO stage, activations tracked along the simulated
+timeline (the trace's mem_delta_bytes in schedule order), documented buffer allowances, the peak
+breakdown of the worst rank (metrics.json ``memory_bytes``) and the out-of-memory verdict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..model.spec import ModelSpec
+from ..strategy import activation_memory as am
+from ..strategy.schedules import schedule_actions, splits_backward
+from ..trace import Trace, TraceEvent
+from ..units import DTYPE_BYTES, MiB
+
+# ---- constants, each with its source ----------------------------------------------------------
+# Mixed-precision Adam keeps an fp32 master copy of the weights and fp32 first and second moments:
+# K = 12 bytes/param (Rajbhandari et al. 2020, ZeRO, sec. 3.1; Megatron-LM's optimizer the same).
+# SGD with momentum keeps the fp32 master copy and one fp32 momentum buffer: 8 bytes/param.
+OPTIMIZER_BYTES_PER_PARAM = {"adam": 12, "adamw": 12, "sgd": 8}
+# FP8 training (Transformer Engine) keeps the weights in bf16 and casts them to FP8 per GEMM
+# (Micikevicius et al. 2022, "FP8 Formats for Deep Learning", sec. 4; TE's fp8_autocast).
+MIN_PARAM_BYTES = DTYPE_BYTES["bf16"]
+# CUDA context with lazy module loading (CUDA >= 11.7, PyTorch's default): "around 400MB"
+# (PyTorch maintainers, pytorch/pytorch#109888; #86509 measured 287 MB for a minimal program).
+CUDA_CONTEXT_BYTES = 400 * MiB
+# NCCL receive buffers per channel and peer, one per protocol (NCCL src/init.cc defaults):
+# Simple DEFAULT_BUFFSIZE = 4 MiB; LL128 = 120 elems/thread x 640 threads x 8 steps x 8 B;
+# LL = 8 lines/thread x 512 threads x 8 steps x 16 B.
+NCCL_CHANNEL_BUFFER_BYTES = 4 * MiB + 120 * 640 * 8 * 8 + 8 * 512 * 8 * 16
+# Channels per communicator: the MAXCHANNELS cap of NCCL 2.x, 32 (src/include/device.h; newer
+# releases allow 64). An upper bound: NCCL opens fewer on some topologies, and an OOM verdict
+# should rather warn than miss.
+NCCL_CHANNELS = 32
+# DeepSpeed ZeRO-2/3 reduce gradients through a bucket of reduce_bucket_size = 5e8 elements
+# (DeepSpeed configuration docs, zero_optimization.reduce_bucket_size default). Megatron-LM's DDP
+# and distributed optimizer (zero_stage <= 1) reduce in place: buckets are views into the contiguous
+# grad buffer (megatron/core/distributed/param_and_grad_buffer.py), no extra memory.
+ZERO_REDUCE_BUCKET_ELEMENTS = 5e8
+# ZeRO-3 / FSDP hold the full (TP-sharded) parameters of the layer being computed plus the
+# prefetched next one (FSDP forward/backward prefetch of one unit, PyTorch FSDP docs), and the
+# layer's unsharded gradient until its reduce-scatter.
+ZERO3_GATHERED_LAYERS = 2
+# Fragmentation of PyTorch's caching allocator in LLM training: a defragmenting allocator removes
+# on average 15 percentage points of it (up to 33), 9.2 GB (up to 25 GB) per A100 80GB, across eight
+# LLMs (Guo et al. 2024, GMLake, ASPLOS, abstract). Charged as 15% of the memory allocated and
+# freed within the step (activations and transient buffers); the model state lives in a few
+# persistent buffers allocated once, which do not fragment.
+FRAGMENTATION_FRACTION = 0.15
+# Trace events of a pipeline action (phase F / B / W, or R for recompute) carry activation deltas,
+# whatever their category (the lowering may free a chunk's activations on its last task, a TP
+# collective); deltas on events outside the actions (phase "" or "O", e.g. ZeRO-3 gathered
+# parameters on their all-gather and release) count as buffers.
+ACTIVATION_PHASES = ("F", "B", "W", "R")
+BREAKDOWN_KEYS = ("params", "grads", "optimizer", "activations", "buffers", "total")
+
+
+def model_state_bytes(params: int, zero_stage: int, dp: int, dtype_bytes: int, grad_dtype_bytes: int,
+                      offload_optimizer: bool = False, optimizer_bytes_per_param: int = 12) -> dict:
+    """{"params", "grads", "optimizer"} bytes on one rank holding ``params`` parameters.
+
+    Parameters in the training dtype, gradients in ``grad_dtype_bytes`` (fp32 main grads in
+    Megatron: 2 + 4 + 12 = 18 B/param; the training dtype in ZeRO's accounting: 16 B/param), the
+    optimizer state ``optimizer_bytes_per_param`` (12 for Adam). ZeRO (Rajbhandari et al. 2020,
+    sec. 5, Fig. 1) shards over the ``dp`` ranks: stage 1 the optimizer state, stage 2 also the
+    gradients, stage 3 also the parameters; with 2-byte gradients 4P + 12P/N, 2P + 14P/N, 16P/N.
+    Offload (Ren et al. 2021, ZeRO-Offload) keeps the optimizer state in host memory: 0 on the GPU.
+    Expert parameters are sharded over the expert-data-parallel degree dp*cp/ep: call again.
+    """
+    for name, value in (("params", params), ("dp", dp), ("dtype_bytes", dtype_bytes),
+                        ("grad_dtype_bytes", grad_dtype_bytes)):
+        if value < (0 if name == "params" else 1):
+            raise ValueError(f"model_state_bytes: {name} must be {'>= 0' if name == 'params' else '>= 1'}, "
+                             f"got {value}")
+    if not 0 <= zero_stage <= 3:
+        raise ValueError(f"model_state_bytes: zero_stage must be 0..3, got {zero_stage}")
+    n = float(dp)
+    return {
+        "params": params * dtype_bytes / (n if zero_stage >= 3 else 1),
+        "grads": params * grad_dtype_bytes / (n if zero_stage >= 2 else 1),
+        "optimizer": 0.0 if offload_optimizer else
+        params * optimizer_bytes_per_param / (n if zero_stage >= 1 else 1),
+    }
+
+
+def layer_param_counts(model: ModelSpec, tp: int, ep: int = 1) -> dict:
+    """{"dense", "expert"} parameters of one transformer layer on one (tp, ep) rank; see
+    ``rank_param_counts`` for the layout."""
+    h, f = model.hidden_size, model.ffn_hidden_size
+    kv_cols = model.head_dim * max(model.num_kv_heads // tp, 1)
+    attn = h * (h // tp + 2 * kv_cols) + (h // tp) * h
+    if model.bias:
+        attn += (h // tp + 2 * kv_cols) + h
+    fc1_cols = (model.mlp_matrices - 1) * f // tp
+    mlp = h * fc1_cols + (f // tp) * h + ((fc1_cols + h) if model.bias else 0)
+    dense = attn + 2 * model.norm_params() + model.router_params_per_layer()
+    if model.is_moe:
+        return {"dense": dense, "expert": (model.num_experts // ep) * mlp}
+    return {"dense": dense + mlp, "expert": 0}
+
+
+def rank_param_counts(model: ModelSpec, parallel, stage: int) -> dict:
+    """{"dense", "expert"} parameters a rank of pipeline ``stage`` holds (Megatron-LM layout).
+
+    Column- and row-parallel weights and the column-parallel biases are split by tp; the row-parallel
+    output biases and the norms are replicated (Shoeybi et al. 2019, sec. 3). GQA with fewer KV heads
+    than tp replicates them (one per rank). Experts: num_experts/ep per rank, each split by tp
+    (expert tensor parallelism = tp); the router is replicated. The first stage holds the word
+    embedding (vocab-parallel, V/tp rows) and the learned position table (replicated); the last stage
+    holds the final norm and the LM head (V/tp rows), which with tied embeddings is a copy of the
+    word embedding when pp > 1 (Megatron keeps one on each end and all-reduces their gradients).
+    """
+    pp, tp = parallel.pp, parallel.tp
+    if not 0 <= stage < pp:
+        raise ValueError(f"rank_param_counts: stage {stage} outside 0..{pp - 1}")
+    layer = layer_param_counts(model, tp, parallel.ep)
+    layers = parallel.layers_per_stage[stage] if parallel.layers_per_stage else model.num_layers // pp
+    dense, experts = layers * layer["dense"], layers * layer["expert"]
+    h = model.hidden_size
+    word = model.vocab_size * h // tp
+    if stage == 0:
+        dense += word + (model.seq_length * h if model.position_embedding == "learned" else 0)
+    if stage == pp - 1:
+        dense += model.norm_params()
+        if not model.tie_embeddings or pp > 1:
+            dense += word
+    return {"dense": dense, "expert": experts}
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryReport:
+    per_rank: dict  # rank -> peak breakdown {"params","grads","optimizer","activations","buffers","total"}
+    peak: dict  # the worst rank's breakdown (metrics.json memory_bytes)
+    capacity_bytes: float
+    fits: bool
+    timeline: dict  # rank -> [(time_s, activation + buffer bytes)], a step function
+    worst_rank: int
+    activation_timeline: dict = field(default_factory=dict)  # rank -> [(time_s, activation bytes)]
+    buffer_detail: dict = field(default_factory=dict)  # rank -> {allowance name: bytes} at the peak
+    labels: dict = field(default_factory=dict)  # rank -> "stage s (rank r)"
+
+
+def is_buffer_event(event: TraceEvent) -> bool:
+    return event.phase not in ACTIVATION_PHASES
+
+
+def walk_memory(events: list[TraceEvent], start_s: float = 0.0) -> list[tuple[float, float, float]]:
+    """[(time_s, activation bytes, buffer bytes)] after each instant's changes, in time order.
+
+    A positive mem_delta_bytes is allocated at its event's start, a negative one freed at its end
+    (tasks.Task); at equal times frees apply before allocations, as a stream frees a tensor before
+    its next kernel allocates."""
+    changes = []
+    for e in events:
+        if e.mem_delta_bytes:
+            t = e.start_s if e.mem_delta_bytes > 0 else e.end_s
+            changes.append((t, e.mem_delta_bytes > 0, e.mem_delta_bytes, is_buffer_event(e)))
+    changes.sort(key=lambda c: (c[0], c[1]))
+    act = buf = 0.0
+    points = [(start_s, 0.0, 0.0)]
+    for t, _, delta, is_buf in changes:
+        if is_buf:
+            buf += delta
+        else:
+            act += delta
+        if points[-1][0] == t:
+            points[-1] = (t, act, buf)
+        else:
+            points.append((t, act, buf))
+    return points
+
+
+def static_buffers(scn, counts: dict, trace_has_buffers: bool = False) -> dict:
+    """Allowances that do not follow the schedule, bytes on one rank (see the constants above):
+    CUDA context, NCCL buffers of every communicator the rank uses, the ZeRO-2/3 reduce bucket and
+    the ZeRO-3 gathered layers, unless the trace carries buffer deltas (the gathers themselves)."""
+    par, tr = scn.parallel, scn.training
+    groups = sum(1 for size in (par.tp, par.cp, par.pp, par.dp * par.cp, par.ep) if size > 1)
+    out = {"cuda_context": float(CUDA_CONTEXT_BYTES),
+           "nccl": float(groups * NCCL_CHANNELS * NCCL_CHANNEL_BUFFER_BYTES)}
+    params = counts.get("dense", 0) + counts.get("expert", 0)
+    if par.zero_stage >= 2 and par.dp * par.cp > 1:
+        out["dp_bucket"] = min(ZERO_REDUCE_BUCKET_ELEMENTS, params) * tr.grad_dtype_bytes
+    if par.zero_stage >= 3 and not trace_has_buffers and par.dp * par.cp > 1:
+        layer = layer_param_counts(scn.model, par.tp, par.ep)
+        per_layer = layer["dense"] + layer["expert"]
+        out["zero3_gathered"] = per_layer * (ZERO3_GATHERED_LAYERS * _param_bytes(tr.dtype) + tr.grad_dtype_bytes)
+    return out
+
+
+def _param_bytes(dtype: str) -> int:
+    return max(DTYPE_BYTES[dtype], MIN_PARAM_BYTES)
+
+
+def memory_report(scn, stage_params: dict, trace: Trace) -> MemoryReport:
+    """Peak memory of every rank in ``stage_params`` (rank -> {"dense", "expert"} parameters).
+
+    Model state from ``model_state_bytes`` (dense params sharded by ZeRO over dp*cp, experts over
+    dp*cp/ep). Activations: the rank's trace events applied in time order; the peak is read off that
+    timeline, so it reflects the schedule (in-flight micro-batches, W deferral, recompute). Buffers:
+    ``static_buffers`` plus buffer deltas carried by the trace plus the fragmentation allowance on the
+    step's dynamic peak. The dynamic part must return to zero by the end of the step.
+    """
+    par, tr = scn.parallel, scn.training
+    opt_bpp = OPTIMIZER_BYTES_PER_PARAM.get(tr.optimizer)
+    if opt_bpp is None:
+        raise ValueError(f"training.optimizer {tr.optimizer!r} has no memory rule; known: "
+                         f"{', '.join(OPTIMIZER_BYTES_PER_PARAM)}")
+    if not stage_params:
+        raise ValueError("memory_report: stage_params is empty (no rank to account)")
+    by_rank: dict[int, list[TraceEvent]] = {}
+    for e in trace.events:
+        by_rank.setdefault(e.rank, []).append(e)
+    dense_dp = par.dp * par.cp
+    expert_dp = max(1, dense_dp // par.ep)
+    per_rank, timeline, act_timeline, detail = {}, {}, {}, {}
+    for rank, counts in stage_params.items():
+        state = _add(model_state_bytes(counts.get("dense", 0), par.zero_stage, dense_dp, _param_bytes(tr.dtype),
+                                       tr.grad_dtype_bytes, par.offload_optimizer, opt_bpp),
+                     model_state_bytes(counts.get("expert", 0), par.zero_stage, expert_dp,
+                                       _param_bytes(tr.dtype), tr.grad_dtype_bytes, par.offload_optimizer,
+                                       opt_bpp))
+        events = by_rank.get(rank, [])
+        points = walk_memory(events, trace.start_s)
+        end_dyn = points[-1][1] + points[-1][2]
+        peak_dyn = max(a + b for _, a, b in points)
+        if abs(end_dyn) > 1e-6 * max(peak_dyn, 1.0):
+            raise ValueError(f"memory_report: rank {rank} ends the step with {end_dyn:.6g} bytes of activations/"
+                             f"buffers still allocated (mem_delta_bytes do not balance)")
+        buffers = static_buffers(scn, counts, any(is_buffer_event(e) and e.mem_delta_bytes for e in events))
+        buffers["fragmentation"] = FRAGMENTATION_FRACTION * peak_dyn
+        fixed = sum(buffers.values())
+        _, act_peak, buf_peak = max(points, key=lambda p: (p[1] + p[2], -p[0]))
+        if buf_peak:
+            buffers["trace_buffers"] = buf_peak
+        parts = dict(state, activations=act_peak, buffers=fixed + buf_peak)
+        parts["total"] = sum(parts.values())
+        per_rank[rank] = {k: parts[k] for k in BREAKDOWN_KEYS}
+        detail[rank] = buffers
+        if points[-1][0] < trace.end_s:
+            points.append((trace.end_s, points[-1][1], points[-1][2]))
+        timeline[rank] = [(t, fixed + a + b) for t, a, b in points]
+        act_timeline[rank] = [(t, a) for t, a, _ in points]
+    worst = max(per_rank, key=lambda r: (per_rank[r]["total"], -r))
+    capacity = float(scn.cluster.gpu.memory_capacity_bytes)
+    labels = {r: trace.rank_labels.get(r, f"rank {r}") for r in per_rank}
+    return MemoryReport(per_rank=per_rank, peak=dict(per_rank[worst]), capacity_bytes=capacity,
+                        fits=per_rank[worst]["total"] <= capacity, timeline=timeline, worst_rank=worst,
+                        activation_timeline=act_timeline, buffer_detail=detail, labels=labels)
+
+
+def _add(a: dict, b: dict) -> dict:
+    return {k: a[k] + b[k] for k in a}
+
+
+def schedule_trace(scn, stages: list[int] | None = None, recompute_workspace: bool = True) -> Trace:
+    """A trace of unit-length events in each stage's program order (``strategy.schedules``), one per
+    unit of every action (embedding, each layer, head), carrying the activation deltas the lowering
+    (strategy/lower.py) puts on them: a unit's forward allocates its activations; its backward frees
+    them (B and W parts when the schedule splits the backward), a recomputed layer re-materialising
+    ``layer_activation_bytes(none) - layer_activation_bytes(recompute)`` from its recompute to the end
+    of its backward (``recompute_workspace=False`` leaves that out: the stored activations alone, the
+    quantity of Korthikanti et al.'s formulas). Rank id = stage. It has the schedule's order but no timing, so
+    ``memory_report`` on it is a fast estimate (plan search pruning, the accuracy benchmark); the
+    simulated trace is the reference."""
+    m, par, tr = scn.model, scn.parallel, scn.training
+    p = par.pp  # one stage runs plain 1F1B, as the lowering does
+    v, schedule = (par.virtual_stages, par.schedule) if p > 1 else (1, "1f1b")
+    args = (m, tr.micro_batch_size, par.tp, par.sequence_parallel, par.cp)
+    d = tr.dtype_bytes  # as the lowering passes it
+    att = scn.training.attention
+    layer = am.layer_activation_bytes(*args, par.recompute, d, par.ep, att)
+    transient = am.layer_activation_bytes(*args, "none", d, par.ep, att) - layer if recompute_workspace else 0.0
+    split = splits_backward(schedule)
+    at_b, at_w = am.layer_activation_split(*args, par.recompute, d, par.ep, att) if split else (layer, 0.0)
+    size = {"embed": am.embedding_activation_bytes(*args, d), "head": am.head_activation_bytes(*args, d),
+            "layer": layer}
+    rows = schedule_actions(schedule, p, scn.num_microbatches, v)
+    events: list[TraceEvent] = []
+    for stage in (range(p) if stages is None else stages):
+        n = par.layers_per_stage[stage] // v
+        clock = 0.0
+
+        def emit(a, delta: float, phase: str) -> None:
+            nonlocal clock
+            events.append(TraceEvent(f"{a}", "compute", stage, "compute", clock, clock + 1.0, stage=stage,
+                                     microbatch=a.microbatch, chunk=a.chunk(p), phase=phase,
+                                     mem_delta_bytes=delta))
+            clock += 1.0
+
+        for a in rows[stage]:
+            units = ["embed"] * (a.stage == 0) + ["layer"] * n + ["head"] * (a.stage == p * v - 1)
+            if a.phase == "F":
+                for u in units:
+                    emit(a, size[u], "F")
+            elif a.phase == "W":
+                for _ in range(n):
+                    emit(a, -at_w, "W")
+            else:
+                for u in reversed(units):
+                    if u != "layer":
+                        emit(a, -size[u], "B")
+                        continue
+                    alloc = transient + max(-at_b, 0.0)  # re-materialised, or dY for W beyond what B frees
+                    if alloc:
+                        emit(a, alloc, "R" if transient else "B")
+                    emit(a, -(transient + max(at_b, 0.0)), "B")
+    labels = {s: f"stage {s}" for s in (range(p) if stages is None else stages)}
+    return Trace(tuple(events), source="schedule", rank_labels=labels)
+
+
+def estimate_memory(scn) -> MemoryReport:
+    """``memory_report`` of every pipeline stage on ``schedule_trace``: no simulation needed."""
+    stage_params = {s: rank_param_counts(scn.model, scn.parallel, s) for s in range(scn.parallel.pp)}
+    return memory_report(scn, stage_params, schedule_trace(scn))
+
+
+def plot_memory(report: MemoryReport, scn, path):
+    """memory.png (``memory_plot.plot_memory``; imported on use so that accounting needs no matplotlib)."""
+    from .memory_plot import plot_memory as _plot
+
+    return _plot(report, scn, path)

@@ -1,0 +1,102 @@
+"""NCCL collective profiling over all local GPUs (one process per GPU, torch.distributed), reported with
+nccl-tests' conventions so that the table compares directly with ``python -m simulator collective``.
+
+Sizes follow ``tasks.Collective``: the per-rank buffer for all_reduce, the gathered output for
+all_gather, the input for reduce_scatter, the send buffer for all_to_all. torch is imported lazily.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from ..cost.calibrated import CollectiveRow
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+SIZES_BYTES = tuple(2 ** e for e in range(16, 31, 2))  # 64 KiB .. 1 GiB, as nccl-tests -b 64K -e 1G -f 4
+WARMUP = 5  # nccl-tests default warm-up iterations (-w 5)
+ITERS = 20  # nccl-tests default timed iterations (-n 20)
+
+
+def bus_factor(op: str, n: int) -> float:
+    """busbw / algbw from nccl-tests doc/PERFORMANCE.md: 2(n-1)/n for all-reduce, (n-1)/n for all-gather,
+    reduce-scatter and all-to-all."""
+    if op == "all_reduce":
+        return 2.0 * (n - 1) / n
+    return (n - 1) / n
+
+
+def _worker(rank: int, world: int, init_file: str, out_file: str, sizes: tuple[int, ...]) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    dt = torch.bfloat16
+    results = []
+    for op in OPS:
+        for size in sizes:
+            elems = (size // 2) // world * world
+            if op == "all_reduce":
+                buf = torch.ones(elems, device="cuda", dtype=dt)
+
+                def fn(buf=buf):
+                    dist.all_reduce(buf)
+            elif op == "all_gather":
+                out, inp = torch.empty(elems, device="cuda", dtype=dt), torch.ones(elems // world, device="cuda", dtype=dt)
+
+                def fn(out=out, inp=inp):
+                    dist.all_gather_into_tensor(out, inp)
+            elif op == "reduce_scatter":
+                out, inp = torch.empty(elems // world, device="cuda", dtype=dt), torch.ones(elems, device="cuda", dtype=dt)
+
+                def fn(out=out, inp=inp):
+                    dist.reduce_scatter_tensor(out, inp)
+            else:
+                out, inp = torch.empty(elems, device="cuda", dtype=dt), torch.ones(elems, device="cuda", dtype=dt)
+
+                def fn(out=out, inp=inp):
+                    dist.all_to_all_single(out, inp)
+            for _ in range(WARMUP):
+                fn()
+            torch.cuda.synchronize()
+            dist.barrier()
+            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                      for _ in range(ITERS)]
+            for a, b in events:
+                a.record()
+                fn()
+                b.record()
+            torch.cuda.synchronize()
+            times = sorted(a.elapsed_time(b) * 1e-3 for a, b in events)
+            t = torch.tensor([times[len(times) // 2]], device="cuda", dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank finishes the collective
+            results.append({"op": op, "num_ranks": world, "size_bytes": elems * 2, "time_s": float(t.item()),
+                            "samples": ITERS})
+    if rank == 0:
+        Path(out_file).write_text(json.dumps(results))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def profile_collectives(world: int, sizes: tuple[int, ...] = SIZES_BYTES) -> list[CollectiveRow]:
+    """Time every op and size over ``world`` local GPUs (needs >= 2 CUDA devices)."""
+    import torch.multiprocessing as mp
+
+    if world < 2:
+        raise ValueError(f"collectives need at least 2 GPUs, got {world}")
+    with tempfile.TemporaryDirectory() as tmp:
+        init, out = str(Path(tmp) / "init"), str(Path(tmp) / "out.json")
+        mp.spawn(_worker, args=(world, init, out, sizes), nprocs=world, join=True)
+        raw = json.loads(Path(out).read_text())
+    rows = []
+    for r in raw:
+        algbw = r["size_bytes"] / r["time_s"]
+        rows.append(CollectiveRow(r["op"], r["num_ranks"], float(r["size_bytes"]), r["time_s"], algbw,
+                                  algbw * bus_factor(r["op"], r["num_ranks"]), r["samples"]))
+    return rows
+
+
+def collective_rows(rows: list[CollectiveRow]) -> list[tuple]:
+    return [(r.op, r.num_ranks, r.size_bytes, r.time_s, r.algbw_Bps, r.busbw_Bps, r.samples) for r in rows]

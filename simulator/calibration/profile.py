@@ -1,0 +1,186 @@
+"""Kernel profiling: time, on the device at hand, the kernels the op graph produces and write the
+calibration tables that ``cost/calibrated`` reads.
+
+On CUDA every kernel is timed with CUDA events after warm-up calls (median of the repetitions); on the
+CPU the same pipeline uses ``time.perf_counter`` so that it runs, and is tested, everywhere. torch is
+imported inside the functions only.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from ..cost.calibrated import KernelRow
+from ..model.opgraph import attention_flops, build_op_graph, gemm_flops
+from ..model.presets import MODEL_PRESETS
+from ..model.spec import ModelSpec
+from ..strategy.grad_sync import ADAM_STATE_RW_BYTES
+from ..strategy.sharding import shard_ops, shard_ops_backward
+from ..tasks import OpWork
+from ..units import DTYPE_BYTES
+from .kernels import make_runner
+
+# Timing protocol (as nccl-tests and triton.testing.do_bench): warm-up calls, then repetitions until
+# TARGET_TIME_S of measurement or MAX_REPS, at least MIN_REPS; the median is robust to outliers.
+WARMUP_CALLS = 3
+MIN_REPS = 5
+MAX_REPS = 50
+TARGET_TIME_S = 0.05
+TP_DEGREES = (1, 2, 4, 8)  # tensor-parallel sizes inside one 8-GPU node (DGX A100/H100)
+# Adam shard sizes profiled on a GPU, 2^20..2^28 parameters: from a small TP shard to a 268M-parameter
+# ZeRO-less stage; sizes outside are extended by the table reader (bandwidth-bound, linear).
+ADAM_SIZES = tuple(2 ** e for e in range(20, 29, 2))
+COPY_SIZES_BYTES = tuple(2 ** e for e in range(16, 31, 2))  # host <-> device copies, 64 KiB .. 1 GiB
+
+
+@dataclass(frozen=True, slots=True)
+class KernelSpec:
+    """One kernel to time: the work as the lowering emits it, its pass, and the model variant."""
+
+    work: OpWork
+    pass_: str  # fwd | bwd | bwd_input | bwd_weight | step | h2d | d2h
+    model: ModelSpec | None
+    tp: int = 1
+
+    @property
+    def key(self) -> tuple:
+        w = self.work
+        return (w.kind, w.name, self.pass_, tuple(w.shape), w.flops, w.bytes)
+
+
+def pass_of(work: OpWork, phase: str) -> str:
+    """The pass of a task's work: F/R forward; B/W backward, split as zero-bubble splits it."""
+    if work.kind == "optimizer":
+        return "step"
+    if phase in ("F", "R", ""):
+        return "fwd"
+    if work.kind == "gemm":
+        full = gemm_flops(*work.shape)
+        if work.flops > 1.5 * full:
+            return "bwd"
+        return "bwd_weight" if phase == "W" else "bwd_input"
+    if work.kind == "attention":
+        return "bwd"
+    return "bwd_weight" if phase == "W" else "bwd"
+
+
+def adam_work(params: int, grad_dtype: str = "fp32") -> OpWork:
+    """The optimizer OpWork of ``strategy/grad_sync`` for a shard of ``params`` parameters."""
+    return OpWork("adam", "optimizer", 0.0, params * (ADAM_STATE_RW_BYTES + DTYPE_BYTES[grad_dtype]), (params,))
+
+
+def scenario_specs(scn) -> list[KernelSpec]:
+    """Every distinct compute work of the scenario's lowered task graph (exactly what it will look up)."""
+    from ..strategy.lower import lower
+
+    plan = lower(scn)
+    out = {}
+    for t in plan.graph.tasks:
+        if t.kind != "compute":
+            continue
+        for w in t.work:
+            s = KernelSpec(w, pass_of(w, t.phase), scn.model, scn.parallel.tp)
+            out.setdefault(s.key, s)
+    return list(out.values())
+
+
+def preset_specs(models: tuple[ModelSpec, ...] | None = None, tps: tuple[int, ...] = TP_DEGREES,
+                 micro_batch_size: int = 1, dtype: str = "bf16") -> list[KernelSpec]:
+    """Forward and backward work of every layer op of the model presets under TP (with and without
+    sequence parallelism), plus Adam over a range of shard sizes."""
+    out = {}
+    for model in models if models is not None else tuple(MODEL_PRESETS.values()):
+        g = build_op_graph(model, micro_batch_size, dtype)
+        ops = g.embed + g.layer + g.head
+        for tp in tps:
+            for sp in ((False, True) if tp > 1 else (False,)):
+                try:
+                    fwd = shard_ops(ops, tp, sp, 1, 1)
+                    bwd = shard_ops_backward(ops, tp, sp, 1, 1, "BW")
+                except ValueError:  # tp does not divide this model's heads / widths
+                    continue
+                for w, p in [(w, "fwd") for w in fwd] + [(w, pass_of(w, "B")) for w in bwd]:
+                    s = KernelSpec(w, p, model, tp)
+                    out.setdefault(s.key, s)
+    for n in ADAM_SIZES:
+        s = KernelSpec(adam_work(n), "step", None)
+        out.setdefault(s.key, s)
+    return list(out.values())
+
+
+def copy_specs() -> list[KernelSpec]:
+    return [KernelSpec(OpWork(f"memcpy_{d}", "memcpy", 0.0, float(n), (n,)), d, None)
+            for d in ("h2d", "d2h") for n in COPY_SIZES_BYTES]
+
+
+def time_callable(fn, device: str) -> tuple[float, int]:
+    """(median seconds per call, repetitions) after warm-up; CUDA events on a GPU, perf_counter on the CPU."""
+    import torch
+
+    cuda = device.startswith("cuda")
+    for _ in range(WARMUP_CALLS):
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        one_s = start.elapsed_time(end) * 1e-3  # elapsed_time is in milliseconds (CUDA event API)
+    else:
+        t = time.perf_counter()
+        fn()
+        one_s = time.perf_counter() - t
+    reps = max(MIN_REPS, min(MAX_REPS, math.ceil(TARGET_TIME_S / max(one_s, 1e-9))))
+    if cuda:
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(reps)]
+        for a, b in events:
+            a.record()
+            fn()
+            b.record()
+        torch.cuda.synchronize()
+        times = sorted(a.elapsed_time(b) * 1e-3 for a, b in events)
+    else:
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        times.sort()
+    return times[len(times) // 2], reps
+
+
+def profile_kernels(specs: list[KernelSpec], device: str, dtype: str, progress=None) -> list[KernelRow]:
+    """Time every spec; the row carries the work's own shape, FLOPs and bytes so lookups match exactly."""
+    import torch
+
+    rows = []
+    for i, spec in enumerate(specs):
+        fn = make_runner(spec, device, dtype)
+        t, reps = time_callable(fn, device)
+        w = spec.work
+        rows.append(KernelRow(w.kind, w.name, spec.pass_, dtype, tuple(int(d) for d in w.shape), float(w.flops),
+                              float(w.bytes), t, reps))
+        del fn
+        if device.startswith("cuda") and i % 64 == 63:
+            torch.cuda.empty_cache()
+        if progress is not None:
+            progress(i + 1, len(specs), spec)
+    return rows
+
+
+def kernel_rows_csv(rows: list[KernelRow]) -> list[tuple]:
+    return [(r.kind, r.name, r.pass_, r.dtype, r.shape, r.flops, r.bytes, r.time_s, r.samples) for r in rows]
+
+
+def canonical_flops(work: OpWork) -> float:
+    """Forward FLOPs of the work's shape (a sanity figure for the progress line)."""
+    if work.kind == "gemm":
+        return gemm_flops(*work.shape)
+    if work.kind == "attention":
+        return attention_flops(*work.shape)
+    return 0.0

@@ -1,0 +1,197 @@
+"""A few-layer GPT (or Llama-style) decoder in plain torch, built from a scenario's ModelSpec and trained
+for a few steps under torch.profiler, writing a real Chrome/Kineto trace of the machine at hand.
+
+Every op region carries a ``sim:<microbatch>:<layer>:<op>`` annotation named after the op graph's ops
+(``model/opgraph``), so ``calibrate compare`` maps measured kernels to simulated ops exactly. torch is
+imported inside the functions only.
+"""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+from pathlib import Path
+
+from ..model.spec import ModelSpec
+from .kineto import ANNOTATION_PREFIX
+
+# GPT-2/3 and Megatron train with hidden (residual) dropout 0.1 (Radford et al. 2019; Brown et al. 2020;
+# Megatron-LM --hidden-dropout default); Llama trains without dropout (Touvron et al. 2023).
+GPT_HIDDEN_DROPOUT = 0.1
+# AdamW hyper-parameters of GPT-3 (Brown et al. 2020, App. B): beta2 0.95, eps 1e-8, weight decay 0.1.
+ADAM_BETAS = (0.9, 0.95)
+ADAM_EPS = 1e-8
+WEIGHT_DECAY = 0.1
+LEARNING_RATE = 1e-4
+# LayerNorm / RMSNorm epsilon of GPT-2 and Llama configs (1e-5).
+NORM_EPS = 1e-5
+
+
+def _tag(mb: int, layer: int, op: str) -> str:
+    return f"{ANNOTATION_PREFIX}{mb}:{layer}:{op}"
+
+
+def build_model(spec: ModelSpec, device: str):
+    """The decoder as a torch.nn.Module whose forward(idx, targets, mb) returns the mean loss."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.profiler import record_function
+
+    if spec.is_moe:
+        raise ValueError(f"model {spec.name}: the tiny model has no MoE layers (num_experts = {spec.num_experts})")
+    h, heads, kv, hd = spec.hidden_size, spec.num_attention_heads, spec.num_kv_heads, spec.head_dim
+    gelu = spec.mlp == "gelu"
+    p_drop = GPT_HIDDEN_DROPOUT if gelu else 0.0
+
+    def norm() -> nn.Module:
+        return nn.LayerNorm(h, eps=NORM_EPS) if spec.norm == "layernorm" else nn.RMSNorm(h, eps=NORM_EPS)
+
+    def rope(x, cos, sin):
+        # rotary embedding, rotate-half form (Su et al. 2021; GPT-NeoX / Llama implementation)
+        x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+    class Block(nn.Module):
+        def __init__(self, index: int) -> None:
+            super().__init__()
+            self.index = index
+            self.ln1, self.ln2 = norm(), norm()
+            self.qkv = nn.Linear(h, h + 2 * kv * hd, bias=spec.bias)
+            self.attn_out = nn.Linear(h, h, bias=spec.bias)
+            self.fc1 = nn.Linear(h, (spec.mlp_matrices - 1) * spec.ffn_hidden_size, bias=spec.bias)
+            self.fc2 = nn.Linear(spec.ffn_hidden_size, h, bias=spec.bias)
+
+        def forward(self, x, mb: int, rot):
+            b, s, _ = x.shape
+            i = self.index
+
+            def op(name):
+                return record_function(_tag(mb, i, name))
+
+            with op("ln1"):
+                y = self.ln1(x)
+            with op("qkv"):
+                q, k, v = self.qkv(y).split([h, kv * hd, kv * hd], dim=-1)
+                q = q.view(b, s, heads, hd).transpose(1, 2)
+                k = k.view(b, s, kv, hd).transpose(1, 2)
+                v = v.view(b, s, kv, hd).transpose(1, 2)
+            if rot is not None:
+                with op("rope"):
+                    q, k = rope(q, *rot), rope(k, *rot)
+            with op("attn_core"):
+                a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != heads)
+                a = a.transpose(1, 2).reshape(b, s, h)
+            with op("attn_out"):
+                a = self.attn_out(a)
+            with op("attn_residual"):
+                x = x + F.dropout(a, p_drop, self.training)
+            with op("ln2"):
+                y = self.ln2(x)
+            with op("fc1"):
+                y = self.fc1(y)
+            with op("act"):
+                if gelu:
+                    y = F.gelu(y)
+                else:
+                    gate, up = y.chunk(2, dim=-1)
+                    y = F.silu(gate) * up
+            with op("fc2"):
+                y = self.fc2(y)
+            with op("mlp_residual"):
+                x = x + F.dropout(y, p_drop, self.training)
+            return x
+
+    class TinyGPT(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.wte = nn.Embedding(spec.vocab_size, h)
+            self.wpe = nn.Embedding(spec.seq_length, h) if spec.position_embedding == "learned" else None
+            self.blocks = nn.ModuleList(Block(i) for i in range(spec.num_layers))
+            self.final_norm = norm()
+            self.lm_head = nn.Linear(h, spec.vocab_size, bias=False)
+            if spec.tie_embeddings:
+                self.lm_head.weight = self.wte.weight
+            if self.wpe is None:
+                inv = 1.0 / (10000 ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+                ang = torch.outer(torch.arange(spec.seq_length, dtype=torch.float32), inv)
+                ang = torch.cat((ang, ang), dim=-1)
+                self.register_buffer("cos", ang.cos(), persistent=False)
+                self.register_buffer("sin", ang.sin(), persistent=False)
+
+        def forward(self, idx, targets, mb: int = 0, scale: float = 1.0):
+            with record_function(_tag(mb, -1, "embed")):
+                x = self.wte(idx)
+                if self.wpe is not None:
+                    x = x + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+            rot = None if self.wpe is not None else (self.cos.to(x.dtype), self.sin.to(x.dtype))
+            for blk in self.blocks:
+                x = blk(x, mb, rot)
+            with record_function(_tag(mb, -1, "final_norm")):
+                x = self.final_norm(x)
+            with record_function(_tag(mb, -1, "lm_head")):
+                logits = self.lm_head(x)
+            with record_function(_tag(mb, -1, "loss")):
+                # fp32 cross-entropy, as Megatron's vocab-parallel cross entropy
+                # (the mean over the micro-batches of a step folded into the loss, as Megatron scales it)
+                return F.cross_entropy(logits.float().view(-1, spec.vocab_size), targets.view(-1)) * scale
+
+    return TinyGPT().to(device)
+
+
+def train_profiled(scn, device: str, out_path: str | Path, steps: int = 3, warmup: int = 2,
+                   seed: int = 0) -> Path:
+    """Train ``scn``'s model for warmup + steps optimizer steps (each: all micro-batches of the global
+    batch, then AdamW) under torch.profiler; the last ``steps`` are recorded. Returns the trace path
+    (gzip-compressed when ``out_path`` ends with .gz)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+    if scn.parallel.num_gpus != 1:
+        raise ValueError(f"the tiny model trains on one device; scenario {scn.name} has "
+                         f"{scn.parallel.num_gpus} GPUs (tp*pp*dp*cp)")
+    if steps < 1 or warmup < 0:
+        raise ValueError(f"steps must be >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
+    torch.manual_seed(seed)
+    spec, tr = scn.model, scn.training
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(tr.dtype)
+    if dt is None:
+        raise ValueError(f"training.dtype {tr.dtype!r}: the tiny model trains in bf16 or fp16")
+    # Megatron-style mixed precision (Micikevicius et al. 2018; Megatron's Float16OptimizerWithFloat16Params):
+    # 16-bit parameters and kernels, fp32 master weights and gradients for AdamW, no per-op casts.
+    model = build_model(spec, device).to(dt)
+    params = [p for p in model.parameters()]
+    master = [p.detach().float().requires_grad_(True) for p in params]
+    for m in master:
+        m.grad = torch.zeros_like(m)
+    cuda = device.startswith("cuda")
+    opt = torch.optim.AdamW(master, lr=LEARNING_RATE, betas=ADAM_BETAS, eps=ADAM_EPS,
+                            weight_decay=WEIGHT_DECAY, fused=cuda, foreach=None if cuda else True)
+    n_mb = scn.num_microbatches
+    batches = [(torch.randint(0, spec.vocab_size, (tr.micro_batch_size, spec.seq_length), device=device),
+                torch.randint(0, spec.vocab_size, (tr.micro_batch_size, spec.seq_length), device=device))
+               for _ in range(n_mb)]
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    raw = out_path.with_name(out_path.name.removesuffix(".gz")) if out_path.name.endswith(".gz") else out_path
+    sched = schedule(wait=0, warmup=warmup, active=steps, repeat=1)
+    with profile(activities=activities, schedule=sched,
+                 on_trace_ready=lambda p: p.export_chrome_trace(str(raw))) as prof:
+        for _ in range(warmup + steps):
+            for mb, (x, y) in enumerate(batches):
+                model(x, y, mb, scale=1.0 / n_mb).backward()
+            with record_function(_tag(-1, -1, "adam")), torch.no_grad():
+                torch._foreach_copy_([m.grad for m in master], [p.grad for p in params])
+                opt.step()
+                torch._foreach_copy_(params, master)
+            for p in params:
+                p.grad = None
+            if cuda:
+                torch.cuda.synchronize()
+            prof.step()
+    if raw != out_path:
+        with open(raw, "rb") as src, gzip.open(out_path, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        raw.unlink()
+    return out_path

@@ -1,0 +1,367 @@
+"""Collectives decomposed the way NCCL runs them, as steps of concurrent flows over the real links.
+
+Algorithms: ring (one ring per rail used, rail-aligned across nodes, as NCCL's channels), double
+binary tree, NVLink SHARP (NVLS), hierarchical (intra-node reduce-scatter, inter-node ring,
+intra-node all-gather), direct all-to-all and P2P. The choice of algorithm and protocol follows
+NCCL's tuner (``cost/nccl_tuner``): the smallest latency + bandwidth time, where the bandwidth
+time comes from max-min fair flows over the topology (``cost/fairshare``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ..hardware.topology import Topology
+from ..tasks import COLLECTIVE_OPS, Collective
+from . import nccl_tuner as tuner
+from .fairshare import isolated_time_s
+from .plan import CommPlan, CommStep, Flow
+
+
+@dataclass(frozen=True, slots=True)
+class GroupShape:
+    """How a group of ranks sits on the nodes: nodes in order of first appearance, ranks per node."""
+
+    n: int
+    per_node: tuple[tuple[int, ...], ...]  # each node's ranks, sorted by local index
+    uniform: bool  # every node holds the same local indices
+    rails: int  # distinct NICs among one node's ranks (uniform groups), else 1
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.per_node)
+
+    @property
+    def ppn(self) -> int:
+        return max(len(r) for r in self.per_node)
+
+
+def group_shape(group: tuple[int, ...], topo: Topology) -> GroupShape:
+    nodes: dict[int, list[int]] = {}
+    for r in group:
+        nodes.setdefault(topo.node_of(r), []).append(r)
+    per_node = tuple(tuple(sorted(rs)) for rs in nodes.values())
+    locals_ = {tuple(topo.local_of(r) for r in rs) for rs in per_node}
+    uniform = len(locals_) == 1
+    rails = len({topo.rail_of(r) for r in per_node[0]}) if uniform else 1
+    return GroupShape(len(group), per_node, uniform, rails)
+
+
+def busbw_factor(op: str, n: int) -> float:
+    """nccl-tests doc/PERFORMANCE.md: busbw = algbw x this factor."""
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    return 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Phase:
+    repeat: int
+    tag: str  # latency class: ring | bcast | tree | nvls | p2p | intra | inter
+    flows: tuple[Flow, ...]  # bytes per step for a collective of size 1 byte
+
+
+def _flow(topo: Topology, src: int, dst: int, size: float) -> Flow:
+    return Flow(topo.route(src, dst), size)
+
+
+def ring_orders(shape: GroupShape, group: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """One ring per rail used when a uniform group spans nodes (NCCL builds one ring per NIC):
+    ring c enters node j at local position (c*step - j) mod ppn and leaves it from the GPU that
+    precedes it, whose rail the next node enters on, so inter-node hops stay on one rail."""
+    if shape.num_nodes == 1 or not shape.uniform or shape.ppn == 1:
+        return [tuple(group)]
+    ppn, step = shape.ppn, shape.ppn // shape.rails
+    orders = []
+    for c in range(shape.rails):
+        order: list[int] = []
+        for j, ranks in enumerate(shape.per_node):
+            s = (c * step - j) % ppn
+            order.extend(ranks[s:] + ranks[:s])
+        orders.append(tuple(order))
+    return orders
+
+
+def _ring_hops(topo: Topology, orders: list[tuple[int, ...]], size: float,
+               chain: bool = False) -> tuple[Flow, ...]:
+    flows = []
+    for order in orders:
+        n = len(order)
+        for i in range(n - 1 if chain else n):
+            flows.append(_flow(topo, order[i], order[(i + 1) % n], size))
+    return tuple(flows)
+
+
+def _tree(topo: Topology, shape: GroupShape) -> tuple[Flow, ...]:
+    """Double binary tree (NCCL): per channel an intra-node chain to the node's head GPU and two
+    complementary binary trees over the nodes (each node is interior in at most one), each tree
+    carrying half the data; reduce (up) and broadcast (down) pipelined, so all flows concurrent."""
+    big = shape.num_nodes > 1 and shape.uniform and shape.ppn > 1
+    channels = shape.rails if big else 1
+    step = shape.ppn // channels
+    n_nodes = shape.num_nodes
+    flows: list[Flow] = []
+    for c in range(channels):
+        heads = []
+        for ranks in shape.per_node:
+            s = (c * step) % len(ranks)
+            chain = ranks[s:] + ranks[:s]
+            heads.append(chain[0])
+            for a, b in zip(chain, chain[1:]):
+                flows += [_flow(topo, a, b, 1 / channels), _flow(topo, b, a, 1 / channels)]
+        for mirror in (False, True):
+            for j in range(n_nodes):
+                q = n_nodes - 1 - j if mirror else j
+                if q == 0:
+                    continue
+                pq = (q - 1) // 2
+                parent = n_nodes - 1 - pq if mirror else pq
+                half = 1 / (2 * channels)
+                flows += [_flow(topo, heads[j], heads[parent], half),
+                          _flow(topo, heads[parent], heads[j], half)]
+    return tuple(flows)
+
+
+def _nvls(topo: Topology, group: tuple[int, ...]) -> tuple[Flow, ...]:
+    """NVLink SHARP: multimem.ld_reduce pulls every shard through the switch (S out per GPU, S/n
+    back), multimem.st multicasts each reduced shard (S/n out, S in): S(1 + 1/n) each way."""
+    n = len(group)
+    node = topo.node_of(group[0])
+    per_gpu = 1 + 1 / n
+    flows = []
+    for r in group:
+        flows += [Flow(((f"gpu{r}", f"nvs{node}"),), per_gpu),
+                  Flow(((f"nvs{node}", f"gpu{r}"),), per_gpu)]
+    return tuple(flows)
+
+
+def _hierarchical(topo: Topology, shape: GroupShape) -> list[_Phase]:
+    if not shape.uniform:
+        raise ValueError("algorithm 'hierarchical' needs the same local GPUs on every node; "
+                         f"group has {[len(r) for r in shape.per_node]} GPUs per node")
+    ppn, n_nodes = shape.ppn, shape.num_nodes
+    intra = tuple(f for ranks in shape.per_node for f in _ring_hops(topo, [ranks], 1 / ppn))
+    rails = [tuple(ranks[k] for ranks in shape.per_node) for k in range(ppn)]
+    inter = _ring_hops(topo, rails, 1 / (ppn * n_nodes))
+    phases = [_Phase(ppn - 1, "intra", intra), _Phase(2 * (n_nodes - 1), "inter", inter),
+              _Phase(ppn - 1, "intra", intra)]
+    return [p for p in phases if p.repeat > 0]
+
+
+def _direct(topo: Topology, group: tuple[int, ...]) -> tuple[Flow, ...]:
+    n = len(group)
+    return tuple(_flow(topo, a, b, 1 / n) for a in group for b in group if a != b)
+
+
+def _p2p(topo: Topology, group: tuple[int, ...]) -> tuple[Flow, ...]:
+    """send_recv: (src, dst) is one transfer; a longer group shifts by one around the group,
+    every rank sending to the next (nccl-tests sendrecv_perf)."""
+    if len(group) == 2:
+        return (_flow(topo, group[0], group[1], 1.0),)
+    n = len(group)
+    return tuple(_flow(topo, group[i], group[(i + 1) % n], 1.0) for i in range(n))
+
+
+@lru_cache(maxsize=4096)
+def _unit_phases(topo: Topology, op: str, group: tuple[int, ...], algorithm: str
+                 ) -> tuple[tuple[_Phase, ...], float]:
+    """Phases of a 1-byte collective and their bandwidth time (seconds per byte, run alone)."""
+    shape = group_shape(group, topo)
+    n = shape.n
+    if algorithm == "ring":
+        orders = ring_orders(shape, group)
+        r = len(orders)
+        if op == "all_reduce":
+            phases = [_Phase(2 * (n - 1), "ring", _ring_hops(topo, orders, 1 / (n * r)))]
+        elif op in ("all_gather", "reduce_scatter"):
+            phases = [_Phase(n - 1, "ring", _ring_hops(topo, orders, 1 / (n * r)))]
+        else:  # broadcast: a pipelined chain from the root, group[0]
+            root = group[0]
+            chains = [o[o.index(root):] + o[:o.index(root)] for o in orders]
+            phases = [_Phase(1, "bcast", _ring_hops(topo, chains, 1 / r, chain=True))]
+    elif algorithm == "tree":
+        phases = [_Phase(1, "tree", _tree(topo, shape))]
+    elif algorithm == "nvls":
+        phases = [_Phase(1, "nvls", _nvls(topo, group))]
+    elif algorithm == "hierarchical":
+        phases = _hierarchical(topo, shape)
+    elif algorithm == "direct":
+        phases = [_Phase(1, "p2p", _direct(topo, group))]
+    else:
+        phases = [_Phase(1, "p2p", _p2p(topo, group))]
+    bw = 0.0
+    for ph in phases:
+        flows = ph.flows
+        bw += ph.repeat * isolated_time_s([f.size_bytes for f in flows], [f.links for f in flows],
+                                          [f.weight for f in flows], topo.capacity_Bps)
+    return tuple(phases), bw
+
+
+def _latencies(algorithm: str, protocol: str, op: str, shape: GroupShape,
+               phases: tuple[_Phase, ...]) -> tuple[float, list[float]]:
+    """(base latency, per-step latency of each phase), from NCCL's tuner constants."""
+    n_nodes = shape.num_nodes
+    hw = "net" if n_nodes > 1 else "nvlink"
+    if algorithm == "ring":
+        ph = phases[0]
+        if ph.tag == "bcast":  # tuning.cc: baseLat + nsteps * hwLat, nsteps = nRanks
+            lat = shape.n * tuner.step_latency_s("ring", protocol, hw)
+            return tuner.base_latency_s("ring", protocol), [lat]
+        base, step = tuner.ring_latency_s(protocol, ph.repeat,
+                                          tuner.ring_inter_steps(op, shape.n, n_nodes))
+        return base, [step]
+    if algorithm == "tree":
+        return 0.0, [tuner.tree_latency_s(protocol, n_nodes, shape.ppn)]
+    if algorithm == "nvls":
+        return 0.0, [tuner.nvls_latency_s(n_nodes)]
+    if algorithm == "hierarchical":
+        lat = {"intra": tuner.step_latency_s("ring", protocol, "nvlink"),
+               "inter": tuner.step_latency_s("ring", protocol, "net")}
+        return tuner.base_latency_s("ring", protocol), [lat[ph.tag] for ph in phases]
+    return 0.0, [tuner.p2p_latency_s(protocol, n_nodes)]
+
+
+def _feasible(algorithm: str, shape: GroupShape, topo: Topology) -> str:
+    """'' when the algorithm can run this group, else the reason."""
+    if algorithm == "nvls":
+        if not topo.cluster.nvls:
+            return f"cluster {topo.cluster.name!r} has no NVLink SHARP (cluster.nvls = false)"
+        if shape.num_nodes > 1:
+            return f"NVLS reduces inside one NVSwitch node; group spans {shape.num_nodes} nodes"
+    if algorithm == "hierarchical" and not shape.uniform:
+        return "hierarchical needs the same local GPUs on every node"
+    return ""
+
+
+def _candidates(op: str, size_bytes: float, group: tuple[int, ...], topo: Topology,
+                algorithm: str | None) -> list[tuple[str, str]]:
+    if op not in tuner.ALGORITHMS:
+        raise ValueError(f"unknown collective op {op!r}; known: {', '.join(COLLECTIVE_OPS)}")
+    shape = group_shape(group, topo)
+    forced_proto = None
+    if algorithm is None:
+        algs = [a for a in tuner.ALGORITHMS[op] if a not in tuner.AUTO_EXCLUDED
+                and not _feasible(a, shape, topo)]
+    else:
+        alg, _, forced_proto = algorithm.partition("/")
+        if alg not in tuner.ALGORITHMS[op]:
+            raise ValueError(f"algorithm {algorithm!r} cannot run {op}; "
+                             f"known: {', '.join(tuner.ALGORITHMS[op])}")
+        why = _feasible(alg, shape, topo)
+        if why:
+            raise ValueError(f"algorithm {alg!r} for {op} over {len(group)} ranks: {why}")
+        if forced_proto and forced_proto not in tuner.protocols_for(alg):
+            raise ValueError(f"algorithm {alg!r} has no protocol {forced_proto!r}; "
+                             f"known: {', '.join(tuner.protocols_for(alg))}")
+        algs = [alg]
+    out = []
+    for alg in algs:
+        if forced_proto:
+            protos: tuple[str, ...] = (forced_proto,)
+        elif alg in ("direct", "p2p"):
+            per_peer = size_bytes / len(group) if alg == "direct" else size_bytes
+            protos = (tuner.p2p_protocol(per_peer),)
+        else:
+            protos = tuner.protocols_for(alg)
+        out += [(alg, p) for p in protos]
+    return out
+
+
+def _check(coll: Collective, topo: Topology) -> None:
+    if coll.size_bytes < 0:
+        raise ValueError(f"collective size_bytes must be >= 0, got {coll.size_bytes}")
+    if len(set(coll.group)) != len(coll.group):
+        raise ValueError(f"collective group {coll.group} repeats a rank")
+    for r in coll.group:
+        topo.node_of(r)
+
+
+def _efficiency(topo: Topology, op: str, size: float, shape: GroupShape, alg: str,
+                proto: str, bw_s_per_byte: float) -> float:
+    """Fraction of the links' rate the collective reaches: the protocol's factor, NCCL's tree
+    correction for medium sizes, and NCCL's bus-bandwidth ceilings (tuning.cc)."""
+    eff = tuner.efficiency(alg, proto, op, shape.num_nodes)
+    if alg == "tree":
+        eff *= tuner.tree_correction(proto, size)
+    channels = shape.rails if shape.uniform else 1
+    cap = tuner.max_busbw_Bps(alg, proto, topo.cluster.gpu.architecture, shape.num_nodes,
+                              channels)
+    if cap < float("inf") and bw_s_per_byte > 0:
+        # NCCL converts bus to algorithm bandwidth with 1/2 for trees and nRanks/nSteps for rings.
+        ratio = 0.5 if alg == "tree" else 1 / busbw_factor(op, shape.n)
+        eff = min(eff, cap * ratio * bw_s_per_byte)
+    return eff
+
+
+def _estimate(topo: Topology, op: str, size: float, group: tuple[int, ...],
+              alg: str, proto: str) -> float:
+    phases, bw = _unit_phases(topo, op, group, alg)
+    shape = group_shape(group, topo)
+    base, lats = _latencies(alg, proto, op, shape, phases)
+    eff = _efficiency(topo, op, size, shape, alg, proto, bw)
+    return base + sum(p.repeat * lat for p, lat in zip(phases, lats)) + bw * size / eff
+
+
+@lru_cache(maxsize=65536)
+def _best(topo: Topology, op: str, size: float, group: tuple[int, ...],
+          algorithm: str | None) -> tuple[str, str, float]:
+    best = None
+    for alg, proto in _candidates(op, size, group, topo, algorithm):
+        t = _estimate(topo, op, size, group, alg, proto)
+        if best is None or t < best[2]:
+            best = (alg, proto, t)
+    if best is None:
+        raise ValueError(f"no algorithm can run {op} over {len(group)} ranks")
+    return best
+
+
+def _canonical(group: tuple[int, ...], topo: Topology) -> tuple[int, ...]:
+    """A group inside one node costs the same on every node: key it by local indices."""
+    node = topo.node_of(group[0])
+    if all(topo.node_of(r) == node for r in group):
+        return tuple(topo.local_of(r) for r in group)
+    return group
+
+
+def choose_algorithm(op: str, size_bytes: float, group: tuple[int, ...], topo: Topology) -> str:
+    """NCCL's rule: the algorithm whose best protocol predicts the smallest time for this size
+    and group shape (ring for large messages, tree for small ones across nodes, NVLS on H100)."""
+    if len(group) < 2:
+        return "none"
+    return _best(topo, op, float(size_bytes), _canonical(tuple(group), topo), None)[0]
+
+
+def collective_time_s(coll: Collective, topo: Topology, algorithm: str | None = None) -> float:
+    """Uncontended time of the collective: what ``plan_collective``'s plan takes alone."""
+    _check(coll, topo)
+    if len(coll.group) < 2 or coll.size_bytes == 0:
+        return 0.0
+    return _best(topo, coll.op, float(coll.size_bytes), _canonical(coll.group, topo), algorithm)[2]
+
+
+@lru_cache(maxsize=16384)
+def _plan(topo: Topology, op: str, size: float, group: tuple[int, ...],
+          algorithm: str | None) -> CommPlan:
+    alg, proto, _ = _best(topo, op, size, group, algorithm)
+    phases, bw = _unit_phases(topo, op, group, alg)
+    shape = group_shape(group, topo)
+    base, lats = _latencies(alg, proto, op, shape, phases)
+    scale = size / _efficiency(topo, op, size, shape, alg, proto, bw)
+    steps = [CommStep(base)] if base > 0 else []
+    for ph, lat in zip(phases, lats):
+        flows = tuple(Flow(f.links, f.size_bytes * scale, f.weight) for f in ph.flows)
+        steps.append(CommStep(lat, flows, ph.repeat))
+    return CommPlan(f"{alg}/{proto}", tuple(steps))
+
+
+def plan_collective(coll: Collective, topo: Topology, algorithm: str | None = None) -> CommPlan:
+    """The collective as CommSteps of flows over ``topo``'s links; ``algorithm`` ("ring", "tree",
+    "nvls", "hierarchical", "direct", "p2p", optionally "/ll", "/ll128" or "/simple") overrides
+    the tuner. The plan's algorithm reads "<algorithm>/<protocol>"."""
+    _check(coll, topo)
+    if len(coll.group) < 2 or coll.size_bytes == 0:
+        return CommPlan("none", ())
+    return _plan(topo, coll.op, float(coll.size_bytes), tuple(coll.group), algorithm)

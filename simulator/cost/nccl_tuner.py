@@ -1,0 +1,192 @@
+"""NCCL's tuning model: latencies and bandwidth factors per algorithm and protocol, as NCCL uses them.
+
+NCCL picks, for every collective call, the (algorithm, protocol) pair with the smallest predicted
+time latency + size / bandwidth (src/graph/tuning.cc, ncclTopoTuneModel / ncclTopoGetAlgoTime).
+This module holds those constants; ``cost/collectives`` supplies the bandwidth part from flows
+over the real links and makes the same choice. Constants are NCCL 2.19's unless noted.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..units import GB, US
+
+# Which algorithms implement each op. "hierarchical" is not an NCCL algorithm (Horovod/Megatron
+# style two-level all-reduce); it is offered as an explicit choice, never picked automatically.
+ALGORITHMS: dict[str, tuple[str, ...]] = {
+    "all_reduce": ("ring", "tree", "nvls", "hierarchical"),
+    "all_gather": ("ring",),
+    "reduce_scatter": ("ring",),
+    "broadcast": ("ring",),
+    "all_to_all": ("direct",),
+    "send_recv": ("p2p",),
+}
+AUTO_EXCLUDED = ("hierarchical",)
+PROTOCOLS = ("ll", "ll128", "simple")
+_P = {p: i for i, p in enumerate(PROTOCOLS)}
+
+# tuning.cc baseLat [algorithm][protocol], microseconds (LL, LL128, Simple).
+BASE_LAT_US = {"tree": (6.8, 14.0, 0.0), "ring": (6.6, 14.0, 8.4), "nvls": (0.0, 0.0, 0.0)}
+# tuning.cc hwLat [hardware][algorithm][protocol], microseconds per step (NVLink and network).
+HW_LAT_US = {
+    "nvlink": {"tree": (0.6, 1.25, 28.0), "ring": (0.6, 1.9, 3.4), "nvls": (0.0, 0.0, 23.0)},
+    "net": {"tree": (5.0, 8.5, 28.0), "ring": (2.7, 4.0, 14.0), "nvls": (0.0, 0.0, 18.0)},
+}
+# tuning.cc model refinements of the bus bandwidth:
+RING_LL128_EFFICIENCY = 0.92  # "busBw * 0.92 /*120.0/128.0*/": LL128 carries 120 B per 128 B line
+TREE_EFFICIENCY = 0.92  # "if (a == NCCL_ALGO_TREE) busBw = std::min(busBw*.92, ...)"
+TREE_LL_EFFICIENCY = 1.0 / 3.8  # "busBw*1.0/3.8" for Tree/LL
+TREE_LL128_EFFICIENCY_1NODE = 7.0 / 9.0  # "nNodes == 1 ? 7.0/9.0 : 120.0/128.0"
+TREE_LL128_EFFICIENCY = 120.0 / 128.0
+# "ratio *= 5.0/6.0" for NVLS: NVLink SHARP multimem traffic runs at 5/6 of the NVLink rate.
+NVLS_EFFICIENCY = 5.0 / 6.0
+# Ring/LL: "busBw * ((nNodes > 1 || coll == AllReduce || coll == Reduce) ? 1.0/4.0 : 1.0/3.0)";
+# an LL line carries 4 B of data and a 4 B flag in each 8 B store.
+RING_LL_EFFICIENCY_MULTI = 1.0 / 4.0
+RING_LL_EFFICIENCY_1NODE = 1.0 / 3.0
+# Per-channel bandwidth ceilings (tuning.cc, GB/s of bus bandwidth per channel), indexed by
+# nNodes = 1, 2, >2. Trees: perChMaxTreeBws / perChMaxTreeLL128Bws; LL: llMaxBws, picked by GPU
+# generation inside one node and by CPU vendor across nodes.
+PER_CH_MAX_TREE_GBPS = {"ampere": (24.0, 23.6, 17.8), "hopper": (38.7, 41.4, 36.0)}
+PER_CH_MAX_TREE_LL128_GBPS = {"ampere": (20.0, 20.0, 20.0), "hopper": (36.7, 36.7, 29.0)}
+LL_MAX_GBPS_1NODE = {"ampere": 87.7, "hopper": 87.7}
+LL_MAX_GBPS_MULTI = {"amd": (22.5, 19.0), "intel": (39.0, 20.4)}
+# Host CPUs: DGX A100 has 2 x AMD EPYC 7742, DGX H100/H200 2 x Intel Xeon 8480C (DGX datasheets).
+CPU_VENDOR = {"ampere": "amd", "hopper": "intel"}
+# tuning.cc treeCorrectionFactor[protocol][log2(bytes/64)], 64 B .. 128 MB: "Trees are not
+# perfectly sticking to the model for medium sizes".
+TREE_CORRECTION = {
+    "ll": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0,
+           1.0, 1.0),
+    "ll128": (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .5, .6, .6, .7, .7, .8, .9,
+              .9, 1.0),
+    "simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .5, .5, .6, .6, .7, .8,
+               .9),
+}
+# NCCL runs all-to-all as grouped send/recv (P2P kernels, one channel per peer), which do not reach
+# the collective kernels' bandwidth: NVIDIA/nccl#1138 measures 19.83 GB/s alltoall busbw on two
+# DGX-class nodes (8 A100, 4 x 200 Gb/s NICs) against 22.5 GB/s that N/(N-1) x the per-GPU NIC
+# bandwidth (at IB_EFFICIENCY) gives: 0.88.
+ALL_TO_ALL_EFFICIENCY = 0.88
+# NCCL sends P2P messages of up to NCCL_P2P_LL_THRESHOLD = 16384 bytes per peer with the LL
+# protocol, larger ones with Simple (NCCL environment-variable documentation).
+P2P_LL_THRESHOLD_BYTES = 16384
+
+
+def protocols_for(algorithm: str) -> tuple[str, ...]:
+    """NVLS runs Simple only; P2P-based algorithms use LL or Simple; the others all three."""
+    if algorithm == "nvls":
+        return ("simple",)
+    if algorithm in ("direct", "p2p"):
+        return ("ll", "simple")
+    return PROTOCOLS
+
+
+def efficiency(algorithm: str, protocol: str, op: str, num_nodes: int) -> float:
+    """Fraction of the links' bandwidth the (algorithm, protocol) pair delivers (tuning.cc)."""
+    if protocol not in protocols_for(algorithm):
+        raise ValueError(f"algorithm {algorithm!r} has no protocol {protocol!r}; "
+                         f"known: {', '.join(protocols_for(algorithm))}")
+    if algorithm == "nvls":
+        return NVLS_EFFICIENCY
+    alg = ALL_TO_ALL_EFFICIENCY if algorithm == "direct" else 1.0
+    if algorithm == "tree":
+        alg = TREE_EFFICIENCY
+        if protocol == "ll":
+            return alg * TREE_LL_EFFICIENCY
+        if protocol == "ll128":
+            return alg * (TREE_LL128_EFFICIENCY_1NODE if num_nodes == 1 else TREE_LL128_EFFICIENCY)
+        return alg
+    if protocol == "ll":
+        multi = num_nodes > 1 or op == "all_reduce"
+        return alg * (RING_LL_EFFICIENCY_MULTI if multi else RING_LL_EFFICIENCY_1NODE)
+    if protocol == "ll128":
+        return alg * RING_LL128_EFFICIENCY
+    return alg
+
+
+def tree_correction(protocol: str, size_bytes: float) -> float:
+    index = int(size_bytes) >> 6
+    index = index.bit_length() - 1 if index > 0 else 0
+    table = TREE_CORRECTION[protocol]
+    return table[index] if index < len(table) else 1.0
+
+
+def max_busbw_Bps(algorithm: str, protocol: str, architecture: str, num_nodes: int,
+                  channels: int) -> float:
+    """Bus-bandwidth ceiling NCCL's tuner applies (inf when none): trees per channel, LL overall."""
+    k = 0 if num_nodes == 1 else 1 if num_nodes == 2 else 2
+    cap = float("inf")
+    if algorithm == "tree" and architecture in PER_CH_MAX_TREE_GBPS:
+        table = PER_CH_MAX_TREE_LL128_GBPS if protocol == "ll128" else PER_CH_MAX_TREE_GBPS
+        cap = channels * table[architecture][k] * GB
+    if protocol == "ll" and algorithm in ("ring", "tree"):
+        if num_nodes == 1:
+            ll = LL_MAX_GBPS_1NODE.get(architecture)
+        else:
+            vendor = CPU_VENDOR.get(architecture)
+            ll = LL_MAX_GBPS_MULTI[vendor][k - 1] if vendor else None
+        if ll is not None:
+            cap = min(cap, ll * GB)
+    return cap
+
+
+def _hw(num_nodes: int) -> str:
+    return "net" if num_nodes > 1 else "nvlink"
+
+
+def ring_latency_s(protocol: str, nsteps: int, n_inter: int) -> tuple[float, float]:
+    """(base, per-step average) for a ring of ``nsteps`` steps, ``n_inter`` of them crossing nodes:
+    baseLat + (nsteps - nInterSteps) * intraLat + nInterSteps * interLat (tuning.cc)."""
+    p = _P[protocol]
+    total = ((nsteps - n_inter) * HW_LAT_US["nvlink"]["ring"][p]
+             + n_inter * HW_LAT_US["net"]["ring"][p])
+    return BASE_LAT_US["ring"][p] * US, (total / nsteps if nsteps else 0.0) * US
+
+
+def ring_inter_steps(op: str, n: int, num_nodes: int) -> int:
+    """nInterSteps of tuning.cc: 2*nNodes for all-reduce (at most the 2(n-1) steps), nNodes-1
+    for all-gather / reduce-scatter, nNodes for broadcast; 0 inside one node."""
+    if num_nodes <= 1:
+        return 0
+    if op == "all_reduce":
+        return min(2 * num_nodes, 2 * (n - 1))
+    if op in ("all_gather", "reduce_scatter"):
+        return num_nodes - 1
+    return min(num_nodes, n - 1)
+
+
+def step_latency_s(algorithm: str, protocol: str, hw: str) -> float:
+    """hwLat of one step of ``algorithm`` over NVLink ("nvlink") or the network ("net")."""
+    return HW_LAT_US[hw][algorithm][_P[protocol]] * US
+
+
+def base_latency_s(algorithm: str, protocol: str) -> float:
+    return BASE_LAT_US[algorithm][_P[protocol]] * US
+
+
+def tree_latency_s(protocol: str, num_nodes: int, ppn: int) -> float:
+    """Tree: baseLat + 2 * ((ppn - 1) * intraLat + log2i(nNodes) * interLat) (tuning.cc)."""
+    p = _P[protocol]
+    hops = ((ppn - 1) * HW_LAT_US["nvlink"]["tree"][p]
+            + int(math.log2(num_nodes)) * HW_LAT_US["net"]["tree"][p])
+    return (BASE_LAT_US["tree"][p] + 2 * hops) * US
+
+
+def nvls_latency_s(num_nodes: int) -> float:
+    """NVLS: intraLat (+ interLat across nodes), no base latency (tuning.cc)."""
+    lat = HW_LAT_US["nvlink"]["nvls"][2]
+    if num_nodes > 1:
+        lat += HW_LAT_US["net"]["nvls"][2]
+    return lat * US
+
+
+def p2p_latency_s(protocol: str, num_nodes: int) -> float:
+    """A P2P transfer (and each peer of an all-to-all, all issued at once) is one ring step:
+    ring baseLat + one hwLat step over NVLink or the network."""
+    return base_latency_s("ring", protocol) + step_latency_s("ring", protocol, _hw(num_nodes))
+
+
+def p2p_protocol(bytes_per_peer: float) -> str:
+    return "ll" if bytes_per_peer <= P2P_LL_THRESHOLD_BYTES else "simple"

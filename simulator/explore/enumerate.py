@@ -1,0 +1,164 @@
+"""Parallelism plans: the (tp, pp, dp, cp, ep, micro-batch, schedule, virtual stages, ZeRO stage,
+recompute, SP) tuples of one model on one cluster, enumerated in a fixed order and turned into the
+scenario dicts that ``scenario_from_dict`` validates, so a plan is valid exactly when a user's
+scenario file with the same settings would be.
+
+Dominance rules (DESIGN.md §4.2 search; each removes choices that can never be faster, only with
+``prune_dominated``):
+
+- sequence_parallel = (tp > 1): SP replaces each TP all-reduce by a reduce-scatter + all-gather of the
+  same total volume and divides the norm/dropout work and activations by t (Korthikanti et al. 2022,
+  §4.2.2), so it is never slower and never larger.
+- gpipe is left out: the same bubble as 1F1B, (p - 1)/(m + p - 1) (Narayanan et al. 2021, §2.2), with
+  m instead of p micro-batches in flight.
+- recompute: the search keeps the least recompute that fits (none, then selective, then full;
+  ``search``): recomputation only adds compute (Chen et al. 2016; Korthikanti et al. 2022 §5).
+- ZeRO-3 only where ZeRO-2 does not fit (``search``): it adds a parameter all-gather per layer and
+  micro-batch to ZeRO-2's traffic, 1.5x the volume (Rajbhandari et al. 2020, §7.2.3), buying memory.
+- ZeRO stages are equivalent without data parallelism (dp * cp = 1): stage 0 only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, fields
+
+from ..defaults import split_layers
+from ..scenario import scenario_from_dict
+from ..scenario_checks import ScenarioError
+
+# Parallelism keys a plan sets; the scenario's other [parallelism] keys (overlap flags, cp_algorithm,
+# offload_optimizer) are kept, layers_per_stage only when its length matches the plan's pp.
+PLAN_KEYS = ("tp", "pp", "dp", "cp", "ep", "sequence_parallel", "zero_stage", "schedule", "virtual_stages",
+             "recompute")
+RECOMPUTE_ORDER = ("none", "selective", "full")  # increasing compute, decreasing memory
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Plan:
+    tp: int
+    pp: int
+    dp: int
+    cp: int = 1
+    ep: int = 1
+    micro_batch_size: int = 1
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    zero_stage: int = 0
+    recompute: str = "none"
+    sequence_parallel: bool = False
+
+    def label(self) -> str:
+        """Compact text, e.g. ``tp8 pp16 dp8 b1 interleaved-1f1b v2 z1 full sp``."""
+        parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
+        parts += [f"cp{self.cp}"] if self.cp > 1 else []
+        parts += [f"ep{self.ep}"] if self.ep > 1 else []
+        parts += [f"b{self.micro_batch_size}"]
+        if self.pp > 1:
+            parts.append(self.schedule + (f" v{self.virtual_stages}" if self.virtual_stages > 1 else ""))
+        parts += [f"z{self.zero_stage}", self.recompute] + (["sp"] if self.sequence_parallel else [])
+        return " ".join(parts)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+PLAN_FIELDS = tuple(f.name for f in fields(Plan))
+
+
+def plan_of(scn) -> Plan:
+    """The plan a validated Scenario runs."""
+    p = scn.parallel
+    return Plan(p.tp, p.pp, p.dp, p.cp, p.ep, scn.training.micro_batch_size, p.schedule if p.pp > 1 else "1f1b",
+                p.virtual_stages if p.pp > 1 else 1, p.zero_stage, p.recompute, p.sequence_parallel)
+
+
+def apply_plan(raw: dict, plan: Plan) -> dict:
+    """A copy of a scenario dict with the plan's settings (what ``--set`` would write)."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    par = {k: v for k, v in out.get("parallelism", {}).items() if k not in PLAN_KEYS}
+    if len(par.get("layers_per_stage", ())) != plan.pp:
+        par.pop("layers_per_stage", None)
+    par.update({k: getattr(plan, k) for k in PLAN_KEYS})
+    out["parallelism"] = par
+    out["training"] = dict(out.get("training", {}), micro_batch_size=plan.micro_batch_size)
+    return out
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The choices per axis. Degrees are the divisors the model and cluster allow; the lists below
+    bound the rest: micro-batch sizes are powers of two (Megatron-LM's published configurations use
+    1..8, Narayanan et al. 2021 Table 1 and §5.7; larger ones only add bubble and memory)."""
+
+    micro_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
+    schedules: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
+    zero_stages: tuple[int, ...] = (0, 1, 2, 3)
+    recompute: tuple[str, ...] = RECOMPUTE_ORDER
+    max_cp: int = 0  # 0: any divisor of the sequence that the cluster allows
+    prune_dominated: bool = True
+
+
+def _virtual_choices(num_layers: int, pp: int, layers_per_stage: tuple[int, ...] | None) -> list[int]:
+    """Chunks per rank for interleaved-1F1B: every v >= 2 dividing each stage's layer count."""
+    lps = layers_per_stage if layers_per_stage and len(layers_per_stage) == pp else split_layers(num_layers, pp)
+    return [v for v in range(2, min(lps) + 1) if all(n % v == 0 for n in lps)]
+
+
+def enumerate_plans(model, num_gpus: int, global_batch_size: int, space: SearchSpace | None = None,
+                    layers_per_stage: tuple[int, ...] | None = None) -> Iterator[Plan]:
+    """Every plan of the space whose degrees multiply to ``num_gpus``, in a fixed order.
+
+    Only the divisibility that defines the plan itself is applied here (tp*pp*cp*dp = GPUs, b dividing
+    the per-replica batch, interleaving dividing the stage layers); the scenario rules decide validity
+    (``valid_plans``)."""
+    space = space or SearchSpace()
+    if num_gpus < 1 or global_batch_size < 1:
+        raise ValueError(f"enumerate_plans: num_gpus = {num_gpus} and global_batch_size = {global_batch_size} "
+                         f"must be >= 1")
+    schedules = [s for s in space.schedules if not (space.prune_dominated and s == "gpipe")]
+    experts = model.num_experts if model.num_experts > 1 else 1
+    for tp in divisors(num_gpus):
+        for cp in divisors(num_gpus // tp):
+            if model.seq_length % cp or (space.max_cp and cp > space.max_cp):
+                continue
+            for pp in divisors(num_gpus // (tp * cp)):
+                if pp > model.num_layers:
+                    continue
+                dp = num_gpus // (tp * cp * pp)
+                for ep in divisors(experts):
+                    if (dp * cp) % ep:
+                        continue
+                    yield from _inner(model, tp, pp, dp, cp, ep, global_batch_size, space, schedules,
+                                      layers_per_stage)
+
+
+def _inner(model, tp, pp, dp, cp, ep, batch, space, schedules, layers_per_stage) -> Iterator[Plan]:
+    sps = (tp > 1,) if space.prune_dominated else ((False, True) if tp > 1 else (False,))
+    zeros = space.zero_stages if dp * cp > 1 or not space.prune_dominated else (0,)
+    for b in space.micro_batch_sizes:
+        if batch % (b * dp):
+            continue
+        m = batch // (b * dp)
+        for schedule in (schedules if pp > 1 else ("1f1b",)):
+            vs = [1]
+            if schedule == "interleaved-1f1b":
+                vs = _virtual_choices(model.num_layers, pp, layers_per_stage) if m % pp == 0 else []
+            for v in vs:
+                for zero in zeros:
+                    for rc in space.recompute:
+                        for sp in sps:
+                            yield Plan(tp, pp, dp, cp, ep, b, schedule, v, zero, rc, sp)
+
+
+def valid_plans(raw: dict, plans, name: str = "plan") -> Iterator[tuple[Plan, object | None, str]]:
+    """(plan, Scenario, "") for plans the scenario rules accept, (plan, None, reason) for the others."""
+    for plan in plans:
+        try:
+            yield plan, scenario_from_dict(apply_plan(raw, plan), default_name=name), ""
+        except ScenarioError as exc:
+            yield plan, None, str(exc)

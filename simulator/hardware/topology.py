@@ -1,0 +1,202 @@
+"""Topology: the cluster as directed links (NVSwitch, PCIe, NICs, leaf and spine switches) and routes.
+
+Each link (u, v) carries an application-level bandwidth (datasheet line rate x the protocol
+efficiency of its link type) and a latency; ``cost/collectives`` routes flows over these links and
+``engine/network`` shares their bandwidth. Routes are computed in closed form, never by search.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from ..units import GB, NS, US
+from .clusters import TOPOLOGIES, ClusterSpec
+
+LinkId = tuple  # (u, v): a directed edge of Topology.graph
+
+# Application-level efficiency per link type: the fraction of the line rate that bulk
+# GPU-initiated transfers reach. One constant per link type, never per measurement.
+# - NVLink: NCCL's topology model (src/graph/topo.h) counts SM80_NVLINK_BW = 20.0 GB/s per
+#   25 GB/s NVLink3 link and SM90_NVLINK_BW = 20.6 GB/s per NVLink4 link; NCCL maintainers:
+#   "the app-level bandwidth is 80% of the peak bandwidth" (NVIDIA/nccl#1054) and "370GB/s in
+#   each direction" on H100 (NVIDIA/nccl#1442). 128 B payloads with packet headers, both directions.
+NVLINK_EFFICIENCY = {"ampere": 20.0 / 25.0, "hopper": 20.6 / 25.0}
+# - InfiniBand: "CX-7 NICs at NDR rate (400Gbps) should achieve up to 48-49GB/s per NIC"
+#   (NVIDIA/nccl-tests#267, NVIDIA); SimAI (aliyun/SimAI calbusbw.h) uses 23.5 of 25 GB/s for
+#   ConnectX-6 HDR and 48.5 of 50 GB/s for ConnectX-7 NDR. 0.96 is the middle of 0.94-0.98.
+IB_EFFICIENCY = 0.96
+# - PCIe: SimAI calbusbw.h A100_PCIE_BW = 32*0.8 and H100_PCIE_BW = 64*0.8 GB/s (TLP headers,
+#   128b/130b encoding and flow-control credits).
+PCIE_EFFICIENCY = 0.8
+
+# Per-link latency, seconds. NCCL's tuner (src/graph/tuning.cc, hwLat, LL protocol) charges
+# 0.6 us per NVLink step (GPU -> NVSwitch -> GPU: two links), 1.0 us per PCIe step (two links) and
+# 2.7 us per network step; the network step is split as 2 x 0.13 us switch hops (Quantum HDR/NDR
+# switch datasheets: ~130 ns port-to-port) and the rest over the two NIC links.
+LINK_LATENCY_S = {"nvlink": 0.3 * US, "pcie": 0.5 * US, "nic": (2.7 * US - 2 * 0.5 * US) / 2,
+                  "leaf-spine": 130 * NS}
+
+# Leaf switch radix: NVIDIA Quantum QM8700 (HDR 200 Gb/s) has 40 ports, Quantum-2 QM9700
+# (NDR 400 Gb/s) 64 ports; half face the nodes, half the spines (DGX SuperPOD reference
+# architectures: 20-node A100 and 32-node H100 scalable units, one leaf per rail per unit).
+HDR_LEAF_PORTS = 40
+NDR_LEAF_PORTS = 64
+NDR_GBPS = 400
+
+
+def _ecmp_hash(src: int, dst: int, buckets: int) -> int:
+    """Deterministic integer hash of a flow's endpoints (switches hash the flow header the same way)."""
+    h = (src * 0x9E3779B1 + dst * 0x85EBCA77 + 0x165667B1) & 0xFFFFFFFF
+    h ^= h >> 15
+    h = (h * 0x2C1B3C6D) & 0xFFFFFFFF
+    h ^= h >> 12
+    return h % buckets
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Topology:
+    """The cluster's link graph with per-link capacity (bytes/s per direction) and latency."""
+
+    cluster: ClusterSpec
+    graph: nx.DiGraph
+    capacity_Bps: dict  # LinkId -> application-level bytes/s in the link's direction
+    latency_s: dict  # LinkId -> seconds
+    leaf_down_ports: int = 0  # NIC-facing ports per leaf switch
+    spine_planes: int = 0  # uplinks per leaf, one to each spine plane (ECMP choices)
+    _routes: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def num_gpus(self) -> int:
+        return self.cluster.num_gpus
+
+    def _check(self, rank: int) -> None:
+        if not 0 <= rank < self.cluster.num_gpus:
+            raise ValueError(f"rank {rank} is outside the cluster's {self.cluster.num_gpus} GPUs")
+
+    def node_of(self, rank: int) -> int:
+        self._check(rank)
+        return rank // self.cluster.gpus_per_node
+
+    def local_of(self, rank: int) -> int:
+        self._check(rank)
+        return rank % self.cluster.gpus_per_node
+
+    def rail_of(self, rank: int) -> int:
+        """Index of the NIC (rail) a GPU uses: GPU i -> NIC i * nics // gpus."""
+        c = self.cluster
+        return self.local_of(rank) * c.nics_per_node // c.gpus_per_node
+
+    def nic_name(self, rank: int) -> str:
+        return f"nic{self.node_of(rank)}.{self.rail_of(rank)}"
+
+    def leaf_name(self, node: int, rail: int) -> str:
+        c = self.cluster
+        if c.topology == "rail-optimized":
+            return f"leaf{rail}.{node // self.leaf_down_ports}"
+        return f"leaf{(node * c.nics_per_node + rail) // self.leaf_down_ports}"
+
+    def route(self, src_rank: int, dst_rank: int) -> tuple[LinkId, ...]:
+        """Links from one GPU to another: NVSwitch inside a node, else PCIe -> NIC -> fabric."""
+        key = (src_rank, dst_rank)
+        cached = self._routes.get(key)
+        if cached is not None:
+            return cached
+        a, b = self.node_of(src_rank), self.node_of(dst_rank)
+        gs, gd = f"gpu{src_rank}", f"gpu{dst_rank}"
+        if src_rank == dst_rank:
+            links: tuple = ()
+        elif a == b:
+            links = ((gs, f"nvs{a}"), (f"nvs{a}", gd))
+        else:
+            ps, pd = f"pcie{src_rank}", f"pcie{dst_rank}"
+            ns, nd = self.nic_name(src_rank), self.nic_name(dst_rank)
+            ls, ld = self.leaf_name(a, self.rail_of(src_rank)), self.leaf_name(b, self.rail_of(dst_rank))
+            hops = [(gs, ps), (ps, ns), (ns, ls)]
+            if ls != ld:
+                spine = f"spine{_ecmp_hash(src_rank, dst_rank, self.spine_planes)}"
+                hops += [(ls, spine), (spine, ld)]
+            hops += [(ld, nd), (nd, pd), (pd, gd)]
+            links = tuple(hops)
+        self._routes[key] = links
+        return links
+
+    def host_route(self, rank: int, to_host: bool = True) -> tuple[LinkId, ...]:
+        """GPU <-> host memory over PCIe (ZeRO-Offload traffic), through the GPU's PCIe switch."""
+        g, p, h = f"gpu{rank}", f"pcie{rank}", f"host{self.node_of(rank)}"
+        return ((g, p), (p, h)) if to_host else ((h, p), (p, g))
+
+    def link_kind(self, link: LinkId) -> str:
+        """nvlink | pcie | nic | leaf-spine, from the names of the link's end points."""
+        u, v = link
+        if u.startswith("nvs") or v.startswith("nvs"):
+            return "nvlink"
+        if u.startswith("pcie") or v.startswith("pcie"):
+            return "pcie"
+        if u.startswith("nic") or v.startswith("nic"):
+            return "nic"
+        return "leaf-spine"
+
+    def route_latency_s(self, src_rank: int, dst_rank: int) -> float:
+        return sum(self.latency_s[link] for link in self.route(src_rank, dst_rank))
+
+
+def build_topology(cluster: ClusterSpec) -> Topology:
+    """Build the link graph: per node NVSwitch, per GPU a PCIe switch to its NIC and the host,
+    and for more than one node the leaf/spine fabric (rail-optimized or fat tree)."""
+    c = cluster
+    for name, value in (("num_nodes", c.num_nodes), ("gpus_per_node", c.gpus_per_node),
+                        ("nics_per_node", c.nics_per_node)):
+        if value < 1:
+            raise ValueError(f"cluster.{name} must be >= 1, got {value}")
+    if c.nics_per_node > c.gpus_per_node:
+        raise ValueError(f"cluster.nics_per_node ({c.nics_per_node}) exceeds gpus_per_node "
+                         f"({c.gpus_per_node}); each NIC serves at least one GPU")
+    if c.topology not in TOPOLOGIES:
+        raise ValueError(f"cluster.topology {c.topology!r} unknown; known: {', '.join(TOPOLOGIES)}")
+    if c.oversubscription < 1.0:
+        raise ValueError(f"cluster.oversubscription must be >= 1.0, got {c.oversubscription}")
+    arch = c.gpu.architecture
+    if arch not in NVLINK_EFFICIENCY:
+        raise ValueError(f"no NVLink efficiency for gpu architecture {arch!r}; "
+                         f"known: {', '.join(NVLINK_EFFICIENCY)}")
+    nvlink = c.nvlink_bandwidth_Bps * NVLINK_EFFICIENCY[arch]
+    pcie = c.pcie_bandwidth_Bps * PCIE_EFFICIENCY
+    nic = c.nic_bandwidth_Bps * IB_EFFICIENCY
+    cap: dict = {}
+    lat: dict = {}
+
+    def add(u: str, v: str, bandwidth: float, kind: str) -> None:
+        cap[(u, v)] = bandwidth
+        cap[(v, u)] = bandwidth
+        lat[(u, v)] = lat[(v, u)] = LINK_LATENCY_S[kind]
+
+    g = c.gpus_per_node
+    for node in range(c.num_nodes):
+        for local in range(g):
+            r = node * g + local
+            add(f"gpu{r}", f"nvs{node}", nvlink, "nvlink")
+            add(f"gpu{r}", f"pcie{r}", pcie, "pcie")
+            add(f"pcie{r}", f"host{node}", pcie, "pcie")
+            add(f"pcie{r}", f"nic{node}.{local * c.nics_per_node // g}", pcie, "pcie")
+    nic_Gbps = c.nic_bandwidth_Bps * 8 / GB
+    ports = NDR_LEAF_PORTS if nic_Gbps >= NDR_GBPS else HDR_LEAF_PORTS
+    down = ports // 2
+    planes = max(1, round(down / c.oversubscription))
+    topo = Topology(c, nx.DiGraph(), cap, lat, down, planes)
+    if c.num_nodes > 1:
+        leaves = set()
+        for node in range(c.num_nodes):
+            for rail in range(c.nics_per_node):
+                leaf = topo.leaf_name(node, rail)
+                leaves.add(leaf)
+                add(f"nic{node}.{rail}", leaf, nic, "nic")
+        if len(leaves) > 1:
+            # Each leaf has `planes` uplinks at the NIC port rate; oversubscription = down / up.
+            for leaf in sorted(leaves):
+                for p in range(planes):
+                    add(leaf, f"spine{p}", nic, "leaf-spine")
+    topo.graph.add_edges_from((u, v, {"capacity_Bps": b, "latency_s": lat[(u, v)]})
+                              for (u, v), b in cap.items())
+    return topo

@@ -1,0 +1,163 @@
+"""Specification of per-layer activation memory: Korthikanti et al. 2022's closed forms for GPT-3
+175B, the zero-bubble split of Qi et al. 2024, and the GQA / SwiGLU / MoE / CP generalisations
+checked tensor by tensor."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from simulator.model.presets import MODEL_PRESETS
+from simulator.model.spec import ModelSpec
+from simulator.strategy.activation_memory import (activation_terms, embedding_activation_bytes,
+                                                  head_activation_bytes, layer_activation_bytes,
+                                                  layer_activation_split, weight_grad_bytes)
+
+GPT3 = MODEL_PRESETS["gpt3-175b"]
+S, B, H, A, T = 2048, 1, 12288, 96, 8
+SBH = S * B * H
+ATT = 5 * A * S / H  # 5as/h = 80 for GPT-3 175B at s = 2048
+
+
+# --- Korthikanti et al. 2022, Table 2 (bytes, 16-bit activations, 1-byte masks) -----------------
+
+@pytest.mark.parametrize("sp,recompute,per_sbh", [
+    (False, "none", 10 + 24 / T + ATT / T),     # TP only
+    (True, "none", (34 + ATT) / T),            # TP + SP
+    (False, "selective", 10 + 24 / T),         # TP + selective recompute
+    (True, "selective", 34 / T),               # TP + SP + selective recompute
+    (False, "full", 2.0),                      # full recompute: the layer input
+    (True, "full", 2.0 / T),                   # ... stored sequence-split with SP
+])
+def test_korthikanti_gpt3_175b_per_layer(sp, recompute, per_sbh):
+    assert layer_activation_bytes(GPT3, B, T, sp, 1, recompute) == pytest.approx(SBH * per_sbh, rel=1e-12)
+
+
+def test_unsharded_layer_is_sbh_34_plus_5as_over_h():
+    assert layer_activation_bytes(GPT3, B, 1, False, 1, "none") == pytest.approx(SBH * (34 + ATT), rel=1e-12)
+    assert layer_activation_bytes(GPT3, 4, 1, False, 1, "none") == pytest.approx(4 * SBH * (34 + ATT), rel=1e-12)
+
+
+def test_terms_outside_tp_region_are_ten_sbh_replicated_without_sp_split_with_sp():
+    tp_only = {x.name: x.bytes for x in activation_terms(GPT3, B, T, False, 1) if x.stored_at_f}
+    with_sp = {x.name: x.bytes for x in activation_terms(GPT3, B, T, True, 1) if x.stored_at_f}
+    outside = [n for n in tp_only if tp_only[n] != with_sp[n]]
+    assert sum(tp_only[n] for n in outside) == pytest.approx(10 * SBH)
+    assert sum(with_sp[n] for n in outside) == pytest.approx(10 * SBH / T)
+
+
+# --- zero-bubble split (Qi et al. 2024, Table 1: W keeps 32 sbh) --------------------------------
+
+def test_w_pass_keeps_32_sbh_for_a_gpt_layer():
+    assert weight_grad_bytes(GPT3, B, 1, False, 1) == pytest.approx(32 * SBH)
+
+
+@pytest.mark.parametrize("sp,recompute", [(False, "none"), (True, "selective"), (False, "full")])
+def test_split_parts_sum_to_the_forward_allocation(sp, recompute):
+    at_b, at_w = layer_activation_split(GPT3, B, T, sp, 1, recompute)
+    assert at_b + at_w == pytest.approx(layer_activation_bytes(GPT3, B, T, sp, 1, recompute))
+    assert at_w == pytest.approx(weight_grad_bytes(GPT3, B, T, sp, 1))
+
+
+def test_split_unsharded_no_recompute_frees_2sbh_plus_core_at_b():
+    at_b, at_w = layer_activation_split(GPT3, B, 1, False, 1, "none")
+    assert at_b == pytest.approx(SBH * (2 + ATT))
+    assert at_w == pytest.approx(32 * SBH)
+
+
+def test_full_recompute_split_allocates_at_b():
+    at_b, _ = layer_activation_split(GPT3, B, 1, False, 1, "full")
+    assert at_b == pytest.approx(2 * SBH - 32 * SBH)
+
+
+# --- generalisations ---------------------------------------------------------------------------
+
+def _model(**kw) -> ModelSpec:
+    base = dict(name="m", num_layers=4, hidden_size=1024, num_attention_heads=16, vocab_size=1000,
+                seq_length=512)
+    base.update(kw)
+    return ModelSpec(**base)
+
+
+def test_gqa_shrinks_k_and_v_only():
+    mha, gqa = _model(), _model(num_kv_heads=4)
+    tokens, kv = 512 * 2, 4 * 64
+    diff = layer_activation_bytes(mha, 2, 2, True, 1, "selective") - \
+        layer_activation_bytes(gqa, 2, 2, True, 1, "selective")
+    assert diff == pytest.approx(2 * 2 * tokens * (1024 - kv) / 2)
+
+
+def test_gqa_with_more_tp_ranks_than_kv_heads_keeps_one_kv_head_per_rank():
+    gqa = _model(num_kv_heads=2)
+    terms = {x.name: x.bytes for x in activation_terms(gqa, 1, 8, False, 1)}
+    assert terms["k"] == terms["v"] == 2 * 512 * 64
+
+
+def test_swiglu_layer_from_its_tensors():
+    m = _model(mlp="swiglu", ffn_hidden_size=2816, num_kv_heads=4)  # Llama style: no dropout
+    tokens, h, f, kv, t = 512, 1024, 2816, 4 * 64, 4
+    outside = 2 * tokens * h * 4 / t  # two norm inputs, QKV input, fc1 input (SP)
+    inside = 2 * tokens * (h / t + 2 * kv / t + h / t) + 2 * tokens * (2 * f + f) / t
+    assert layer_activation_bytes(m, 1, t, True, 1, "selective") == pytest.approx(outside + inside)
+    scores = 16 // t * 512 * 512
+    assert layer_activation_bytes(m, 1, t, True, 1, "none") == pytest.approx(outside + inside + 2 * scores)
+
+
+def test_moe_experts_hold_top_k_times_capacity_token_slots():
+    dense, moe = _model(), _model(num_experts=8, moe_top_k=2, moe_capacity_factor=1.25)
+    tokens, h, f = 512, 1024, 4096
+    slots = tokens * 2 * 1.25
+    expert = 2 * slots * (h + f + f + h)  # permuted input, fc1 output, fc2 input, output to combine
+    router = 2 * tokens * 8
+    dense_mlp = 2 * tokens * (f + f)  # fc1 output, fc2 input of the dense MLP
+    diff = layer_activation_bytes(moe, 1, 1, False, 1, "selective") - \
+        layer_activation_bytes(dense, 1, 1, False, 1, "selective")
+    assert diff == pytest.approx(expert + router - dense_mlp)
+
+
+def test_moe_expert_parallelism_does_not_change_the_slots_per_rank():
+    moe = _model(num_experts=8, moe_top_k=2)
+    assert layer_activation_bytes(moe, 1, 1, False, 1, "none", ep=4) == \
+        layer_activation_bytes(moe, 1, 1, False, 1, "none", ep=1)
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_context_parallel_divides_by_cp(recompute):
+    # ring attention: local queries against the whole sequence, so the scores divide by cp too
+    one = layer_activation_bytes(GPT3, B, T, True, 1, recompute)
+    assert layer_activation_bytes(GPT3, B, T, True, 4, recompute) == pytest.approx(one / 4)
+
+
+# --- first and last stage ---------------------------------------------------------------------
+
+def test_embedding_keeps_its_dropout_mask():
+    assert embedding_activation_bytes(GPT3, B, T, False, 1) == SBH
+    assert embedding_activation_bytes(GPT3, B, T, True, 1) == SBH / T
+    assert embedding_activation_bytes(_model(mlp="swiglu"), 1, 1, False, 1) == 0.0
+
+
+def test_head_keeps_norm_tensors_and_fp32_logits():
+    v = GPT3.vocab_size
+    assert head_activation_bytes(GPT3, B, T, True, 1) == pytest.approx(4 * SBH / T + 4 * S * B * v / T)
+    assert head_activation_bytes(GPT3, B, T, False, 2) == pytest.approx((4 * SBH + 4 * S * B * v / T) / 2)
+
+
+def test_dropout_override_from_model_extra():
+    no_drop = replace(GPT3, extra={"dropout": False})
+    assert layer_activation_bytes(no_drop, B, 1, False, 1, "selective") == pytest.approx(32 * SBH)
+
+
+# --- input validation -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(recompute="some"), "recompute"),
+    (dict(tp=5), "tp = 5"),
+    (dict(cp=3), "cp = 3"),
+    (dict(micro_batch_size=0), "micro_batch_size"),
+])
+def test_bad_input_names_the_field(kwargs, match):
+    args = dict(model=GPT3, micro_batch_size=1, tp=8, sp=False, cp=1, recompute="none")
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        layer_activation_bytes(**args)
