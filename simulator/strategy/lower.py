@@ -104,10 +104,11 @@ class _Emitter:
     def _activation_terms(self) -> dict:
         c, scn = self.ctx, self.ctx.scn
         args = (scn.model, scn.training.micro_batch_size, c.par.tp, c.par.sequence_parallel, c.par.cp)
-        per_layer = layer_activation_bytes(*args, c.par.recompute, c.dtype_bytes, c.par.ep)
-        at_b, at_w = layer_activation_split(*args, c.par.recompute, c.dtype_bytes, c.par.ep)
+        att = scn.training.attention
+        per_layer = layer_activation_bytes(*args, c.par.recompute, c.dtype_bytes, c.par.ep, att)
+        at_b, at_w = layer_activation_split(*args, c.par.recompute, c.dtype_bytes, c.par.ep, att)
         if c.par.recompute != "none":
-            c.recompute_transient_bytes = layer_activation_bytes(*args, "none", c.dtype_bytes, c.par.ep) - per_layer
+            c.recompute_transient_bytes = layer_activation_bytes(*args, "none", c.dtype_bytes, c.par.ep, att) - per_layer
         if not self.split_w:
             at_b, at_w = per_layer, 0.0
         return {"layer": per_layer, "layer_b": at_b, "layer_w": at_w,
