@@ -169,3 +169,33 @@ def test_committed_tiny_model_trace_maps_every_op():
     for phase in ("F", "B"):
         assert {op for p, op in ops if p == phase} >= layer_ops | {"embed", "final_norm", "lm_head", "loss"}
     assert ("O", "adam") in ops
+
+
+def _fake_run(with_annotations: bool):
+    """A measured run whose kernels are the simulated ops of tiny-gpt, each twice as long, back to back."""
+    from simulator.calibration.compare import kind_category, simulated_ops
+    from simulator.calibration.kineto import KinetoRun, MeasuredOp
+    from simulator.pipeline import simulate
+    from simulator.scenario import load_scenario
+
+    result = simulate(load_scenario(ROOT / "scenarios" / "calibration" / "tiny-gpt.toml"))
+    _, sim = simulated_ops(result, 0)
+    ops, t = [], 0.0
+    for s in sim:
+        note = f"sim:{s.microbatch}:{s.layer}:{s.name}" if with_annotations else ""
+        ops.append(MeasuredOp(s.name, kind_category(s.kind), 0, "stream 7", t, t + 2 * s.duration_s, s.phase, 0, note))
+        t += 2 * s.duration_s
+    return KinetoRun(ops, [], [], {0: (0.0, t)}, False, {"source_file": "fake", "device": "fake"}), result
+
+
+@pytest.mark.parametrize("annotated", [True, False])
+def test_compare_maps_kernels_to_ops(annotated):
+    from simulator.calibration.compare import compare_run
+
+    run, result = _fake_run(annotated)
+    c = compare_run(run, result)
+    assert c["mapping"] == ("annotation" if annotated else "category-order")
+    assert c["step_time_error"] == pytest.approx(-0.5)
+    assert c["measured_step_s"] == pytest.approx(2 * c["simulated_step_s"])
+    assert len(c["per_op"]) == 29 and all(r["error"] == pytest.approx(-0.5) for r in c["per_op"])
+    assert {r["category"] for r in c["per_category"]} == {"gemm", "attention", "elementwise"}

@@ -153,13 +153,13 @@ def plot_measured_timeline(trace: Trace, path, title: str = "", start_s: float |
     """Gantt chart of a (measured) trace: one row per rank and stream, bars coloured by kernel class."""
     lo, hi = _window(trace, start_s, end_s)
     lanes = _lanes(trace, max_lanes)
-    fig = Figure(figsize=(12, 1.2 + 0.3 * max(1, len(lanes))))
+    fig = Figure(figsize=(12, 1.8 + 0.3 * max(1, len(lanes))))
     ax = fig.add_subplot(1, 1, 1)
     cats = _draw(ax, trace, lanes, lo, 1.0 / MS, lo, hi)
     ax.set_xlabel("time (ms)")
     ax.set_title(title or "measured timeline", fontsize=9)
     _legend(fig, cats)
-    fig.subplots_adjust(left=0.25, right=0.98, bottom=0.12 + 0.5 / (1 + len(lanes)), top=0.92)
+    _margins(fig, top_in=0.4)
     return _save(fig, path)
 
 
@@ -170,7 +170,7 @@ def plot_side_by_side(measured: Trace, simulated: Trace, path, title: str = "",
     m_lo, m_hi = measured_window or (measured.start_s, measured.end_s)
     s_lo, s_hi = simulated_window or (simulated.start_s, simulated.end_s)
     m_lanes, s_lanes = _lanes(measured, max_lanes), _lanes(simulated, max_lanes)
-    fig = Figure(figsize=(12, 2.5 + 0.3 * (len(m_lanes) + len(s_lanes))))
+    fig = Figure(figsize=(12, 2.8 + 0.35 * (len(m_lanes) + len(s_lanes))))
     heights = [max(1, len(m_lanes)), max(1, len(s_lanes))]
     ax_m, ax_s = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": heights})
     scale = 1.0 / MS
@@ -184,8 +184,14 @@ def plot_side_by_side(measured: Trace, simulated: Trace, path, title: str = "",
     if title:
         fig.suptitle(title, fontsize=10)
     _legend(fig, cats)
-    fig.subplots_adjust(left=0.25, right=0.98, bottom=0.12, top=0.9, hspace=0.35)
+    _margins(fig, top_in=0.7, hspace=0.6)
     return _save(fig, path)
+
+
+def _margins(fig: Figure, top_in: float, hspace: float = 0.2) -> None:
+    """Fixed margins in inches: lane labels on the left, the x label and the legend below."""
+    w, h = fig.get_size_inches()
+    fig.subplots_adjust(left=min(0.4, 2.8 / w), right=0.98, bottom=0.85 / h, top=1.0 - top_in / h, hspace=hspace)
 
 
 def _save(fig: Figure, path) -> Path:

@@ -22,8 +22,8 @@ def exposed_breakdown(trace: Trace, rank: int, t0: float, t1: float) -> dict[str
     """Seconds of [t0, t1] on ``rank`` by what is exposed (DESIGN.md §4.3 time_breakdown_s)."""
     out = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
     points: list[tuple[float, int, int, str]] = []  # (time, +1/-1, is_compute, category)
-    for e in trace.events:
-        if e.rank != rank or e.end_s <= e.start_s:
+    for e in trace.on(rank):
+        if e.end_s <= e.start_s:
             continue
         cat = e.category if e.category in out else "other"
         comp = 1 if e.stream == "compute" else 0

@@ -48,6 +48,11 @@ def calibrated_scenario_toml(scn, tables: str, cluster_preset: str | None) -> st
     return "\n".join(lines)
 
 
+def _progress(done: int, total: int, spec) -> None:
+    if done % 100 == 0 or done == total:
+        print(f"  {done}/{total} kernels", file=sys.stderr)
+
+
 def cmd_profile(device: str | None, out_dir: str | None, scenario: str | None = None, steps: int = 3,
                 presets: bool | None = None) -> int:
     """Profile kernels into tables (the presets' layers on a GPU, the scenario's ops always), NCCL
@@ -85,7 +90,9 @@ def cmd_profile(device: str | None, out_dir: str | None, scenario: str | None = 
         if dev == "cuda":
             specs += copy_specs()
         print(f"profiling {len(specs)} kernels on {dev} ...", file=sys.stderr)
-        rows = profile_kernels(specs, dev, scn.training.dtype)
+        rows, skipped = profile_kernels(specs, dev, scn.training.dtype, _progress)
+        for line in skipped:
+            print(f"warning: not profiled: {line}", file=sys.stderr)
         prov = device_provenance(dev, command)
         write_table(out / KERNEL_TABLE, KERNEL_COLUMNS, kernel_rows_csv(rows), prov)
         if dev == "cuda" and torch.cuda.device_count() > 1:

@@ -67,7 +67,8 @@ def device_provenance(device: str, command: str) -> dict:
         prov["clocks"] = smi.get("clocks", "unknown")
         prov["cuda"] = torch.version.cuda
         prov["cudnn"] = torch.backends.cudnn.version()
-        prov["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version()) if torch.cuda.device_count() else ""
+        nccl = torch.cuda.nccl.version()  # a tuple (2, 21, 5); an int (2708) in old releases
+        prov["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
         prov["timing"] = "torch.cuda.Event per call after 3 warm-up calls; median"
     else:
         prov["device"] = f"cpu: {_cpu_name()}"

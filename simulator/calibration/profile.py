@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 
 from ..cost.calibrated import KernelRow
-from ..model.opgraph import attention_flops, build_op_graph, gemm_flops
+from ..model.opgraph import build_op_graph, gemm_flops
 from ..model.presets import MODEL_PRESETS
 from ..model.spec import ModelSpec
 from ..strategy.grad_sync import ADAM_STATE_RW_BYTES
@@ -154,33 +154,32 @@ def time_callable(fn, device: str) -> tuple[float, int]:
     return times[len(times) // 2], reps
 
 
-def profile_kernels(specs: list[KernelSpec], device: str, dtype: str, progress=None) -> list[KernelRow]:
-    """Time every spec; the row carries the work's own shape, FLOPs and bytes so lookups match exactly."""
+def profile_kernels(specs: list[KernelSpec], device: str, dtype: str,
+                    progress=None) -> tuple[list[KernelRow], list[str]]:
+    """Time every spec; (rows, skipped). A row carries the work's own shape, FLOPs and bytes so that
+    lookups match exactly; a kernel the device cannot run (out of memory, no backend for the shape) is
+    skipped with its error, and the table reader's fallback (the roofline) covers it."""
     import torch
 
-    rows = []
+    rows, skipped = [], []
     for i, spec in enumerate(specs):
-        fn = make_runner(spec, device, dtype)
-        t, reps = time_callable(fn, device)
         w = spec.work
-        rows.append(KernelRow(w.kind, w.name, spec.pass_, dtype, tuple(int(d) for d in w.shape), float(w.flops),
-                              float(w.bytes), t, reps))
-        del fn
-        if device.startswith("cuda") and i % 64 == 63:
+        failed = False
+        try:
+            t, reps = time_callable(make_runner(spec, device, dtype), device)
+        except (RuntimeError, ValueError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+            failed = True
+            skipped.append(f"{w.kind}:{w.name}[{'x'.join(map(str, w.shape))}] {spec.pass_}: "
+                           f"{(str(exc).splitlines() or [''])[0][:120]}")
+        else:
+            rows.append(KernelRow(w.kind, w.name, spec.pass_, dtype, tuple(int(d) for d in w.shape),
+                                  float(w.flops), float(w.bytes), t, reps))
+        if device.startswith("cuda") and (failed or i % 64 == 63):
             torch.cuda.empty_cache()
         if progress is not None:
             progress(i + 1, len(specs), spec)
-    return rows
+    return rows, skipped
 
 
 def kernel_rows_csv(rows: list[KernelRow]) -> list[tuple]:
     return [(r.kind, r.name, r.pass_, r.dtype, r.shape, r.flops, r.bytes, r.time_s, r.samples) for r in rows]
-
-
-def canonical_flops(work: OpWork) -> float:
-    """Forward FLOPs of the work's shape (a sanity figure for the progress line)."""
-    if work.kind == "gemm":
-        return gemm_flops(*work.shape)
-    if work.kind == "attention":
-        return attention_flops(*work.shape)
-    return 0.0

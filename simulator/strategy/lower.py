@@ -190,7 +190,8 @@ class _Emitter:
             before = self.ctx.builder.last_on(r, "compute")
             for j in (i, i + 1):
                 if j < len(units) and j not in issued:
-                    issued[j] = zero3_gather(self.ctx, r, f"{prefix}.{units[j]}", *self._params(units[j]), before)
+                    u = units[j] if units[j] in ("embed", "head") else "L" + units[j]
+                    issued[j] = zero3_gather(self.ctx, r, f"{prefix}.{u}", *self._params(units[j]), before)
             yield tuple(issued.pop(i))
 
     def _forward(self, r: int, vs: int, mb: int, dep: int | None) -> None:
@@ -253,8 +254,8 @@ class _Emitter:
                 if self.act["layer_b"] > 0:
                     ctx.free_last(r, self.act["layer_b"])
             if not self.split_w:
-                ready.append((x,) + self._params(unit))
-        self._grads_ready(r, vs, mb, ready, final, x)
+                ready.append((unit, x))
+        self._grads_ready(r, vs, f"B{mb}", ready, final, x)
         self._send(r, vs, mb, "B", x)
 
     def _weight(self, r: int, vs: int, mb: int, dep: int | None) -> None:
@@ -270,19 +271,23 @@ class _Emitter:
             else:
                 x = layer_weight_grad(ctx, r, x, f"W{mb}.L{unit}", meta)
                 ctx.free_last(r, self.act["layer_w"])
-            ready.append((x,) + self._params(unit))
-        self._grads_ready(r, vs, mb, ready, final, x)
+            ready.append((unit, x))
+        self._grads_ready(r, vs, f"W{mb}", ready, final, x)
 
     # ---- gradients and parameters --------------------------------------------------------------
-    def _grads_ready(self, r: int, vs: int, mb: int, ready: list, final: bool, end: int) -> None:
-        """Gradients of ``ready`` units exist: ZeRO-3 reduce-scatters each unit, ZeRO-2 buckets this
-        micro-batch, ZeRO-0/1 wait for the last micro-batch (reduced in ``_finish``)."""
+    def _grads_ready(self, r: int, vs: int, action: str, units: list, final: bool, end: int) -> None:
+        """Gradients of ``units`` [(unit, task after which they exist)] exist, in backward order:
+        ZeRO-3 reduce-scatters each unit, ZeRO-2 buckets this micro-batch, ZeRO-0/1 wait for the last
+        micro-batch (reduced in ``_finish``)."""
         ctx, stage = self.ctx, self.ctx.par.zero_stage
         if self.zero3:
-            for k, (tid, dense, expert) in enumerate(ready):
-                self.grad_waits[r] += zero3_reduce(ctx, r, f"mb{mb}.vs{vs}.unit{k}", dense, expert, tid)
-        elif stage == 2:
-            self.grad_waits[r] += reduce_gradients(ctx, r, ready, end, f"mb{mb}.vs{vs}.")
+            for unit, tid in units:
+                name = f"{action}.{unit if unit in ('embed', 'head') else 'L' + unit}"
+                self.grad_waits[r] += zero3_reduce(ctx, r, name, *self._params(unit), tid)
+            return
+        ready = [(tid,) + self._params(unit) for unit, tid in units]
+        if stage == 2:
+            self.grad_waits[r] += reduce_gradients(ctx, r, ready, end, f"{action}.vs{vs}.")
         elif final:
             self.final_ready[r].append((vs, ready))
 
