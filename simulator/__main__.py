@@ -64,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr = csub.add_parser("profile")
     pr.add_argument("--device", choices=("cuda", "cpu"))
     pr.add_argument("--out")
+    pr.add_argument("--scenario", help="scenario whose kernels to profile (default: the tiny GPT)")
+    pr.add_argument("--steps", type=int, default=3, help="profiled training steps of the tiny model")
     cm = csub.add_parser("compare")
     cm.add_argument("trace")
     cm.add_argument("scenario")
@@ -141,7 +143,7 @@ def _search(args) -> int:
 def _calibrate(args) -> int:
     from .calibration.cli import cmd_compare, cmd_profile, cmd_show
     if args.action == "profile":
-        return cmd_profile(args.device, args.out)
+        return cmd_profile(args.device, args.out, scenario=args.scenario, steps=args.steps)
     if args.action == "compare":
         return cmd_compare(args.trace, args.scenario, args.out)
     return cmd_show(args.trace, args.out)

@@ -320,8 +320,8 @@ def _cost(table: dict, base_dir: Path) -> CostSpec:
         if not tables:
             raise ScenarioError("cost.tables is required when cost.compute = 'calibrated'")
         tp = Path(tables)
-        if not tp.is_absolute() and not tp.exists():
-            tp = base_dir / tp
+        if not tp.is_absolute() and (base_dir / tp).is_dir():
+            tp = base_dir / tp  # relative to the scenario file first, then to the working directory
         if not tp.is_dir():
             raise ScenarioError(f"cost.tables directory {tables!r} does not exist")
         tables = str(tp)

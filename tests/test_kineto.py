@@ -138,7 +138,7 @@ def test_ddp_trace_with_nccl():
     assert sorted(run.steps) == [4, 5, 6]
     assert {o.phase for o in run.ops} == {"F", "B", "O"}
     assert {o.rank for o in run.ops} == {0}
-    trace = load_kineto_trace(DDP)
+    trace = run_to_trace(run)
     assert trace.metadata["stream_names"] == {"0/compute": "stream 7"}
     assert trace.metadata["distributed"]["world_size"] == 2
 

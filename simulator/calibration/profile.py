@@ -25,7 +25,7 @@ from .kernels import make_runner
 # Timing protocol (as nccl-tests and triton.testing.do_bench): warm-up calls, then repetitions until
 # TARGET_TIME_S of measurement or MAX_REPS, at least MIN_REPS; the median is robust to outliers.
 WARMUP_CALLS = 3
-MIN_REPS = 5
+MIN_REPS = 10
 MAX_REPS = 50
 TARGET_TIME_S = 0.05
 TP_DEGREES = (1, 2, 4, 8)  # tensor-parallel sizes inside one 8-GPU node (DGX A100/H100)

@@ -25,6 +25,10 @@ WEIGHT_DECAY = 0.1
 LEARNING_RATE = 1e-4
 # LayerNorm / RMSNorm epsilon of GPT-2 and Llama configs (1e-5).
 NORM_EPS = 1e-5
+# Weight init N(0, 0.02) (GPT-2, Radford et al. 2019; Megatron-LM --init-method-std default). torch's
+# default N(0, 1) embeddings give logits of std ~sqrt(h), whose softmax underflows into denormals that
+# are slow on CPUs and would distort the CPU trace.
+INIT_STD = 0.02
 
 
 def _tag(mb: int, layer: int, op: str) -> str:
@@ -112,6 +116,11 @@ def build_model(spec: ModelSpec, device: str):
             self.lm_head = nn.Linear(h, spec.vocab_size, bias=False)
             if spec.tie_embeddings:
                 self.lm_head.weight = self.wte.weight
+            for mod in self.modules():
+                if isinstance(mod, (nn.Linear, nn.Embedding)):
+                    nn.init.normal_(mod.weight, 0.0, INIT_STD)
+                    if getattr(mod, "bias", None) is not None:
+                        nn.init.zeros_(mod.bias)
             if self.wpe is None:
                 inv = 1.0 / (10000 ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
                 ang = torch.outer(torch.arange(spec.seq_length, dtype=torch.float32), inv)

@@ -9,43 +9,13 @@ time comes from max-min fair flows over the topology (``cost/fairshare``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import lru_cache
-
 from ..hardware.topology import Topology
 from ..tasks import COLLECTIVE_OPS, Collective
 from . import nccl_tuner as tuner
+from .algorithms import (GroupShape, Phase, direct_flows, group_shape, hierarchical_phases,
+                         nvls_flows, p2p_flows, ring_hops, ring_orders, tree_flows)
 from .fairshare import isolated_time_s
 from .plan import CommPlan, CommStep, Flow
-
-
-@dataclass(frozen=True, slots=True)
-class GroupShape:
-    """How a group of ranks sits on the nodes: nodes in order of first appearance, ranks per node."""
-
-    n: int
-    per_node: tuple[tuple[int, ...], ...]  # each node's ranks, sorted by local index
-    uniform: bool  # every node holds the same local indices
-    rails: int  # distinct NICs among one node's ranks (uniform groups), else 1
-
-    @property
-    def num_nodes(self) -> int:
-        return len(self.per_node)
-
-    @property
-    def ppn(self) -> int:
-        return max(len(r) for r in self.per_node)
-
-
-def group_shape(group: tuple[int, ...], topo: Topology) -> GroupShape:
-    nodes: dict[int, list[int]] = {}
-    for r in group:
-        nodes.setdefault(topo.node_of(r), []).append(r)
-    per_node = tuple(tuple(sorted(rs)) for rs in nodes.values())
-    locals_ = {tuple(topo.local_of(r) for r in rs) for rs in per_node}
-    uniform = len(locals_) == 1
-    rails = len({topo.rail_of(r) for r in per_node[0]}) if uniform else 1
-    return GroupShape(len(group), per_node, uniform, rails)
 
 
 def busbw_factor(op: str, n: int) -> float:
@@ -57,141 +27,46 @@ def busbw_factor(op: str, n: int) -> float:
     return 1.0
 
 
-@dataclass(frozen=True, slots=True)
-class _Phase:
-    repeat: int
-    tag: str  # latency class: ring | bcast | tree | nvls | p2p | intra | inter
-    flows: tuple[Flow, ...]  # bytes per step for a collective of size 1 byte
+def _memo(topo: Topology, name: str) -> dict:
+    return topo.memo.setdefault(name, {})
 
 
-def _flow(topo: Topology, src: int, dst: int, size: float) -> Flow:
-    return Flow(topo.route(src, dst), size)
-
-
-def ring_orders(shape: GroupShape, group: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """One ring per rail used when a uniform group spans nodes (NCCL builds one ring per NIC):
-    ring c enters node j at local position (c*step - j) mod ppn and leaves it from the GPU that
-    precedes it, whose rail the next node enters on, so inter-node hops stay on one rail."""
-    if shape.num_nodes == 1 or not shape.uniform or shape.ppn == 1:
-        return [tuple(group)]
-    ppn, step = shape.ppn, shape.ppn // shape.rails
-    orders = []
-    for c in range(shape.rails):
-        order: list[int] = []
-        for j, ranks in enumerate(shape.per_node):
-            s = (c * step - j) % ppn
-            order.extend(ranks[s:] + ranks[:s])
-        orders.append(tuple(order))
-    return orders
-
-
-def _ring_hops(topo: Topology, orders: list[tuple[int, ...]], size: float,
-               chain: bool = False) -> tuple[Flow, ...]:
-    flows = []
-    for order in orders:
-        n = len(order)
-        for i in range(n - 1 if chain else n):
-            flows.append(_flow(topo, order[i], order[(i + 1) % n], size))
-    return tuple(flows)
-
-
-def _tree(topo: Topology, shape: GroupShape) -> tuple[Flow, ...]:
-    """Double binary tree (NCCL): per channel an intra-node chain to the node's head GPU and two
-    complementary binary trees over the nodes (each node is interior in at most one), each tree
-    carrying half the data; reduce (up) and broadcast (down) pipelined, so all flows concurrent."""
-    big = shape.num_nodes > 1 and shape.uniform and shape.ppn > 1
-    channels = shape.rails if big else 1
-    step = shape.ppn // channels
-    n_nodes = shape.num_nodes
-    flows: list[Flow] = []
-    for c in range(channels):
-        heads = []
-        for ranks in shape.per_node:
-            s = (c * step) % len(ranks)
-            chain = ranks[s:] + ranks[:s]
-            heads.append(chain[0])
-            for a, b in zip(chain, chain[1:]):
-                flows += [_flow(topo, a, b, 1 / channels), _flow(topo, b, a, 1 / channels)]
-        for mirror in (False, True):
-            for j in range(n_nodes):
-                q = n_nodes - 1 - j if mirror else j
-                if q == 0:
-                    continue
-                pq = (q - 1) // 2
-                parent = n_nodes - 1 - pq if mirror else pq
-                half = 1 / (2 * channels)
-                flows += [_flow(topo, heads[j], heads[parent], half),
-                          _flow(topo, heads[parent], heads[j], half)]
-    return tuple(flows)
-
-
-def _nvls(topo: Topology, group: tuple[int, ...]) -> tuple[Flow, ...]:
-    """NVLink SHARP: multimem.ld_reduce pulls every shard through the switch (S out per GPU, S/n
-    back), multimem.st multicasts each reduced shard (S/n out, S in): S(1 + 1/n) each way."""
-    n = len(group)
-    node = topo.node_of(group[0])
-    per_gpu = 1 + 1 / n
-    flows = []
-    for r in group:
-        flows += [Flow(((f"gpu{r}", f"nvs{node}"),), per_gpu),
-                  Flow(((f"nvs{node}", f"gpu{r}"),), per_gpu)]
-    return tuple(flows)
-
-
-def _hierarchical(topo: Topology, shape: GroupShape) -> list[_Phase]:
-    if not shape.uniform:
-        raise ValueError("algorithm 'hierarchical' needs the same local GPUs on every node; "
-                         f"group has {[len(r) for r in shape.per_node]} GPUs per node")
-    ppn, n_nodes = shape.ppn, shape.num_nodes
-    intra = tuple(f for ranks in shape.per_node for f in _ring_hops(topo, [ranks], 1 / ppn))
-    rails = [tuple(ranks[k] for ranks in shape.per_node) for k in range(ppn)]
-    inter = _ring_hops(topo, rails, 1 / (ppn * n_nodes))
-    phases = [_Phase(ppn - 1, "intra", intra), _Phase(2 * (n_nodes - 1), "inter", inter),
-              _Phase(ppn - 1, "intra", intra)]
-    return [p for p in phases if p.repeat > 0]
-
-
-def _direct(topo: Topology, group: tuple[int, ...]) -> tuple[Flow, ...]:
-    n = len(group)
-    return tuple(_flow(topo, a, b, 1 / n) for a in group for b in group if a != b)
-
-
-def _p2p(topo: Topology, group: tuple[int, ...]) -> tuple[Flow, ...]:
-    """send_recv: (src, dst) is one transfer; a longer group shifts by one around the group,
-    every rank sending to the next (nccl-tests sendrecv_perf)."""
-    if len(group) == 2:
-        return (_flow(topo, group[0], group[1], 1.0),)
-    n = len(group)
-    return tuple(_flow(topo, group[i], group[(i + 1) % n], 1.0) for i in range(n))
-
-
-@lru_cache(maxsize=4096)
 def _unit_phases(topo: Topology, op: str, group: tuple[int, ...], algorithm: str
-                 ) -> tuple[tuple[_Phase, ...], float]:
+                 ) -> tuple[tuple[Phase, ...], float]:
     """Phases of a 1-byte collective and their bandwidth time (seconds per byte, run alone)."""
+    memo = _memo(topo, "collective_phases")
+    key = (op, group, algorithm)
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = _build_unit_phases(topo, op, group, algorithm)
+    return hit
+
+
+def _build_unit_phases(topo: Topology, op: str, group: tuple[int, ...], algorithm: str
+                       ) -> tuple[tuple[Phase, ...], float]:
     shape = group_shape(group, topo)
     n = shape.n
     if algorithm == "ring":
         orders = ring_orders(shape, group)
         r = len(orders)
         if op == "all_reduce":
-            phases = [_Phase(2 * (n - 1), "ring", _ring_hops(topo, orders, 1 / (n * r)))]
+            phases = [Phase(2 * (n - 1), "ring", ring_hops(topo, orders, 1 / (n * r)))]
         elif op in ("all_gather", "reduce_scatter"):
-            phases = [_Phase(n - 1, "ring", _ring_hops(topo, orders, 1 / (n * r)))]
+            phases = [Phase(n - 1, "ring", ring_hops(topo, orders, 1 / (n * r)))]
         else:  # broadcast: a pipelined chain from the root, group[0]
             root = group[0]
             chains = [o[o.index(root):] + o[:o.index(root)] for o in orders]
-            phases = [_Phase(1, "bcast", _ring_hops(topo, chains, 1 / r, chain=True))]
+            phases = [Phase(1, "bcast", ring_hops(topo, chains, 1 / r, chain=True))]
     elif algorithm == "tree":
-        phases = [_Phase(1, "tree", _tree(topo, shape))]
+        phases = [Phase(1, "tree", tree_flows(topo, shape))]
     elif algorithm == "nvls":
-        phases = [_Phase(1, "nvls", _nvls(topo, group))]
+        phases = [Phase(1, "nvls", nvls_flows(topo, group))]
     elif algorithm == "hierarchical":
-        phases = _hierarchical(topo, shape)
+        phases = hierarchical_phases(topo, shape)
     elif algorithm == "direct":
-        phases = [_Phase(1, "p2p", _direct(topo, group))]
+        phases = [Phase(1, "p2p", direct_flows(topo, group))]
     else:
-        phases = [_Phase(1, "p2p", _p2p(topo, group))]
+        phases = [Phase(1, "p2p", p2p_flows(topo, group))]
     bw = 0.0
     for ph in phases:
         flows = ph.flows
@@ -201,7 +76,7 @@ def _unit_phases(topo: Topology, op: str, group: tuple[int, ...], algorithm: str
 
 
 def _latencies(algorithm: str, protocol: str, op: str, shape: GroupShape,
-               phases: tuple[_Phase, ...]) -> tuple[float, list[float]]:
+               phases: tuple[Phase, ...]) -> tuple[float, list[float]]:
     """(base latency, per-step latency of each phase), from NCCL's tuner constants."""
     n_nodes = shape.num_nodes
     hw = "net" if n_nodes > 1 else "nvlink"
@@ -305,8 +180,18 @@ def _estimate(topo: Topology, op: str, size: float, group: tuple[int, ...],
     return base + sum(p.repeat * lat for p, lat in zip(phases, lats)) + bw * size / eff
 
 
-@lru_cache(maxsize=65536)
 def _best(topo: Topology, op: str, size: float, group: tuple[int, ...],
+          algorithm: str | None) -> tuple[str, str, float]:
+    """(algorithm, protocol, uncontended seconds) of the fastest candidate, memoised."""
+    memo = _memo(topo, "collective_best")
+    key = (op, size, group, algorithm)
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = _pick(topo, op, size, group, algorithm)
+    return hit
+
+
+def _pick(topo: Topology, op: str, size: float, group: tuple[int, ...],
           algorithm: str | None) -> tuple[str, str, float]:
     best = None
     for alg, proto in _candidates(op, size, group, topo, algorithm):
@@ -342,9 +227,18 @@ def collective_time_s(coll: Collective, topo: Topology, algorithm: str | None = 
     return _best(topo, coll.op, float(coll.size_bytes), _canonical(coll.group, topo), algorithm)[2]
 
 
-@lru_cache(maxsize=16384)
 def _plan(topo: Topology, op: str, size: float, group: tuple[int, ...],
           algorithm: str | None) -> CommPlan:
+    memo = _memo(topo, "collective_plans")
+    key = (op, size, group, algorithm)
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = _build_plan(topo, op, size, group, algorithm)
+    return hit
+
+
+def _build_plan(topo: Topology, op: str, size: float, group: tuple[int, ...],
+                algorithm: str | None) -> CommPlan:
     alg, proto, _ = _best(topo, op, size, group, algorithm)
     phases, bw = _unit_phases(topo, op, group, alg)
     shape = group_shape(group, topo)

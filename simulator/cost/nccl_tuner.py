@@ -1,4 +1,4 @@
-"""NCCL's tuning model: latencies and bandwidth factors per algorithm and protocol, as NCCL uses them.
+"""NCCL's tuning model: latencies and bandwidth factors per algorithm and protocol.
 
 NCCL picks, for every collective call, the (algorithm, protocol) pair with the smallest predicted
 time latency + size / bandwidth (src/graph/tuning.cc, ncclTopoTuneModel / ncclTopoGetAlgoTime).
@@ -115,7 +115,7 @@ def tree_correction(protocol: str, size_bytes: float) -> float:
 
 def max_busbw_Bps(algorithm: str, protocol: str, architecture: str, num_nodes: int,
                   channels: int) -> float:
-    """Bus-bandwidth ceiling NCCL's tuner applies (inf when none): trees per channel, LL overall."""
+    """Bus-bandwidth ceiling of NCCL's tuner (inf when none): trees per channel, LL overall."""
     k = 0 if num_nodes == 1 else 1 if num_nodes == 2 else 2
     cap = float("inf")
     if algorithm == "tree" and architecture in PER_CH_MAX_TREE_GBPS:

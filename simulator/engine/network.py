@@ -50,11 +50,13 @@ class FlowNetwork:
         self.flows_started = 0
 
     def run(self, plan: CommPlan) -> Generator:
-        """Execute ``plan``: ``yield from net.run(plan)`` returns when its last step ends.
+        """Execute ``plan``: ``elapsed_s = yield from net.run(plan)`` returns when its last step
+        ends, with the seconds it took (compare with the uncontended time for contention).
 
         A step repeated r times runs once with r x latency and r x bytes: exact alone, and
         the fluid limit of r identical steps under contention."""
         env = self.env
+        begin = env.now
         for step in plan.steps:
             latency = step.latency_s * step.repeat
             if latency > 0:
@@ -64,6 +66,7 @@ class FlowNetwork:
                 done = env.event()
                 self._start(flows, step.repeat, done)
                 yield done
+        return env.now - begin
 
     def _start(self, flows: list[Flow], repeat: int, done: simpy.Event) -> None:
         now = self.env.now

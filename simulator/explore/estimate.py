@@ -1,250 +1,337 @@
-"""Static estimates that let the plan search skip simulations: the per-rank peak memory, computed by
-the same functions as analysis/memory.py without a timeline, and a lower bound on the iteration time.
+"""Static estimates that let the plan search skip simulations: the per-rank peak memory without a
+timeline, and a lower bound on the iteration time.
 
-Peak memory: on one rank activations are allocated at a micro-batch's F and freed at its B (or W) in
-the compute stream's program order, so walking the schedule's action list gives the timeline's peak
-exactly (``strategy.schedules.max_in_flight`` counts the same sets). Lower bound: the compute stream
-is serial, so the iteration is at least a rank's compute (plus its intra-node TP collectives, which
-sit on the compute stream) plus the pipeline fill/drain chain before its first and after its last
-backward action. Communication that the network costs (DP, PP, cross-node TP) counts as zero.
+Peak memory: ``analysis.memory.estimate_memory`` walks one event per unit (embedding, layer, head) of
+every action; here the same deltas (``schedule_trace``'s rules: a unit's F allocates its activations,
+its B frees them, a recomputed layer re-materialises ``layer(none) - layer(recompute)`` until its
+backward ends, W frees the weight-gradient part) are folded into one (peak offset, net change) pair
+per (virtual stage, phase), so the walk costs one step per action; the model state and the static
+buffers come from the same functions as ``memory_report``. Lower bound: a rank's compute stream is
+serial, so the step takes at least its compute and blocking TP collectives (each at its uncontended
+time, ``cost.collectives.collective_time_s``), plus the pipeline chain before its first action and
+after its last backward. Other communication counts as zero, so the bound holds whatever it costs.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from ..analysis.memory import FRAGMENTATION_FRACTION, OPTIMIZER_BYTES_PER_PARAM, model_state_bytes, static_buffers
+from ..analysis.memory import (FRAGMENTATION_FRACTION, MIN_PARAM_BYTES, OPTIMIZER_BYTES_PER_PARAM, model_state_bytes,
+                               rank_param_counts, static_buffers)
+from ..cost.collectives import collective_time_s
 from ..cost.model import CostModel
 from ..hardware.topology import build_topology
 from ..model.opgraph import build_op_graph
-from ..strategy.activation_memory import (embedding_activation_bytes, head_activation_bytes, layer_activation_bytes,
-                                          layer_activation_split)
-from ..strategy.blocks import build_blocks, split_work
-from ..strategy.lower import chunk_layers
+from ..strategy import activation_memory as am
+from ..strategy.blocks import build_blocks
+from ..strategy.mesh import DeviceMesh
 from ..strategy.schedules import schedule_actions, splits_backward
-from ..strategy.sharding import params_per_rank
 from ..tasks import Collective, Task
 from ..units import DTYPE_BYTES
-
-# FP8 keeps bf16 weights (analysis/memory.py MIN_PARAM_BYTES, Micikevicius et al. 2022 sec. 4).
-_MIN_PARAM_BYTES = DTYPE_BYTES["bf16"]
 
 
 @dataclass(frozen=True)
 class StaticEstimate:
-    total_bytes: float  # peak per rank on the worst pipeline stage (memory_bytes["total"])
+    total_bytes: float  # memory_bytes["total"] of the worst pipeline stage
     worst_stage: int
     stage_totals: tuple[float, ...]
     capacity_bytes: float
     time_lower_bound_s: float
+    tp_comm_bound_s: float  # the blocking TP communication inside the bound (on its critical rank)
 
     @property
     def fits(self) -> bool:
         return self.total_bytes <= self.capacity_bytes
 
 
+def _schedule(scn) -> tuple[str, int]:
+    """Schedule and chunks the lowering runs (one stage runs plain 1F1B)."""
+    par = scn.parallel
+    return (par.schedule, par.virtual_stages) if par.pp > 1 else ("1f1b", 1)
+
+
 class EstimateCache:
-    """Sub-results shared by the plans of one search: op graphs, layer blocks, cost models and their
-    kernel times are built once per distinct (micro-batch, tp, sp, cp, ep) or cluster."""
+    """Sub-results shared by the plans of one search: action lists, op graphs, layer blocks, cost
+    models and kernel times are built once per distinct key (specs hold dicts: keyed by repr)."""
 
     def __init__(self) -> None:
-        self._graphs: dict = {}
-        self._blocks: dict = {}
-        self._costs: dict = {}
-        self._times: dict = {}
-        self._keep: list = []  # work tuples passed to CostModel, kept alive (it caches by id)
+        self._memo: dict = {}
+        self._keep: list = []  # work tuples handed to a CostModel, which caches by id(): kept alive
 
-    def graph(self, scn):
-        key = (repr(scn.model), scn.training.micro_batch_size, scn.training.dtype)
-        if key not in self._graphs:
-            self._graphs[key] = build_op_graph(scn.model, scn.training.micro_batch_size, scn.training.dtype)
-        return self._graphs[key]
+    def _get(self, key, build):
+        if key not in self._memo:
+            self._memo[key] = build()
+        return self._memo[key]
+
+    def actions(self, scn):
+        schedule, v = _schedule(scn)
+        return self._get(("actions", schedule, scn.parallel.pp, scn.num_microbatches, v),
+                         lambda: schedule_actions(schedule, scn.parallel.pp, scn.num_microbatches, v))
+
+    def profiles(self, scn) -> list[RankProfile]:
+        schedule, v = _schedule(scn)
+        key = ("profiles", schedule, scn.parallel.pp, scn.num_microbatches, v)
+        return self._get(key, lambda: [_profile(acts) for acts in self.actions(scn)])
 
     def blocks(self, scn):
-        p = scn.parallel
-        key = (repr(scn.model), scn.training.micro_batch_size, scn.training.dtype, p.tp, p.sequence_parallel, p.cp,
-               p.ep)
-        if key not in self._blocks:
-            self._blocks[key] = build_blocks(self.graph(scn), p.tp, p.sequence_parallel, p.cp, p.ep)
-        return self._blocks[key]
+        p, t = scn.parallel, scn.training
+        gkey = ("graph", repr(scn.model), t.micro_batch_size, t.dtype)
+        graph = self._get(gkey, lambda: build_op_graph(scn.model, t.micro_batch_size, t.dtype))
+        return self._get(gkey + (p.tp, p.sequence_parallel, p.cp, p.ep),
+                         lambda: build_blocks(graph, p.tp, p.sequence_parallel, p.cp, p.ep))
+
+    def _cost_key(self, scn) -> str:
+        return repr((scn.cluster, scn.training.dtype, scn.training.attention, scn.cost))
 
     def cost(self, scn) -> CostModel:
-        key = _cost_key(scn)
-        if key not in self._costs:
+        def build():
             tables = None
             if scn.cost.compute == "calibrated":
                 from ..cost.calibrated import CalibrationTables
                 tables = CalibrationTables.load(scn.cost.tables)
-            self._costs[key] = CostModel(scn, build_topology(scn.cluster), tables)
-        return self._costs[key]
+            return CostModel(scn, build_topology(scn.cluster), tables)
+        return self._get(("cost", self._cost_key(scn)), build)
 
-    def work_s(self, scn, work, parts: int = 1) -> float:
-        """Seconds of a work tuple on the compute stream (``parts`` equal slices, as ring attention)."""
-        key = (id(work), parts, _cost_key(scn))
-        t = self._times.get(key)
-        if t is None:
-            piece = work if parts == 1 else split_work(work, parts)
-            self._keep += [work, piece]
-            task = Task(0, "estimate", "compute", 0, "compute", "compute", work=piece)
-            t = self._times[key] = parts * self.cost(scn).duration_s(task)
-        return t
+    def work_s(self, scn, work, times: int = 1) -> float:
+        """Seconds of a compute task with this work, ``times`` over."""
+        def build():
+            self._keep.append(work)
+            return self.cost(scn).duration_s(Task(0, "estimate", "compute", 0, "compute", "compute", work=work))
+        return times * self._get(("work", id(work), self._cost_key(scn)), build) if work else 0.0
 
-    def tp_comm_s(self, scn, op: str, size_bytes: float) -> float:
-        """A TP collective costed statically (inside one node), else 0 (the network decides)."""
-        tp = scn.parallel.tp
-        if tp == 1:
+    def collective_s(self, scn, op: str, size_bytes: float, group: tuple[int, ...]) -> float:
+        """Uncontended time of a collective (``cost.collectives.collective_time_s``)."""
+        cost = self.cost(scn)
+        return self._get(("coll", op, float(size_bytes), group, self._cost_key(scn)), lambda: collective_time_s(
+            Collective(op, float(size_bytes), group, "dp"), cost.topo, cost.algorithms.get(op)))
+
+    def tp_s(self, scn, op: str) -> float:
+        """Uncontended time of one TP collective of the hidden-state tensor b·(s/cp)·h."""
+        p, t, m = scn.parallel, scn.training, scn.model
+        if p.tp == 1:
             return 0.0
-        task = Task(0, "estimate", "comm", 0, "compute", "comm_tp",
-                    comm=Collective(op, float(size_bytes), tuple(range(tp)), "tp"))
-        return self.cost(scn).duration_s(task) or 0.0
+        size = t.micro_batch_size * (m.seq_length // p.cp) * m.hidden_size * t.dtype_bytes
+        coll = Collective(op, float(size), tuple(range(p.tp)), "tp")
+        cost = self.cost(scn)
+        return self._get(("tp", op, size, p.tp, self._cost_key(scn)),
+                         lambda: collective_time_s(coll, cost.topo, cost.algorithms.get(op)))
 
 
-def _cost_key(scn) -> str:
-    # specs hold dicts (GPU peaks per dtype), so they are keyed by their repr
-    return repr((scn.cluster, scn.training.dtype, scn.cost))
+# ---- per-rank profiles of an action list (shared by every plan with the same schedule shape) -----------
+@dataclass(frozen=True)
+class RankProfile:
+    """What the estimates need from one rank's action list.
+
+    ``states``: the distinct (in-flight sets before an action, that action) pairs, where the in-flight
+    sets are, per virtual stage, (F - B, F - W) counts: a set's B part is alive from its F to its B,
+    its W part from its F to its W (non-split schedules have no W: F - W counts F). ``head`` / ``tail``:
+    action counts per (virtual stage, phase) up to and including the last B, and after it."""
+
+    first_stage: int
+    last_b_stage: int
+    states: tuple
+    head: tuple
+    tail: tuple
+
+
+def _profile(acts) -> RankProfile:
+    stages = sorted({a.stage for a in acts})
+    fb = dict.fromkeys(stages, 0)
+    fw = dict.fromkeys(stages, 0)
+    states = set()
+    for a in acts:
+        states.add((tuple(fb[s] for s in stages), tuple(fw[s] for s in stages), a.stage, a.phase))
+        if a.phase == "F":
+            fb[a.stage] += 1
+            fw[a.stage] += 1
+        elif a.phase == "B":
+            fb[a.stage] -= 1
+        else:
+            fw[a.stage] -= 1
+    last_b = max(i for i, a in enumerate(acts) if a.phase == "B")
+    count = lambda part: tuple(sorted(_counter((a.stage, a.phase) for a in part).items()))  # noqa: E731
+    return RankProfile(acts[0].stage, acts[last_b].stage, (tuple(stages), tuple(sorted(states))),
+                       count(acts[:last_b + 1]), count(acts[last_b + 1:]))
+
+
+def _counter(items) -> dict:
+    out: dict = {}
+    for k in items:
+        out[k] = out.get(k, 0) + 1
+    return out
 
 
 # ---- memory ---------------------------------------------------------------------------------
-def _stage_params(scn, cache: EstimateCache) -> list[dict]:
-    p = scn.parallel
-    g = cache.graph(scn)
-    return [params_per_rank(g, p.tp, p.ep, p.layers_per_stage[s], s == 0, s == p.pp - 1) for s in range(p.pp)]
-
-
-def _set_sizes(scn) -> tuple[list, list, list]:
-    """(actions per rank, bytes freed at B, bytes freed at W) per virtual stage, as ``lower`` sets them."""
+def _phase_memory(scn) -> dict:
+    """Per virtual stage: {"b": bytes alive from F to B, "w": bytes alive from F to W, "F"/"B"/"W": peak
+    above the level before the action}, following analysis.memory.schedule_trace unit by unit."""
     m, par, tr = scn.model, scn.parallel, scn.training
-    v = par.virtual_stages if par.pp > 1 else 1
-    schedule = par.schedule if par.pp > 1 else "1f1b"
-    actions = schedule_actions(schedule, par.pp, scn.num_microbatches, v)
-    layers = chunk_layers(par.layers_per_stage, v)
+    schedule, v = _schedule(scn)
     args = (m, tr.micro_batch_size, par.tp, par.sequence_parallel, par.cp)
-    d = tr.dtype_bytes
-    layer = layer_activation_bytes(*args, par.recompute, d, par.ep)
-    at_b, at_w = layer_activation_split(*args, par.recompute, d, par.ep)
-    embed, head = embedding_activation_bytes(*args, d), head_activation_bytes(*args, d)
-    split = splits_backward(schedule)
-    nv = len(layers)
-    freed_b, freed_w = [], []
-    for vs, ls in enumerate(layers):
-        extra = (embed if vs == 0 else 0.0) + (head if vs == nv - 1 else 0.0)
-        freed_b.append(len(ls) * (at_b if split else layer) + extra)
-        freed_w.append(len(ls) * at_w if split else 0.0)
-    return actions, freed_b, freed_w
+    d, att = tr.dtype_bytes, tr.attention
+    layer = am.layer_activation_bytes(*args, par.recompute, d, par.ep, att)
+    transient = am.layer_activation_bytes(*args, "none", d, par.ep, att) - layer
+    at_b, at_w = am.layer_activation_split(*args, par.recompute, d, par.ep, att) \
+        if splits_backward(schedule) else (layer, 0.0)
+    size = {"embed": am.embedding_activation_bytes(*args, d), "head": am.head_activation_bytes(*args, d),
+            "layer": layer}
+    nv = par.pp * v
+    out = {}
+    for vs in range(nv):
+        n = par.layers_per_stage[vs % par.pp] // v
+        units = ["embed"] * (vs == 0) + ["layer"] * n + ["head"] * (vs == nv - 1)
+        extra = sum(size[u] for u in units if u != "layer")
+        entry = {"b": n * at_b + extra, "w": n * at_w, "F": n * layer + extra, "W": 0.0}
+        level = peak = 0.0
+        for delta in _b_deltas(units, size, transient, at_b):
+            level += delta
+            peak = max(peak, level)
+        entry["B"] = peak
+        out[vs] = entry
+    return out
 
 
-def activation_peaks(scn) -> list[float]:
-    """Peak activation bytes of every pipeline rank: F allocates a set, B frees its B part, W the rest."""
-    actions, freed_b, freed_w = _set_sizes(scn)
+def _b_deltas(units, size, transient, at_b) -> list[float]:
+    out = []
+    for u in reversed(units):
+        if u != "layer":
+            out.append(-size[u])
+            continue
+        alloc = transient + max(-at_b, 0.0)
+        if alloc:
+            out.append(alloc)
+        out.append(-(transient + max(at_b, 0.0)))
+    return out
+
+
+def activation_peaks(scn, cache: EstimateCache | None = None) -> list[float]:
+    """Peak activation (+ recompute workspace) bytes of every pipeline rank over one step."""
+    cache = cache or EstimateCache()
+    phase = _phase_memory(scn)
     peaks = []
-    for acts in actions:
-        live = peak = 0.0
-        for a in acts:
-            if a.phase == "F":
-                live += freed_b[a.stage] + freed_w[a.stage]
-            elif a.phase == "B":
-                live -= freed_b[a.stage]
-            else:
-                live -= freed_w[a.stage]
-            peak = max(peak, live)
+    for prof in cache.profiles(scn):
+        stages, states = prof.states
+        bw = [(phase[s]["b"], phase[s]["w"]) for s in stages]
+        peak = 0.0
+        for fb, fw, stage, ph in states:
+            level = sum(x * b + y * w for x, y, (b, w) in zip(fb, fw, bw))
+            peak = max(peak, level + phase[stage][ph])
         peaks.append(peak)
     return peaks
 
 
 def memory_totals(scn, cache: EstimateCache | None = None) -> list[float]:
-    """memory_bytes["total"] of every pipeline stage as memory_report computes it from a simulation."""
-    cache = cache or EstimateCache()
+    """memory_bytes["total"] of every pipeline stage, as ``memory_report`` accounts it."""
     par, tr = scn.parallel, scn.training
     opt = OPTIMIZER_BYTES_PER_PARAM.get(tr.optimizer)
     if opt is None:
         raise ValueError(f"training.optimizer {tr.optimizer!r} has no memory rule; known: "
                          f"{', '.join(OPTIMIZER_BYTES_PER_PARAM)}")
-    pbytes = max(DTYPE_BYTES[tr.dtype], _MIN_PARAM_BYTES)
+    pbytes = max(DTYPE_BYTES[tr.dtype], MIN_PARAM_BYTES)
     dense_dp = par.dp * par.cp
-    expert_dp = max(1, dense_dp // par.ep)
     out = []
-    for counts, act in zip(_stage_params(scn, cache), activation_peaks(scn)):
-        state = model_state_bytes(counts["dense"], par.zero_stage, dense_dp, pbytes, tr.grad_dtype_bytes,
-                                  par.offload_optimizer, opt)
-        experts = model_state_bytes(counts["expert"], par.zero_stage, expert_dp, pbytes, tr.grad_dtype_bytes,
-                                    par.offload_optimizer, opt)
+    for s, act in enumerate(activation_peaks(scn, cache)):
+        counts = rank_param_counts(scn.model, par, s)
+        state = [model_state_bytes(counts[k], par.zero_stage, dp, pbytes, tr.grad_dtype_bytes, par.offload_optimizer,
+                                   opt) for k, dp in (("dense", dense_dp), ("expert", max(1, dense_dp // par.ep)))]
         fixed = sum(static_buffers(scn, counts).values()) + FRAGMENTATION_FRACTION * act
-        out.append(sum(state.values()) + sum(experts.values()) + fixed + act)
+        out.append(sum(sum(x.values()) for x in state) + fixed + act)
     return out
 
 
 # ---- time lower bound ----------------------------------------------------------------------------
-def _phase_times(scn, cache: EstimateCache) -> tuple[list, list, list]:
-    """Per virtual stage and micro-batch: compute-stream seconds of F, B (B+W fused unless the schedule
-    splits it, recompute included) and W, each counting only work the lowering emits on that stream."""
+def _phase_times(scn, cache: EstimateCache) -> dict:
+    """(virtual stage, phase) -> (compute seconds, blocking TP seconds) of one micro-batch on the
+    compute stream: the forward's TP/SP collectives, SP's all-gather of output gradients in B and the
+    recompute; the asynchronous input-gradient collectives of B and W are left out."""
     par = scn.parallel
-    b = cache.blocks(scn)
-    work = lambda w, parts=1: cache.work_s(scn, w, parts)  # noqa: E731
-    ring = par.cp if par.cp > 1 and par.cp_algorithm == "ring" else 1
-    v = par.virtual_stages if par.pp > 1 else 1
-    schedule = par.schedule if par.pp > 1 else "1f1b"
+    schedule, v = _schedule(scn)
     split = splits_backward(schedule)
-    segs = [b.attn_pre, b.attn_post, b.mlp_pre] + [s for s in (b.experts, b.mlp_post) if s is not None]
-    act = (scn.training.micro_batch_size * (scn.model.seq_length // par.cp) * scn.model.hidden_size
-           * scn.training.dtype_bytes)
-    if par.sequence_parallel:
-        tp_fwd = 2 * (cache.tp_comm_s(scn, "all_gather", act) + cache.tp_comm_s(scn, "reduce_scatter", act))
-        tp_bwd = 2 * cache.tp_comm_s(scn, "reduce_scatter", act) + cache.tp_comm_s(scn, "all_gather", act)
-        tp_embed = cache.tp_comm_s(scn, "reduce_scatter", act)
-    else:
-        tp_fwd = tp_bwd = 2 * cache.tp_comm_s(scn, "all_reduce", act)
-        tp_embed = cache.tp_comm_s(scn, "all_reduce", act)
-    f_layer = sum(work(s.fwd) for s in segs) + work(b.attn_core.fwd, ring) + tp_fwd
-    part = (lambda s: s.bwd_b) if split else (lambda s: s.bwd)
-    b_layer = sum(work(part(s)) for s in segs) + work(part(b.attn_core), ring) + tp_bwd
+    b = cache.blocks(scn)
+    work = lambda w, k=1: cache.work_s(scn, w, k)  # noqa: E731
+    ring = par.cp > 1 and par.cp_algorithm == "ring"
+    sp = par.sequence_parallel
+    bpart = "B" if split else "BW"
+
+    def seg_s(seg, part: str) -> float:
+        if seg is b.attn_core and ring and part != "W":
+            return work(b.core_steps[part], par.cp)
+        return work({"F": seg.fwd, "B": seg.bwd_b, "BW": seg.bwd, "W": seg.bwd_w}[part])
+
+    segs = b.segments()
+    f_c = sum(seg_s(s, "F") for s in segs)
+    f_tp = 2 * (cache.tp_s(scn, "all_gather") + cache.tp_s(scn, "reduce_scatter")) if sp \
+        else 2 * cache.tp_s(scn, "all_reduce")
+    b_c = sum(seg_s(s, bpart) for s in segs)
+    b_tp = 2 * cache.tp_s(scn, "all_gather") if sp else 0.0
     if par.recompute == "full":
-        b_layer += f_layer
+        b_c, b_tp = b_c + f_c, b_tp + f_tp
     elif par.recompute == "selective":
-        b_layer += work(b.attn_core.fwd)
-    w_layer = sum(work(s.bwd_w) for s in segs + [b.attn_core]) if split else 0.0
-    layers = chunk_layers(par.layers_per_stage, v)
-    nv = len(layers)
-    f, bw, w = [], [], []
-    for vs, ls in enumerate(layers):
-        n = len(ls)
-        f.append(n * f_layer + (work(b.embed.fwd) + tp_embed if vs == 0 else 0.0)
-                 + (work(b.head.fwd) if vs == nv - 1 else 0.0))
-        extra = (work(part(b.embed)) if vs == 0 else 0.0) + (work(part(b.head)) if vs == nv - 1 else 0.0)
-        bw.append(n * b_layer + extra)
-        w.append(n * w_layer)
-    return f, bw, w
+        b_c += seg_s(b.attn_core, "F")
+    w_c = sum(seg_s(s, "W") for s in segs) if split else 0.0
+    embed_tp = cache.tp_s(scn, "reduce_scatter" if sp else "all_reduce")
+    gather = cache.tp_s(scn, "all_gather") if sp else 0.0
+    nv = par.pp * v
+    out = {}
+    for vs in range(nv):
+        n = par.layers_per_stage[vs % par.pp] // v
+        first, last = vs == 0, vs == nv - 1
+        out[vs, "F"] = (n * f_c + first * work(b.embed.fwd) + last * work(b.head.fwd),
+                        n * f_tp + first * embed_tp + last * gather)
+        out[vs, "B"] = (n * b_c + first * (0.0 if split else work(b.embed.bwd))
+                        + last * work(b.head.bwd_b if split else b.head.bwd), n * b_tp + first * gather)
+        out[vs, "W"] = (n * w_c + first * work(b.embed.bwd_w) + last * work(b.head.bwd_w), 0.0)
+    return out
 
 
-def time_lower_bound_s(scn, cache: EstimateCache | None = None) -> float:
-    """max over pipeline ranks of: forward chain into its first action + its own work up to its last B +
-    max(work after that B, backward chain out of it). Valid for any communication cost >= 0."""
+def _dp_stream_s(scn, cache: EstimateCache, stage: int) -> float:
+    """The busier of the rank's two data-parallel streams, each serial (grad_sync): gradient
+    reduction once (ZeRO-0/1) or per micro-batch (ZeRO-2), the distributed optimizer's parameter
+    all-gather (ZeRO-1/2); ZeRO-3's two all-gathers per micro-batch (forward, backward) and one
+    reduce-scatter per micro-batch on its own stream. Dense parameters only, each stream's traffic as
+    one collective of its total size (never slower than the buckets or units it is cut into)."""
+    par, tr = scn.parallel, scn.training
+    if par.dp * par.cp == 1:
+        return 0.0
+    mesh = DeviceMesh(pp=par.pp, dp=par.dp, cp=par.cp, tp=par.tp, ep=par.ep)
+    group = mesh.group("dp_cp", mesh.rank(pp=stage))
+    params = rank_param_counts(scn.model, par, stage)["dense"]
+    grads, weights = params * tr.grad_dtype_bytes, params * tr.dtype_bytes
+    m = scn.num_microbatches
+    coll = lambda op, size: cache.collective_s(scn, op, size, group)  # noqa: E731
+    if par.zero_stage == 0:
+        return coll("all_reduce", grads)
+    if par.zero_stage in (1, 2):
+        return coll("reduce_scatter", grads * (m if par.zero_stage == 2 else 1)) + coll("all_gather", weights)
+    return max(coll("all_gather", 2 * m * weights), coll("reduce_scatter", m * grads))
+
+
+def time_lower_bound(scn, cache: EstimateCache | None = None) -> tuple[float, float]:
+    """(bound, blocking TP seconds on the bounding rank's compute stream). Per pipeline rank, the compute
+    stream: the forward chain of the virtual stages before its first action + its work up to its last B
+    + max(its remaining work, the backward chain of the virtual stages before that B); and its
+    data-parallel streams (``_dp_stream_s``). The bound is the largest over ranks and streams."""
     cache = cache or EstimateCache()
-    par = scn.parallel
-    v = par.virtual_stages if par.pp > 1 else 1
-    schedule = par.schedule if par.pp > 1 else "1f1b"
-    actions = schedule_actions(schedule, par.pp, scn.num_microbatches, v)
-    f, b, w = _phase_times(scn, cache)
-    dur = {"F": f, "B": b, "W": w}
-    best = 0.0
-    for acts in actions:
-        first = acts[0].stage
-        last_b = max(i for i, a in enumerate(acts) if a.phase == "B")
-        head = sum(dur[a.phase][a.stage] for a in acts[:last_b + 1])
-        tail = sum(dur[a.phase][a.stage] for a in acts[last_b + 1:])
-        chain_in = sum(f[:first])
-        chain_out = sum(b[:acts[last_b].stage])
-        best = max(best, chain_in + head + max(tail, chain_out))
+    t = _phase_times(scn, cache)
+    nv = scn.parallel.pp * _schedule(scn)[1]
+    fwd = [sum(t[vs, "F"]) for vs in range(nv)]
+    bwd = [sum(t[vs, "B"]) for vs in range(nv)]
+    best = (0.0, 0.0)
+    for r, prof in enumerate(cache.profiles(scn)):
+        head = sum(c * sum(t[k]) for k, c in prof.head)
+        tail = sum(c * sum(t[k]) for k, c in prof.tail)
+        bound = sum(fwd[:prof.first_stage]) + head + max(tail, sum(bwd[:prof.last_b_stage]))
+        tp = sum(c * t[k][1] for k, c in prof.head + prof.tail)
+        bound = max(bound, _dp_stream_s(scn, cache, r))
+        if bound > best[0]:
+            best = (bound, tp)
     return best
 
 
-def estimate(scn, cache: EstimateCache | None = None) -> StaticEstimate:
+def estimate(scn, cache: EstimateCache | None = None, with_time: bool = True) -> StaticEstimate:
     cache = cache or EstimateCache()
     totals = memory_totals(scn, cache)
     worst = max(range(len(totals)), key=lambda s: (totals[s], -s))
+    bound, tp = time_lower_bound(scn, cache) if with_time else (0.0, 0.0)
     return StaticEstimate(totals[worst], worst, tuple(totals), float(scn.cluster.gpu.memory_capacity_bytes),
-                          time_lower_bound_s(scn, cache))
-
-
-def with_recompute(scn, recompute: str):
-    """The same scenario with another recompute mode (the memory/compute trade-off the search walks)."""
-    return replace(scn, parallel=replace(scn.parallel, recompute=recompute))
+                          bound, tp)

@@ -1,4 +1,4 @@
-"""Topology: the cluster as directed links (NVSwitch, PCIe, NICs, leaf and spine switches) and routes.
+"""Topology: the cluster as directed links (NVSwitch, PCIe, NICs, leaf/spine switches) and routes.
 
 Each link (u, v) carries an application-level bandwidth (datasheet line rate x the protocol
 efficiency of its link type) and a latency; ``cost/collectives`` routes flows over these links and
@@ -21,7 +21,7 @@ LinkId = tuple  # (u, v): a directed edge of Topology.graph
 # - NVLink: NCCL's topology model (src/graph/topo.h) counts SM80_NVLINK_BW = 20.0 GB/s per
 #   25 GB/s NVLink3 link and SM90_NVLINK_BW = 20.6 GB/s per NVLink4 link; NCCL maintainers:
 #   "the app-level bandwidth is 80% of the peak bandwidth" (NVIDIA/nccl#1054) and "370GB/s in
-#   each direction" on H100 (NVIDIA/nccl#1442). 128 B payloads with packet headers, both directions.
+#   each direction" on H100 (NVIDIA/nccl#1442): 128 B payloads with headers, both directions.
 NVLINK_EFFICIENCY = {"ampere": 20.0 / 25.0, "hopper": 20.6 / 25.0}
 # - InfiniBand: "CX-7 NICs at NDR rate (400Gbps) should achieve up to 48-49GB/s per NIC"
 #   (NVIDIA/nccl-tests#267, NVIDIA); SimAI (aliyun/SimAI calbusbw.h) uses 23.5 of 25 GB/s for
@@ -33,9 +33,10 @@ PCIE_EFFICIENCY = 0.8
 
 # Per-link latency, seconds. NCCL's tuner (src/graph/tuning.cc, hwLat, LL protocol) charges
 # 0.6 us per NVLink step (GPU -> NVSwitch -> GPU: two links), 1.0 us per PCIe step (two links) and
-# 2.7 us per network step; the network step is split as 2 x 0.13 us switch hops (Quantum HDR/NDR
-# switch datasheets: ~130 ns port-to-port) and the rest over the two NIC links.
-LINK_LATENCY_S = {"nvlink": 0.3 * US, "pcie": 0.5 * US, "nic": (2.7 * US - 2 * 0.5 * US) / 2,
+# 2.7 us per network step (GPU -> PCIe -> NIC -> leaf -> NIC -> PCIe -> GPU: four PCIe links, the
+# rest on the two NIC links). Crossing the spine adds two switch hops of ~130 ns port-to-port
+# (NVIDIA Quantum QM8700 / Quantum-2 QM9700 datasheets).
+LINK_LATENCY_S = {"nvlink": 0.3 * US, "pcie": 0.5 * US, "nic": (2.7 - 4 * 0.5) / 2 * US,
                   "leaf-spine": 130 * NS}
 
 # Leaf switch radix: NVIDIA Quantum QM8700 (HDR 200 Gb/s) has 40 ports, Quantum-2 QM9700
@@ -47,7 +48,7 @@ NDR_GBPS = 400
 
 
 def _ecmp_hash(src: int, dst: int, buckets: int) -> int:
-    """Deterministic integer hash of a flow's endpoints (switches hash the flow header the same way)."""
+    """Deterministic integer hash of a flow's endpoints (as switches hash flow headers)."""
     h = (src * 0x9E3779B1 + dst * 0x85EBCA77 + 0x165667B1) & 0xFFFFFFFF
     h ^= h >> 15
     h = (h * 0x2C1B3C6D) & 0xFFFFFFFF
@@ -66,6 +67,9 @@ class Topology:
     leaf_down_ports: int = 0  # NIC-facing ports per leaf switch
     spine_planes: int = 0  # uplinks per leaf, one to each spine plane (ECMP choices)
     _routes: dict = field(default_factory=dict, repr=False)
+    # Scratch space for values derived from this topology by the layers above (collective plans
+    # and times), so they live and die with it instead of in a global cache.
+    memo: dict = field(default_factory=dict, repr=False)
 
     @property
     def num_gpus(self) -> int:
@@ -112,7 +116,8 @@ class Topology:
         else:
             ps, pd = f"pcie{src_rank}", f"pcie{dst_rank}"
             ns, nd = self.nic_name(src_rank), self.nic_name(dst_rank)
-            ls, ld = self.leaf_name(a, self.rail_of(src_rank)), self.leaf_name(b, self.rail_of(dst_rank))
+            ls = self.leaf_name(a, self.rail_of(src_rank))
+            ld = self.leaf_name(b, self.rail_of(dst_rank))
             hops = [(gs, ps), (ps, ns), (ns, ls)]
             if ls != ld:
                 spine = f"spine{_ecmp_hash(src_rank, dst_rank, self.spine_planes)}"
@@ -154,7 +159,8 @@ def build_topology(cluster: ClusterSpec) -> Topology:
         raise ValueError(f"cluster.nics_per_node ({c.nics_per_node}) exceeds gpus_per_node "
                          f"({c.gpus_per_node}); each NIC serves at least one GPU")
     if c.topology not in TOPOLOGIES:
-        raise ValueError(f"cluster.topology {c.topology!r} unknown; known: {', '.join(TOPOLOGIES)}")
+        raise ValueError(f"cluster.topology {c.topology!r} unknown; "
+                         f"known: {', '.join(TOPOLOGIES)}")
     if c.oversubscription < 1.0:
         raise ValueError(f"cluster.oversubscription must be >= 1.0, got {c.oversubscription}")
     arch = c.gpu.architecture

@@ -94,6 +94,8 @@ class LowerCtx:
                 **meta) -> int:
         kernel = bool(work) and category in _ACTIVATION_CATEGORIES
         if kernel and self._pending_alloc.get(rank):
+            if meta.get("mem_delta_bytes", 0.0) < 0:
+                raise ValueError(f"task {name!r} would both allocate and free activations")
             meta["mem_delta_bytes"] = meta.get("mem_delta_bytes", 0.0) + self._pending_alloc.pop(rank)
         tid = self.builder.add(name, "compute", rank, COMPUTE, category, deps, work=work,
                                stage=self.stage(rank), **meta)

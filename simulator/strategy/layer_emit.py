@@ -94,11 +94,13 @@ def _experts(ctx: LowerCtx, rank: int, part: str, dep: int, name: str, meta: dic
 
 
 def column_backward(ctx: LowerCtx, rank: int, seg: Segment, dep: int | None, name: str, meta: dict,
-                    split_w: bool) -> int:
+                    split_w: bool, free_bytes: float = 0.0) -> int:
     """Backward of a segment that opens with a column-parallel GEMM, with the asynchronous TP
-    collective of its input gradient overlapped with the weight-gradient GEMM (see module doc)."""
+    collective of its input gradient overlapped with the weight-gradient GEMM (see module doc).
+    Its last task releases ``free_bytes`` of activations."""
+    free = {"mem_delta_bytes": -free_bytes} if free_bytes else {}
     if ctx.par.tp == 1:
-        return ctx.compute(rank, f"{name}.grad", seg.bwd_b if split_w else seg.bwd, _d(dep), **meta)
+        return ctx.compute(rank, f"{name}.grad", seg.bwd_b if split_w else seg.bwd, _d(dep), **meta, **free)
     sp = ctx.par.sequence_parallel
     op = "reduce_scatter" if sp else "all_reduce"
     size = ctx.full_activation_bytes()
@@ -111,8 +113,10 @@ def column_backward(ctx: LowerCtx, rank: int, seg: Segment, dep: int | None, nam
         x = ctx.compute(rank, f"{name}.wgrad", seg.bwd_wgrad, (x,) + _d(gather), **meta)
     post = seg.bwd_b_post if split_w else seg.bwd_post
     if post:
-        return ctx.compute(rank, f"{name}.grad_post", post, (x, red), **meta)
-    return ctx.join(rank, f"{name}.grad_wait", (x, red), **meta)
+        return ctx.compute(rank, f"{name}.grad_post", post, (x, red), **meta, **free)
+    x = ctx.join(rank, f"{name}.grad_wait", (x, red), **meta)
+    ctx.free_last(rank, free_bytes)
+    return x
 
 
 def layer_forward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, category: str = "compute") -> int:
@@ -137,13 +141,16 @@ def layer_forward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, categor
     return tp_op(ctx, rank, x, f"{name}.mlp", "reduce_scatter" if sp else "all_reduce", meta)
 
 
-def layer_backward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, split_w: bool, recompute: str) -> int:
+def layer_backward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, split_w: bool, recompute: str,
+                   free_bytes: float = 0.0) -> int:
     """Emit one layer's backward (input gradient only when ``split_w``), with its recompute first;
-    returns its last task. A recomputed layer's re-materialised activations
-    (``ctx.recompute_transient_bytes``) live from the recompute until the layer's backward ends."""
+    returns its last task, which releases ``free_bytes`` of activations. A recomputed layer's
+    re-materialised activations (``ctx.recompute_transient_bytes``) live from the recompute until
+    the layer's backward ends."""
     b, sp = ctx.blocks, ctx.par.sequence_parallel
     part = "B" if split_w else "BW"
     rmeta = {**meta, "phase": "R"}
+    transient = ctx.recompute_transient_bytes if recompute in ("full", "selective") else 0.0
     x = ctx.join(rank, f"{name}.wait", deps, **meta)
     if recompute == "full":
         ctx.alloc_next(rank, ctx.recompute_transient_bytes)
@@ -158,7 +165,7 @@ def layer_backward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, split_
     if sp:
         x = tp_op(ctx, rank, x, f"{name}.attn_grad", "all_gather", meta)
     if ctx.par.cp == 1 and recompute != "selective":
-        x = column_backward(ctx, rank, b.attn, x, f"{name}.attn", meta, split_w)
+        x = column_backward(ctx, rank, b.attn, x, f"{name}.attn", meta, split_w, free_bytes + transient)
     else:
         x = ctx.compute(rank, f"{name}.attn_out.grad", b.attn_post.bwd_b if split_w else b.attn_post.bwd, (x,),
                         **meta)
@@ -168,18 +175,18 @@ def layer_backward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, split_
             ctx.alloc_next(rank, ctx.recompute_transient_bytes)
             x = _core(ctx, rank, "F", x, f"{name}.R", rmeta, "recompute")
         x = _core(ctx, rank, part, x, name, meta, "compute")
-        x = column_backward(ctx, rank, b.attn_pre, x, f"{name}.attn", meta, split_w)
-    if recompute in ("full", "selective"):
-        ctx.free_last(rank, ctx.recompute_transient_bytes)
+        x = column_backward(ctx, rank, b.attn_pre, x, f"{name}.attn", meta, split_w, free_bytes + transient)
     return x
 
 
-def layer_weight_grad(ctx: LowerCtx, rank: int, dep: int | None, name: str, meta: dict) -> int:
-    """Zero-bubble W: every weight-gradient GEMM of the layer (Qi et al. 2024 §2). With SP the
-    column-parallel GEMMs' sequence-sharded inputs are all-gathered again first, as in B+W."""
+def layer_weight_grad(ctx: LowerCtx, rank: int, dep: int | None, name: str, meta: dict,
+                      free_bytes: float = 0.0) -> int:
+    """Zero-bubble W: every weight-gradient GEMM of the layer (Qi et al. 2024 §2), releasing
+    ``free_bytes`` of activations. With SP the column-parallel GEMMs' sequence-sharded inputs are
+    all-gathered again first, as in B+W."""
     deps = _d(dep)
     if ctx.par.sequence_parallel and ctx.par.tp > 1:
         size = ctx.full_activation_bytes()
-        deps += tuple(ctx.tp_collective(rank, f"{name}.{blk}.input_all_gather", "all_gather", size, _d(dep), COMM_TP,
-                                        **meta) for blk in ("mlp", "attn"))
-    return ctx.compute(rank, f"{name}.W", ctx.blocks.layer_w, deps, **meta)
+        deps += tuple(ctx.tp_collective(rank, f"{name}.{blk}.input_all_gather", "all_gather", size, _d(dep),
+                                        COMM_TP, **meta) for blk in ("mlp", "attn"))
+    return ctx.compute(rank, f"{name}.W", ctx.blocks.layer_w, deps, mem_delta_bytes=-free_bytes, **meta)

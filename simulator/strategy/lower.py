@@ -36,16 +36,32 @@ class LoweredPlan:
     chunk_layers: tuple  # virtual stage -> tuple of global layer indices
 
 
-def chunk_layers(layers_per_stage: tuple[int, ...], v: int) -> tuple[tuple[int, ...], ...]:
-    """Global layer indices of every virtual stage (chunk c of rank r is virtual stage c·p + r);
-    Megatron-LM requires each stage's layers to divide evenly into its v chunks."""
+def chunk_sizes(layers_per_stage: tuple[int, ...], v: int) -> tuple[int, ...]:
+    """Layers of every virtual stage (chunk c of rank r is virtual stage c·p + r).
+
+    Each stage's layers are spread as evenly as possible over its v chunks. When they do not divide,
+    the chunks holding the embedding (chunk 0 of stage 0) and the LM head (chunk v-1 of the last
+    stage) are the ones left one layer short, as Megatron-core's account_for_embedding_in_pipeline_split
+    / account_for_loss_in_pipeline_split count those as layers (Llama 3's 126 layers on 16 stages with
+    one layer fewer on the first and the last, Dubey et al. 2024 §3.3.2); otherwise the later chunks
+    get the extra layers."""
     p = len(layers_per_stage)
-    bad = [n for n in layers_per_stage if n % v]
-    if bad or v < 1:
-        raise ValueError(f"layers per stage {list(layers_per_stage)} do not divide into virtual_stages = {v}")
+    if v < 1 or any(n < v for n in layers_per_stage):
+        raise ValueError(f"layers per stage {list(layers_per_stage)} cannot fill virtual_stages = {v} chunks each")
+    sizes = [0] * (p * v)
+    for s, n in enumerate(layers_per_stage):
+        ends = {0} if s == 0 else set()
+        ends |= {v - 1} if s == p - 1 else set()
+        order = sorted(range(v), key=lambda c: (c in ends, -c if s != p - 1 else c))
+        for k, c in enumerate(order):
+            sizes[c * p + s] = n // v + (1 if k < n % v else 0)
+    return tuple(sizes)
+
+
+def chunk_layers(layers_per_stage: tuple[int, ...], v: int) -> tuple[tuple[int, ...], ...]:
+    """Global layer indices of every virtual stage, in virtual-stage order (see ``chunk_sizes``)."""
     out, first = [], 0
-    for vs in range(p * v):
-        n = layers_per_stage[vs % p] // v
+    for n in chunk_sizes(layers_per_stage, v):
         out.append(tuple(range(first, first + n)))
         first += n
     return tuple(out)
@@ -107,8 +123,9 @@ class _Emitter:
         att = scn.training.attention
         per_layer = layer_activation_bytes(*args, c.par.recompute, c.dtype_bytes, c.par.ep, att)
         at_b, at_w = layer_activation_split(*args, c.par.recompute, c.dtype_bytes, c.par.ep, att)
-        if c.par.recompute != "none":
-            c.recompute_transient_bytes = layer_activation_bytes(*args, "none", c.dtype_bytes, c.par.ep, att) - per_layer
+        if c.par.recompute != "none":  # what the recompute re-materialises until the layer's backward ends
+            stored = layer_activation_bytes(*args, "none", c.dtype_bytes, c.par.ep, att)
+            c.recompute_transient_bytes = stored - per_layer
         if not self.split_w:
             at_b, at_w = per_layer, 0.0
         return {"layer": per_layer, "layer_b": at_b, "layer_w": at_w,
@@ -236,8 +253,7 @@ class _Emitter:
             if unit == "head":
                 meta = self._meta(vs, mb, "B")
                 x = ctx.join(r, f"B{mb}.head.wait", deps, **meta)
-                x = column_backward(ctx, r, b.head, x, f"B{mb}.head", meta, self.split_w)
-                ctx.free_last(r, self.act["head"])
+                x = column_backward(ctx, r, b.head, x, f"B{mb}.head", meta, self.split_w, self.act["head"])
             elif unit == "embed":
                 meta = self._meta(vs, mb, "B")
                 x = ctx.join(r, f"B{mb}.embed.wait", deps, **meta)
@@ -250,9 +266,7 @@ class _Emitter:
                 if self.act["layer_b"] < 0:  # B allocates the output gradients W will need
                     ctx.alloc_next(r, -self.act["layer_b"])
                 x = layer_backward(ctx, r, deps, f"B{mb}.L{unit}", self._meta(vs, mb, "B", int(unit)), self.split_w,
-                                   ctx.par.recompute)
-                if self.act["layer_b"] > 0:
-                    ctx.free_last(r, self.act["layer_b"])
+                                   ctx.par.recompute, max(self.act["layer_b"], 0.0))
             if not self.split_w:
                 ready.append((unit, x))
         self._grads_ready(r, vs, f"B{mb}", ready, final, x)
@@ -265,12 +279,16 @@ class _Emitter:
         x = None
         for unit in self._units(vs)[::-1]:
             meta = self._meta(vs, mb, "W", -1 if unit in ("embed", "head") else int(unit))
-            if unit in ("embed", "head"):
-                work = b.embed.bwd_w if unit == "embed" else b.head.bwd_w
-                x = ctx.compute(r, f"W{mb}.{unit}", work, () if x is None else (x,), **meta)
+            if unit == "embed":
+                x = ctx.compute(r, f"W{mb}.embed", b.embed.bwd_w, () if x is None else (x,), **meta)
+            elif unit == "head":
+                g = None
+                if ctx.par.sequence_parallel:  # the LM head's sequence-sharded input, gathered again
+                    g = ctx.tp_collective(r, f"W{mb}.head.input_all_gather", "all_gather", ctx.full_activation_bytes(),
+                                          (), "comm_tp", **meta)
+                x = ctx.compute(r, f"W{mb}.head", b.head.bwd_w, tuple(d for d in (x, g) if d is not None), **meta)
             else:
-                x = layer_weight_grad(ctx, r, x, f"W{mb}.L{unit}", meta)
-                ctx.free_last(r, self.act["layer_w"])
+                x = layer_weight_grad(ctx, r, x, f"W{mb}.L{unit}", meta, self.act["layer_w"])
             ready.append((unit, x))
         self._grads_ready(r, vs, f"W{mb}", ready, final, x)
 

@@ -1,0 +1,152 @@
+"""How NCCL's algorithms move a collective's bytes: each one as phases of concurrent flows.
+
+Ring (one ring per rail used, rail-aligned across nodes, as NCCL builds one ring per NIC), double
+binary tree, NVLink SHARP, hierarchical, direct all-to-all and P2P; sizes are for a 1-byte
+collective, so ``cost/collectives`` scales them and adds NCCL's latencies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..hardware.topology import Topology
+from .plan import Flow
+
+
+@dataclass(frozen=True, slots=True)
+class GroupShape:
+    """How a group sits on the nodes: nodes in order of first appearance, ranks per node."""
+
+    n: int
+    per_node: tuple[tuple[int, ...], ...]  # each node's ranks, sorted by local index
+    uniform: bool  # every node holds the same local indices
+    rails: int  # distinct NICs among one node's ranks (uniform groups), else 1
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.per_node)
+
+    @property
+    def ppn(self) -> int:
+        return max(len(r) for r in self.per_node)
+
+
+def group_shape(group: tuple[int, ...], topo: Topology) -> GroupShape:
+    nodes: dict[int, list[int]] = {}
+    for r in group:
+        nodes.setdefault(topo.node_of(r), []).append(r)
+    per_node = tuple(tuple(sorted(rs)) for rs in nodes.values())
+    locals_ = {tuple(topo.local_of(r) for r in rs) for rs in per_node}
+    uniform = len(locals_) == 1
+    rails = len({topo.rail_of(r) for r in per_node[0]}) if uniform else 1
+    return GroupShape(len(group), per_node, uniform, rails)
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """``repeat`` identical steps of concurrent flows, with the latency class of their steps."""
+
+    repeat: int
+    tag: str  # latency class: ring | bcast | tree | nvls | p2p | intra | inter
+    flows: tuple[Flow, ...]  # bytes per step for a collective of size 1 byte
+
+
+def _flow(topo: Topology, src: int, dst: int, size: float) -> Flow:
+    return Flow(topo.route(src, dst), size)
+
+
+def ring_orders(shape: GroupShape, group: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """One ring per rail used when a uniform group spans nodes (NCCL builds one ring per NIC):
+    ring c enters node j at local position (c*step - j) mod ppn and leaves it from the GPU that
+    precedes it, whose rail the next node enters on, so inter-node hops stay on one rail."""
+    if shape.num_nodes == 1 or not shape.uniform or shape.ppn == 1:
+        return [tuple(group)]
+    ppn, step = shape.ppn, shape.ppn // shape.rails
+    orders = []
+    for c in range(shape.rails):
+        order: list[int] = []
+        for j, ranks in enumerate(shape.per_node):
+            s = (c * step - j) % ppn
+            order.extend(ranks[s:] + ranks[:s])
+        orders.append(tuple(order))
+    return orders
+
+
+def ring_hops(topo: Topology, orders: list[tuple[int, ...]], size: float,
+               chain: bool = False) -> tuple[Flow, ...]:
+    flows = []
+    for order in orders:
+        n = len(order)
+        for i in range(n - 1 if chain else n):
+            flows.append(_flow(topo, order[i], order[(i + 1) % n], size))
+    return tuple(flows)
+
+
+def tree_flows(topo: Topology, shape: GroupShape) -> tuple[Flow, ...]:
+    """Double binary tree (NCCL): per channel an intra-node chain to the node's head GPU and two
+    complementary binary trees over the nodes (each node is interior in at most one), each tree
+    carrying half the data; reduce (up) and broadcast (down) pipelined, so all flows concurrent."""
+    big = shape.num_nodes > 1 and shape.uniform and shape.ppn > 1
+    channels = shape.rails if big else 1
+    step = shape.ppn // channels
+    n_nodes = shape.num_nodes
+    flows: list[Flow] = []
+    for c in range(channels):
+        heads = []
+        for ranks in shape.per_node:
+            s = (c * step) % len(ranks)
+            chain = ranks[s:] + ranks[:s]
+            heads.append(chain[0])
+            for a, b in zip(chain, chain[1:]):
+                flows += [_flow(topo, a, b, 1 / channels), _flow(topo, b, a, 1 / channels)]
+        for mirror in (False, True):
+            for j in range(n_nodes):
+                q = n_nodes - 1 - j if mirror else j
+                if q == 0:
+                    continue
+                pq = (q - 1) // 2
+                parent = n_nodes - 1 - pq if mirror else pq
+                half = 1 / (2 * channels)
+                flows += [_flow(topo, heads[j], heads[parent], half),
+                          _flow(topo, heads[parent], heads[j], half)]
+    return tuple(flows)
+
+
+def nvls_flows(topo: Topology, group: tuple[int, ...]) -> tuple[Flow, ...]:
+    """NVLink SHARP: multimem.ld_reduce pulls every shard through the switch (S out per GPU, S/n
+    back), multimem.st multicasts each reduced shard (S/n out, S in): S(1 + 1/n) each way."""
+    n = len(group)
+    node = topo.node_of(group[0])
+    per_gpu = 1 + 1 / n
+    flows = []
+    for r in group:
+        flows += [Flow(((f"gpu{r}", f"nvs{node}"),), per_gpu),
+                  Flow(((f"nvs{node}", f"gpu{r}"),), per_gpu)]
+    return tuple(flows)
+
+
+def hierarchical_phases(topo: Topology, shape: GroupShape) -> list[Phase]:
+    if not shape.uniform:
+        raise ValueError("algorithm 'hierarchical' needs the same local GPUs on every node; "
+                         f"group has {[len(r) for r in shape.per_node]} GPUs per node")
+    ppn, n_nodes = shape.ppn, shape.num_nodes
+    intra = tuple(f for ranks in shape.per_node for f in ring_hops(topo, [ranks], 1 / ppn))
+    rails = [tuple(ranks[k] for ranks in shape.per_node) for k in range(ppn)]
+    inter = ring_hops(topo, rails, 1 / (ppn * n_nodes))
+    phases = [Phase(ppn - 1, "intra", intra), Phase(2 * (n_nodes - 1), "inter", inter),
+              Phase(ppn - 1, "intra", intra)]
+    return [p for p in phases if p.repeat > 0]
+
+
+def direct_flows(topo: Topology, group: tuple[int, ...]) -> tuple[Flow, ...]:
+    n = len(group)
+    return tuple(_flow(topo, a, b, 1 / n) for a in group for b in group if a != b)
+
+
+def p2p_flows(topo: Topology, group: tuple[int, ...]) -> tuple[Flow, ...]:
+    """send_recv: (src, dst) is one transfer; a longer group shifts by one around the group,
+    every rank sending to the next (nccl-tests sendrecv_perf)."""
+    if len(group) == 2:
+        return (_flow(topo, group[0], group[1], 1.0),)
+    n = len(group)
+    return tuple(_flow(topo, group[i], group[(i + 1) % n], 1.0) for i in range(n))

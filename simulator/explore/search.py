@@ -1,0 +1,258 @@
+"""``simulator search SCENARIO.toml``: the fastest parallelism plan that fits, for the scenario's model,
+cluster and global batch.
+
+1. Enumerate every plan (``enumerate``); the scenario rules reject invalid ones.
+2. Static memory estimate (``estimate``, the accounting of ``analysis.memory``) rejects those that do
+   not fit, and the dominance rules of ``enumerate`` drop choices that cannot be faster: per plan only
+   the least recompute that fits; ZeRO-3 only where ZeRO-2 does not fit.
+3. Branch and bound: plans are simulated in order of their time lower bound; a plan whose bound is not
+   below the K-th best simulated time (ranking is by tokens/s, i.e. by time at a fixed batch) cannot
+   enter the top K and is skipped, and so is every later one. With ``per_tp`` the best plan of every
+   TP degree is found the same way, which shows what larger TP costs. The top K is exact as long as
+   the bound holds (tests check it against the simulator).
+4. Rows stream to results/<name>/search.csv; the top K, the best plan per TP degree and a Pareto
+   chart (tokens/s against peak memory) follow.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ..hardware.clusters import CLUSTER_PRESETS
+from ..scenario_checks import ScenarioError
+from .enumerate import PLAN_FIELDS, RECOMPUTE_ORDER, Plan, SearchSpace, enumerate_plans, plan_of, valid_plans
+from .estimate import EstimateCache, estimate
+from .evaluate import RESULT_COLUMNS, CsvStream, Evaluator, flatten, progress
+from .sweep import BaseScenario, read_base, render_table
+
+ESTIMATE_COLUMNS = ("estimated_memory_bytes", "time_lower_bound_s", "tp_comm_bound_s")
+CSV_COLUMNS = ("label",) + PLAN_FIELDS + ESTIMATE_COLUMNS + RESULT_COLUMNS
+
+
+@dataclass
+class Candidate:
+    plan: Plan
+    scn: object
+    memory_bytes: float
+    bound_s: float
+    tp_bound_s: float
+
+    def row(self) -> dict:
+        return {"label": self.plan.label(), **self.plan.as_dict(), "estimated_memory_bytes": self.memory_bytes,
+                "time_lower_bound_s": self.bound_s, "tp_comm_bound_s": self.tp_bound_s}
+
+
+@dataclass
+class SearchResult:
+    ranked: list[dict]  # simulated plans that fit, fastest first
+    rows: list[dict]  # every simulated plan
+    per_tp: dict  # tp -> best simulated row, or the best bound that was pruned
+    counts: dict
+    wall_s: float
+    csv_path: Path
+    capacity_bytes: float
+    notes: list[str] = field(default_factory=list)
+
+
+def _probe(base: BaseScenario):
+    """A scenario of the base file to read the model, cluster and batch from: its own plan, or else
+    pure data parallelism with one sample per GPU (so that a base plan that does not divide is no error)."""
+    try:
+        return base.build()
+    except ScenarioError as first:
+        cluster = base.raw.get("cluster", {})
+        preset = CLUSTER_PRESETS.get(cluster.get("preset", "dgx-a100-80gb"))
+        per_node = cluster.get("gpus_per_node", preset.gpus_per_node if preset else 0)
+        gpus = cluster.get("num_nodes", 1) * per_node
+        training = dict(base.raw.get("training", {}), global_batch_size=gpus, micro_batch_size=1)
+        try:
+            return replace(base, raw=dict(base.raw, parallelism={"dp": gpus}, training=training)).build()
+        except (ScenarioError, TypeError):
+            raise first from None
+
+
+def candidates(base: BaseScenario, space: SearchSpace, cache: EstimateCache, counts: dict):
+    """Valid plans that fit, after the dominance rules, each with its estimates."""
+    scn0 = _probe(base)
+    batch = base.raw.get("training", {}).get("global_batch_size", scn0.training.global_batch_size)
+    lps = scn0.parallel.layers_per_stage if "layers_per_stage" in base.raw.get("parallelism", {}) else None
+    groups: dict = {}
+    for plan in enumerate_plans(scn0.model, scn0.num_gpus, batch, space, lps):
+        counts["enumerated"] += 1
+        groups.setdefault(replace(plan, zero_stage=0, recompute=""), []).append(plan)
+    out = []
+    for plans in groups.values():
+        fits: dict = {}
+        for plan, scn, reason in valid_plans(base.raw, plans, base.name):
+            if scn is None:
+                counts["invalid"] += 1
+                continue
+            try:
+                est = estimate(scn, cache, with_time=False)
+            except ValueError:  # a combination the scenario rules accept but the sharding cannot split
+                counts["invalid"] += 1
+                continue
+            fits[plan.zero_stage, plan.recompute] = (plan, scn, est) if est.fits else None
+            if not est.fits:
+                counts["pruned_memory"] += 1
+        for (zero, rc), entry in sorted(fits.items(), key=lambda kv: (kv[0][0], RECOMPUTE_ORDER.index(kv[0][1]))):
+            if entry is None:
+                continue
+            lesser = any(fits.get((zero, r)) for r in RECOMPUTE_ORDER[:RECOMPUTE_ORDER.index(rc)])
+            if space.prune_dominated and (lesser or (zero == 3 and fits.get((2, rc)))):
+                counts["dominated"] += 1
+                continue
+            plan, scn, est = entry
+            full = estimate(scn, cache)
+            out.append(Candidate(plan, scn, full.total_bytes, full.time_lower_bound_s, full.tp_comm_bound_s))
+    out.sort(key=lambda c: (c.bound_s, c.plan))
+    return out
+
+
+def run_search(base: BaseScenario, csv_path: Path, top: int = 10, jobs: int = 0, backend: str = "local",
+               address: str | None = None, space: SearchSpace | None = None, bound: bool = True,
+               per_tp: bool = True) -> SearchResult:
+    t0 = time.perf_counter()
+    space = space or SearchSpace()
+    if top < 1:
+        raise ValueError(f"--top must be >= 1, got {top}")
+    counts = dict.fromkeys(("enumerated", "invalid", "pruned_memory", "dominated", "pruned_bound", "simulated",
+                            "cache_hits", "failed"), 0)
+    cands = candidates(base, space, EstimateCache(), counts)
+    best: list[float] = []  # sorted times of fitting simulated plans (the top-K threshold)
+    tp_best: dict[int, float] = {}
+    rows: list[dict] = []
+    per: dict = {}
+    with CsvStream(csv_path, CSV_COLUMNS) as out, Evaluator(jobs, backend, address) as ev:
+        window = 2 * ev.jobs
+
+        def collect() -> None:
+            cand, result = ev.next_done()
+            row = {**cand.row(), **flatten(result)}
+            out.write(row)
+            rows.append(row)
+            bar.update(1)
+            if row["status"] == "ok" and row["fits_in_memory"]:
+                t = row["iteration_time_s"]
+                best.insert(sum(1 for x in best if x <= t), t)
+                tp_best[cand.plan.tp] = min(t, tp_best.get(cand.plan.tp, float("inf")))
+
+        def needed(c: Candidate) -> bool:
+            kth = best[top - 1] if len(best) >= top else float("inf")
+            group = tp_best.get(c.plan.tp, float("inf")) if per_tp else 0.0
+            return c.bound_s < max(kth, group)
+
+        with progress(len(cands), "search") as bar:
+            for c in cands:
+                while ev.pending >= window:
+                    collect()
+                if bound and not needed(c):
+                    counts["pruned_bound"] += 1
+                    out.write({**c.row(), "status": "pruned-bound",
+                               "reason": "time lower bound >= the simulated times it would have to beat"})
+                    if c.plan.tp not in per:
+                        per[c.plan.tp] = {**c.row(), "status": "pruned-bound"}
+                    continue
+                ev.submit(c, c.scn)
+            while ev.pending:
+                collect()
+        counts["simulated"], counts["cache_hits"] = ev.simulated, ev.cache_hits
+    counts["failed"] = sum(r["status"] != "ok" for r in rows)
+    ranked = rank([r for r in rows if r["status"] == "ok" and r["fits_in_memory"]])
+    for r in ranked:  # fastest simulated plan per TP degree replaces the bound-only entry
+        if per.get(r["tp"], {}).get("status") != "ok":
+            per[r["tp"]] = r
+    capacity = cands[0].scn.cluster.gpu.memory_capacity_bytes if cands else 0.0
+    return SearchResult(ranked, rows, dict(sorted(per.items())), counts, time.perf_counter() - t0, csv_path,
+                        float(capacity))
+
+
+def rank(rows: list[dict]) -> list[dict]:
+    """Fastest first: tokens/s descending, ties broken by the plan's fields (deterministic)."""
+    return sorted(rows, key=lambda r: (-r["tokens_per_s"], tuple(r[k] for k in PLAN_FIELDS)))
+
+
+def explain_tp(result: SearchResult, gpus_per_node: int) -> list[str]:
+    """Why the best plans keep TP inside a node: the blocking TP communication of larger degrees."""
+    if not result.ranked:
+        return []
+    top = result.ranked[0]
+    lines = []
+    for tp, r in result.per_tp.items():
+        if tp <= top["tp"]:
+            continue
+        where = f"spans {tp // gpus_per_node} nodes" if tp > gpus_per_node else "inside a node"
+        if r["status"] == "ok":
+            slow = r["iteration_time_s"] / top["iteration_time_s"] - 1
+            lines.append(f"TP={tp} ({where}): best plan {slow:+.0%} slower; exposed TP communication "
+                         f"{r['time_comm_tp_s']:.2f} s vs {top['time_comm_tp_s']:.2f} s at TP={top['tp']}")
+        else:
+            lines.append(f"TP={tp} ({where}): not simulated, its lower bound {r['time_lower_bound_s']:.2f} s "
+                         f"(of which {r['tp_comm_bound_s']:.2f} s blocking TP communication) already exceeds "
+                         f"{top['iteration_time_s']:.2f} s")
+    return lines
+
+
+def format_ranked(rows: list[dict]) -> str:
+    head = ["#", "plan", "time s", "tokens/s", "MFU", "mem GiB", "compute", "recomp", "tp", "pp", "dp", "bubble",
+            "other"]
+    table = [head]
+    named = ("time_compute_s", "time_recompute_s", "time_comm_tp_s", "time_comm_pp_s", "time_comm_dp_s",
+             "time_bubble_s")
+    for i, r in enumerate(rows, 1):
+        other = r["iteration_time_s"] - sum(r[k] for k in named)
+        table.append([str(i), r["label"], f"{r['iteration_time_s']:.3f}", f"{r['tokens_per_s']:,.0f}",
+                      f"{r['mfu']:.1%}", f"{r['memory_total_bytes'] / 2**30:.1f}"]
+                     + [f"{r[k]:.2f}" for k in named] + [f"{other:.2f}"])
+    return render_table(table)
+
+
+def search_command(args) -> int:
+    base = read_base(args.scenario, args.set)
+    out_dir = Path(args.out) if args.out else Path("results") / base.display_name
+    csv_path = out_dir / "search.csv"
+    try:
+        result = run_search(base, csv_path, args.top, args.jobs, args.backend, args.ray_address,
+                            bound=not getattr(args, "exhaustive", False))
+    except KeyboardInterrupt:
+        print(f"interrupted: the plans simulated so far are in {csv_path}", file=sys.stderr)
+        return 130
+    scn0 = _probe(base)
+    notes = explain_tp(result, scn0.cluster.gpus_per_node)
+    if result.rows:
+        from ..analysis.validation_plots import plot_pareto
+        plot_pareto(result.rows, out_dir / "pareto.png", result.capacity_bytes, title=f"{base.display_name}: plans")
+    if args.json:
+        print(json.dumps({"top": result.ranked[:args.top], "per_tp": list(result.per_tp.values()),
+                          "counts": result.counts, "wall_s": result.wall_s, "tp_notes": notes}))
+        return 0 if result.ranked else 1
+    c = result.counts
+    print(f"{c['enumerated']} plans enumerated: {c['invalid']} invalid, {c['pruned_memory']} do not fit, "
+          f"{c['dominated']} dominated, {c['pruned_bound']} pruned by the time bound, {c['simulated']} simulated "
+          f"({c['cache_hits']} cache hits, {c['failed']} failed) in {result.wall_s:.1f} s "
+          f"({c['simulated'] / max(result.wall_s, 1e-9):.2f} plans/s)")
+    if not result.ranked:
+        print("no plan fits in memory", file=sys.stderr)
+        return 1
+    print(f"\ntop {min(args.top, len(result.ranked))} plans by tokens/s (breakdown: exposed seconds per step)")
+    print(format_ranked(result.ranked[:args.top]))
+    print("\nbest plan per TP degree")
+    print(format_per_tp(result.per_tp))
+    for line in notes:
+        print(line)
+    print(f"\nCSV: {csv_path}   Pareto chart: {out_dir / 'pareto.png'}")
+    return 0
+
+
+def format_per_tp(per_tp: dict) -> str:
+    table = [["TP", "plan", "status", "time s", "bound s", "TP comm s"]]
+    for tp, r in per_tp.items():
+        ok = r["status"] == "ok"
+        table.append([str(tp), r["label"], r["status"], f"{r['iteration_time_s']:.3f}" if ok else "",
+                      f"{r['time_lower_bound_s']:.3f}", f"{r['time_comm_tp_s']:.2f}" if ok else
+                      f">= {r['tp_comm_bound_s']:.2f}"])
+    return render_table(table)

@@ -1,0 +1,215 @@
+"""Collective algorithms: closed-form times and volumes, NCCL-like choices, the command."""
+
+from dataclasses import replace
+
+import pytest
+import simpy
+
+from simulator.cost import nccl_tuner as tuner
+from simulator.cost.algorithms import group_shape, ring_orders
+from simulator.cost.collectives import (busbw_factor, choose_algorithm, collective_time_s,
+                                        plan_collective)
+from simulator.engine.network import FlowNetwork, simulate_plan
+from simulator.explore.collective import SWEEP_SIZES, run_collective, sweep_collective
+from simulator.hardware.clusters import CLUSTER_PRESETS
+from simulator.hardware.topology import IB_EFFICIENCY, build_topology
+from simulator.tasks import Collective
+
+A100 = CLUSTER_PRESETS["dgx-a100-80gb"]
+H100 = CLUSTER_PRESETS["dgx-h100"]
+GiB = 2 ** 30
+US = 1e-6
+
+
+def _coll(op, size, group):
+    return Collective(op, float(size), tuple(group), "dp")
+
+
+def test_ring_all_reduce_on_an_uncontended_ring_is_the_closed_form():
+    topo = build_topology(A100)
+    n, size = 8, 1 * GiB
+    b = topo.capacity_Bps[("gpu0", "nvs0")]
+    alpha = tuner.HW_LAT_US["nvlink"]["ring"][2] * US
+    base = tuner.BASE_LAT_US["ring"][2] * US
+    plan = plan_collective(_coll("all_reduce", size, range(n)), topo, "ring/simple")
+    expected = base + 2 * (n - 1) / n * size / b + 2 * (n - 1) * alpha
+    assert simulate_plan(plan, topo.capacity_Bps) == pytest.approx(expected, rel=1e-12)
+    assert collective_time_s(_coll("all_reduce", size, range(n)), topo,
+                             "ring/simple") == pytest.approx(expected, rel=1e-12)
+
+
+def test_small_message_ring_latency_grows_with_the_steps():
+    topo = build_topology(A100)
+    base = tuner.BASE_LAT_US["ring"][0] * US
+    step = tuner.HW_LAT_US["nvlink"]["ring"][0] * US
+    for n in (2, 4, 8):
+        t = collective_time_s(_coll("all_reduce", 8, range(n)), topo, "ring/ll")
+        assert t == pytest.approx(base + 2 * (n - 1) * step, rel=1e-3)
+    nodes = build_topology(A100.with_nodes(8))
+    t_ag = collective_time_s(_coll("all_gather", 8, range(0, 64, 8)), nodes, "ring/ll")
+    inter = tuner.HW_LAT_US["net"]["ring"][0] * US
+    assert t_ag == pytest.approx(base + 7 * inter, rel=1e-3)  # 7 steps, all across nodes
+
+
+def test_multi_node_ring_uses_every_nic_and_keeps_hops_on_one_rail():
+    topo = build_topology(A100.with_nodes(4))
+    group = tuple(range(32))
+    orders = ring_orders(group_shape(group, topo), group)
+    assert len(orders) == 8 and all(sorted(o) == list(group) for o in orders)
+    exits = {}
+    for o in orders:
+        hops = [(a, b) for a, b in zip(o, o[1:] + o[:1]) if topo.node_of(a) != topo.node_of(b)]
+        assert len(hops) == 4
+        assert sum(topo.rail_of(a) == topo.rail_of(b) for a, b in hops) == 3  # all but wrap
+        for a, _ in hops:
+            exits[topo.nic_name(a)] = exits.get(topo.nic_name(a), 0) + 1
+    assert set(exits.values()) == {1} and len(exits) == 32  # each NIC carries one ring
+    # NIC-bound: busbw = 8 NICs x 24 GB/s, the nccl-tests figure of 4 DGX A100
+    size = 8 * GiB
+    t = collective_time_s(_coll("all_reduce", size, group), topo, "ring/simple")
+    lat = (tuner.BASE_LAT_US["ring"][2] + (62 - 8) * tuner.HW_LAT_US["nvlink"]["ring"][2]
+           + 8 * tuner.HW_LAT_US["net"]["ring"][2]) * US  # tuning.cc: nInterSteps = 2 nNodes
+    assert t == pytest.approx(lat + 2 * 31 / 32 * size / (8 * 25e9 * IB_EFFICIENCY), rel=1e-12)
+
+
+def test_hierarchical_all_reduce_nic_volume_is_the_closed_form():
+    nodes, g, size = 4, 8, 64e6
+    topo = build_topology(A100.with_nodes(nodes))
+    plan = plan_collective(_coll("all_reduce", size, range(nodes * g)), topo,
+                           "hierarchical/simple")
+    nic_out = sum(f.size_bytes * step.repeat for step in plan.steps for f in step.flows
+                  for link in f.links if link[0].startswith("nic") and link[1].startswith("leaf"))
+    # each GPU sends 2(N-1)/N of its S/g shard across the network
+    assert nic_out == pytest.approx(nodes * g * 2 * (nodes - 1) / nodes * size / g, rel=1e-12)
+    env = simpy.Environment()
+    net = FlowNetwork(env, topo.capacity_Bps)
+    env.process(net.run(plan))
+    env.run()
+    moved = sum(b for (u, v), (b, _) in net.link_stats().items()
+                if u.startswith("nic") and v.startswith("leaf"))
+    assert moved == pytest.approx(2 * (nodes - 1) * size, rel=1e-12)
+
+
+def test_all_to_all_sends_s_over_n_to_every_peer():
+    topo = build_topology(A100.with_nodes(2))
+    n, size = 16, 32e6
+    plan = plan_collective(_coll("all_to_all", size, range(n)), topo, "direct/simple")
+    (step,) = plan.steps
+    assert len(step.flows) == n * (n - 1)
+    pairs = {(f.links[0][0], f.links[-1][1]) for f in step.flows}
+    assert len(pairs) == n * (n - 1)
+    for f in step.flows:  # payload S/n; the wire carries it at the all-to-all efficiency
+        assert f.size_bytes * tuner.ALL_TO_ALL_EFFICIENCY == pytest.approx(size / n, rel=1e-12)
+
+
+def test_multi_node_all_to_all_follows_n_over_n_minus_1_times_the_nic():
+    for nodes in (2, 4):
+        topo = build_topology(H100.with_nodes(nodes))
+        n = 8 * nodes
+        t = collective_time_s(_coll("all_to_all", 4 * GiB, range(n)), topo, "direct/simple")
+        busbw = 4 * GiB / t * busbw_factor("all_to_all", n)
+        law = nodes / (nodes - 1) * 50e9 * IB_EFFICIENCY * tuner.ALL_TO_ALL_EFFICIENCY
+        assert busbw == pytest.approx(law * (n - 1) / n, rel=2e-3)
+
+
+def test_choice_switches_from_tree_to_ring_with_size_across_nodes():
+    topo = build_topology(A100.with_nodes(4))
+    group = tuple(range(32))
+    assert choose_algorithm("all_reduce", 8, group, topo) == "tree"
+    assert choose_algorithm("all_reduce", 4 * GiB, group, topo) == "ring"
+    sizes = [2 ** k for k in range(3, 34)]
+    picks = [choose_algorithm("all_reduce", s, group, topo) for s in sizes]
+    first_ring = picks.index("ring")
+    assert set(picks[:first_ring]) == {"tree"} and set(picks[first_ring:]) == {"ring"}
+    assert choose_algorithm("all_gather", 8, group, topo) == "ring"
+
+
+def test_nvls_only_on_nvlink_sharp_nodes_and_wins_large_all_reduce():
+    h = build_topology(H100)
+    assert choose_algorithm("all_reduce", GiB, tuple(range(8)), h) == "nvls"
+    t = collective_time_s(_coll("all_reduce", 8 * GiB, range(8)), h, "nvls")
+    # S(1 + 1/n) each way at 5/6 of 8 x 18 x 20.6 GB/s, + 23 us (NCCL tuning.cc)
+    expected = 23 * US + 8 * GiB * (1 + 1 / 8) / (18 * 20.6e9 * 5 / 6)
+    assert t == pytest.approx(expected, rel=1e-12)
+    with pytest.raises(ValueError, match="NVLink SHARP"):
+        plan_collective(_coll("all_reduce", GiB, range(8)), build_topology(A100), "nvls")
+    with pytest.raises(ValueError, match="spans 2 nodes"):
+        plan_collective(_coll("all_reduce", GiB, range(16)), build_topology(H100.with_nodes(2)),
+                        "nvls")
+
+
+def test_static_time_equals_the_engine_alone_for_every_algorithm():
+    topo = build_topology(H100.with_nodes(4))
+    cases = [("all_reduce", range(32), a) for a in ("ring", "tree", "hierarchical")]
+    cases += [("all_reduce", range(8, 16), "nvls"), ("all_gather", range(0, 32, 8), "ring"),
+              ("reduce_scatter", range(32), "ring"), ("broadcast", range(16), "ring"),
+              ("all_to_all", range(16), "direct"), ("send_recv", (3, 27), "p2p")]
+    for op, group, alg in cases:
+        for size in (4096, 3e8):
+            coll = _coll(op, size, group)
+            plan = plan_collective(coll, topo, alg)
+            assert plan.algorithm.startswith(alg)
+            assert simulate_plan(plan, topo.capacity_Bps) == pytest.approx(
+                collective_time_s(coll, topo, alg), rel=1e-9), (op, alg, size)
+
+
+def test_send_recv_is_one_flow_at_the_path_bottleneck():
+    topo = build_topology(A100.with_nodes(2))
+    size = GiB
+    plan = plan_collective(_coll("send_recv", size, (1, 9)), topo)
+    assert plan.algorithm == "p2p/simple"
+    (step,) = plan.steps
+    assert len(step.flows) == 1 and step.flows[0].links == topo.route(1, 9)
+    lat = (tuner.BASE_LAT_US["ring"][2] + tuner.HW_LAT_US["net"]["ring"][2]) * US
+    expected = lat + size / (25e9 * IB_EFFICIENCY)  # the NIC, not PCIe (25.6 GB/s), binds
+    assert simulate_plan(plan, topo.capacity_Bps) == pytest.approx(expected, rel=1e-12)
+
+
+def test_intra_node_times_are_the_same_on_every_node_and_trivial_groups_are_free():
+    topo = build_topology(A100.with_nodes(4))
+    t0 = collective_time_s(_coll("all_gather", 1e6, range(8)), topo)
+    t3 = collective_time_s(_coll("all_gather", 1e6, range(24, 32)), topo)
+    assert t0 == t3 > 0
+    assert collective_time_s(_coll("all_reduce", 1e6, (5,)), topo) == 0.0
+    assert plan_collective(_coll("all_reduce", 0, range(8)), topo).steps == ()
+
+
+def test_bad_requests_name_the_problem():
+    topo = build_topology(A100)
+    with pytest.raises(ValueError, match="cannot run all_gather"):
+        plan_collective(_coll("all_gather", 1e6, range(8)), topo, "tree")
+    with pytest.raises(ValueError, match="no protocol 'll128'"):
+        plan_collective(_coll("all_to_all", 1e6, range(8)), topo, "direct/ll128")
+    with pytest.raises(ValueError, match="repeats a rank"):
+        collective_time_s(_coll("all_reduce", 1e6, (0, 1, 1)), topo)
+    with pytest.raises(ValueError, match="rank 9"):
+        collective_time_s(_coll("all_reduce", 1e6, (0, 9)), topo)
+    with pytest.raises(ValueError, match="size_bytes"):
+        collective_time_s(_coll("all_reduce", -1, (0, 1)), topo)
+    with pytest.raises(ValueError, match="same local GPUs"):
+        plan_collective(_coll("all_reduce", 1e6, (0, 1, 8)), build_topology(A100.with_nodes(2)),
+                        "hierarchical")
+
+
+def test_busbw_factors_follow_nccl_tests():
+    assert busbw_factor("all_reduce", 8) == pytest.approx(2 * 7 / 8)
+    for op in ("all_gather", "reduce_scatter", "all_to_all"):
+        assert busbw_factor(op, 8) == pytest.approx(7 / 8)
+    assert busbw_factor("send_recv", 8) == busbw_factor("broadcast", 8) == 1.0
+
+
+def test_run_collective_reports_nccl_tests_figures():
+    row = run_collective(A100, "all_reduce", 2 * GiB, "ring")
+    assert set(row) == {"op", "num_gpus", "size_bytes", "time_s", "algbw_GBps", "busbw_GBps",
+                        "algorithm"}
+    assert row["num_gpus"] == 8 and row["algorithm"] == "ring/simple"
+    assert row["algbw_GBps"] == pytest.approx(2 * GiB / row["time_s"] / 1e9)
+    assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * 14 / 8)
+    assert SWEEP_SIZES[0] == 8 and SWEEP_SIZES[-1] == 8 * GiB and len(SWEEP_SIZES) == 31
+    rows = sweep_collective(A100, "all_gather", sizes=(8, 2 ** 20, 2 ** 30))
+    assert [r["size_bytes"] for r in rows] == [8, 2 ** 20, 2 ** 30]
+    assert rows[0]["busbw_GBps"] < rows[1]["busbw_GBps"] < rows[2]["busbw_GBps"]
+    with pytest.raises(ValueError, match="unknown collective op"):
+        run_collective(A100, "gather", 1e6)
+    with pytest.raises(ValueError, match="at least 2 GPUs"):
+        run_collective(replace(A100, gpus_per_node=1, nics_per_node=1), "all_reduce", 1e6)

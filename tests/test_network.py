@@ -1,0 +1,127 @@
+"""FlowNetwork: max-min fair sharing of links between concurrent flows, in simulated time."""
+
+import pytest
+import simpy
+
+from simulator.cost.collectives import plan_collective
+from simulator.cost.fairshare import isolated_time_s, max_min_rates
+from simulator.cost.plan import CommPlan, CommStep, Flow
+from simulator.engine.network import FlowNetwork, simulate_plan
+from simulator.hardware.clusters import CLUSTER_PRESETS
+from simulator.hardware.topology import build_topology
+from simulator.tasks import Collective
+
+CAP = {"a": 10.0, "b": 10.0, "c": 12.0, "d": 12.0}
+
+
+def _run(plans_at):
+    """Run (start_s, plan) pairs on one network; return each plan's finish time."""
+    env = simpy.Environment()
+    net = FlowNetwork(env, CAP)
+    ends = {}
+
+    def proc(i, start, plan):
+        yield env.timeout(start)
+        yield from net.run(plan)
+        ends[i] = env.now
+
+    for i, (start, plan) in enumerate(plans_at):
+        env.process(proc(i, start, plan))
+    env.run()
+    return ends, net
+
+
+def _one(links, size, weight=1.0, latency=0.0):
+    return CommPlan("test", (CommStep(latency, (Flow(tuple(links), size, weight),)),))
+
+
+def test_two_equal_flows_on_one_link_each_take_twice_as_long():
+    alone, _ = _run([(0.0, _one(["a"], 50.0))])
+    both, _ = _run([(0.0, _one(["a"], 50.0)), (0.0, _one(["a"], 50.0))])
+    assert alone[0] == pytest.approx(5.0)
+    assert both[0] == both[1] == pytest.approx(10.0)
+
+
+def test_a_flow_over_two_links_gets_the_max_min_rate():
+    # x crosses c and d; y1, y2 share d with x; z shares c with x. d's fair share 12/3 = 4 binds
+    # x, y1, y2; z takes what x leaves on c: 12 - 4 = 8.
+    rates = max_min_rates([("c", "d"), ("d",), ("d",), ("c",)], [1, 1, 1, 1], CAP)
+    assert rates == pytest.approx([4.0, 4.0, 4.0, 8.0])
+    ends, _ = _run([(0.0, _one(["c", "d"], 8.0)), (0.0, _one(["d"], 8.0)),
+                    (0.0, _one(["d"], 8.0)), (0.0, _one(["c"], 8.0))])
+    assert ends[3] == pytest.approx(1.0)  # z at 8 B/s
+    assert ends[0] == ends[1] == ends[2] == pytest.approx(2.0)
+
+
+def test_rates_are_reshared_when_flows_end_and_start():
+    # y starts at t=1 on a: 0-1 x alone (10 B/s), then 5 B/s each; y (size 5) ends at t=2,
+    # x has 30 - 10 - 5 = 15 left at full rate: ends at t=3.5.
+    ends, _ = _run([(0.0, _one(["a"], 30.0)), (1.0, _one(["a"], 5.0))])
+    assert ends[1] == pytest.approx(2.0)
+    assert ends[0] == pytest.approx(3.5)
+
+
+def test_run_returns_the_elapsed_time():
+    env = simpy.Environment()
+    net = FlowNetwork(env, CAP)
+    got = []
+
+    def proc():
+        yield env.timeout(1.0)
+        got.append((yield from net.run(_one(["b"], 20.0, latency=0.5))))
+
+    env.process(proc())
+    env.run()
+    assert got == [pytest.approx(2.5)] and env.now == pytest.approx(3.5)
+
+
+def test_weight_stands_for_identical_flows():
+    assert max_min_rates([("a",), ("a",)], [3.0, 1.0], CAP) == pytest.approx([2.5, 2.5])
+    ends, net = _run([(0.0, _one(["a"], 10.0, weight=4.0))])
+    assert ends[0] == pytest.approx(4.0)
+    assert net.link_stats()["a"] == pytest.approx((40.0, 4.0))
+
+
+def test_repeated_step_equals_its_repetitions_alone():
+    step = CommStep(0.5, (Flow(("a",), 20.0), Flow(("b",), 10.0)), repeat=3)
+    unrolled = CommPlan("u", (CommStep(0.5, step.flows),) * 3)
+    assert simulate_plan(CommPlan("r", (step,)), CAP) == pytest.approx(3 * (0.5 + 2.0))
+    assert simulate_plan(unrolled, CAP) == pytest.approx(3 * (0.5 + 2.0))
+    assert isolated_time_s([20.0, 10.0], [("a",), ("b",)], [1, 1], CAP) == pytest.approx(2.0)
+
+
+def test_link_stats_count_bytes_and_busy_time():
+    ends, net = _run([(0.0, _one(["c", "d"], 24.0)), (3.0, _one(["c"], 12.0, latency=1.0))])
+    stats = net.link_stats()
+    assert stats["d"] == pytest.approx((24.0, 2.0))
+    assert stats["c"] == pytest.approx((36.0, 3.0))  # busy 0-2 and 4-5
+    assert ends == pytest.approx({0: 2.0, 1: 5.0})
+
+
+def test_latency_only_steps_and_unknown_links():
+    assert simulate_plan(CommPlan("lat", (CommStep(2e-6), CommStep(1e-6, (), repeat=3))),
+                         CAP) == pytest.approx(5e-6)
+    with pytest.raises(ValueError, match="'zz'"):
+        simulate_plan(_one(["zz"], 1.0), CAP)
+
+
+def test_dp_all_reduce_slows_a_pp_send_on_the_same_nic():
+    topo = build_topology(CLUSTER_PRESETS["dgx-a100-80gb"].with_nodes(4))
+    dp = plan_collective(Collective("all_reduce", 200e6, (0, 8, 16, 24), "dp"), topo, "ring")
+    pp = plan_collective(Collective("send_recv", 50e6, (0, 8), "pp"), topo)
+    alone = simulate_plan(pp, topo.capacity_Bps)
+    env = simpy.Environment()
+    net = FlowNetwork(env, topo.capacity_Bps)
+    ends = {}
+
+    def proc(name, plan):
+        yield from net.run(plan)
+        ends[name] = env.now
+
+    env.process(proc("dp", dp))
+    env.process(proc("pp", pp))
+    env.run()
+    assert ends["pp"] > 1.5 * alone  # shares nic0.0 -> leaf with the DP ring
+    assert ends["dp"] > simulate_plan(dp, topo.capacity_Bps)
+    busy = net.link_stats()[("nic0.0", "leaf0.0")]
+    assert busy[0] == pytest.approx(2 * 3 / 4 * 200e6 + 50e6, rel=1e-9)

@@ -1,0 +1,117 @@
+"""Topology: link capacities from datasheets x link efficiency, and closed-form routes."""
+
+from dataclasses import replace
+
+import pytest
+
+from simulator.hardware.clusters import CLUSTER_PRESETS
+from simulator.hardware.topology import (IB_EFFICIENCY, NVLINK_EFFICIENCY, PCIE_EFFICIENCY,
+                                         build_topology)
+
+A100 = CLUSTER_PRESETS["dgx-a100-80gb"]
+H100 = CLUSTER_PRESETS["dgx-h100"]
+
+
+def test_intra_node_route_is_nvswitch_only():
+    topo = build_topology(A100.with_nodes(2))
+    assert topo.route(0, 5) == (("gpu0", "nvs0"), ("nvs0", "gpu5"))
+    assert topo.route(13, 9) == (("gpu13", "nvs1"), ("nvs1", "gpu9"))
+    assert {topo.link_kind(link) for link in topo.route(0, 5)} == {"nvlink"}
+    assert topo.route(3, 3) == ()
+
+
+def test_inter_node_same_rail_stays_on_its_leaf():
+    topo = build_topology(A100.with_nodes(2))
+    assert topo.route(2, 10) == (("gpu2", "pcie2"), ("pcie2", "nic0.2"), ("nic0.2", "leaf2.0"),
+                                 ("leaf2.0", "nic1.2"), ("nic1.2", "pcie10"), ("pcie10", "gpu10"))
+
+
+def test_rail_optimized_across_scalable_units_goes_through_one_spine_on_the_same_rail():
+    # HDR leaves have 40 ports, 20 down: node 20 hangs from the second leaf of each rail.
+    topo = build_topology(A100.with_nodes(40))
+    route = topo.route(3, 20 * 8 + 3)
+    names = [u for u, _ in route] + [route[-1][1]]
+    assert names[:4] == ["gpu3", "pcie3", "nic0.3", "leaf3.0"]
+    assert names[4].startswith("spine")
+    assert names[5:] == ["leaf3.1", "nic20.3", "pcie163", "gpu163"]
+
+
+def test_cross_rail_traffic_crosses_the_spine():
+    topo = build_topology(A100.with_nodes(2))
+    kinds = [topo.link_kind(link) for link in topo.route(0, 9)]
+    assert kinds == ["pcie", "pcie", "nic", "leaf-spine", "leaf-spine", "nic", "pcie", "pcie"]
+    assert topo.route(0, 9)[3][0] == "leaf0.0" and topo.route(0, 9)[4][1] == "leaf1.0"
+
+
+def test_fat_tree_puts_a_nodes_nics_on_one_leaf():
+    topo = build_topology(replace(A100.with_nodes(2), topology="fat-tree"))
+    route = topo.route(0, 9)
+    assert ("nic0.0", "leaf0") in route and ("leaf0", "nic1.1") in route
+    assert not any(topo.link_kind(link) == "leaf-spine" for link in route)
+
+
+def test_routes_are_cached_and_deterministic():
+    a = build_topology(A100.with_nodes(64))
+    b = build_topology(A100.with_nodes(64))
+    assert a.route(5, 300) is a.route(5, 300)
+    assert a.route(5, 300) == b.route(5, 300)
+    spines = {a.route(0, d)[3][1] for d in range(21 * 8, 64 * 8, 8)}
+    assert len(spines) > 1  # ECMP spreads flows over the spine planes
+
+
+def test_capacities_are_line_rate_times_link_efficiency():
+    topo = build_topology(A100.with_nodes(2))
+    nvlink = topo.capacity_Bps[("gpu0", "nvs0")]
+    assert nvlink == pytest.approx(300e9 * NVLINK_EFFICIENCY["ampere"])
+    assert topo.capacity_Bps[("gpu0", "nvs0")] == pytest.approx(240e9)  # NCCL: 12 x 20 GB/s
+    assert topo.capacity_Bps[("nic0.0", "leaf0.0")] == pytest.approx(25e9 * IB_EFFICIENCY)
+    assert topo.capacity_Bps[("gpu0", "pcie0")] == pytest.approx(32e9 * PCIE_EFFICIENCY)
+    h = build_topology(H100.with_nodes(1))
+    assert h.capacity_Bps[("nvs0", "gpu7")] == pytest.approx(18 * 20.6e9)  # NCCL SM90: 20.6/link
+    for link, cap in topo.capacity_Bps.items():
+        assert topo.graph.edges[link]["capacity_Bps"] == cap
+        assert topo.latency_s[link] > 0
+
+
+def test_oversubscription_removes_leaf_uplinks():
+    full = build_topology(A100.with_nodes(4))
+    half = build_topology(replace(A100.with_nodes(4), oversubscription=2.0))
+    assert full.spine_planes == 20 and half.spine_planes == 10
+    up = [link for link in half.capacity_Bps if link[0] == "leaf0.0"
+          and link[1].startswith("spine")]
+    assert len(up) == 10
+    assert build_topology(H100.with_nodes(2)).leaf_down_ports == 32  # NDR: 64-port leaves
+
+
+def test_fewer_nics_than_gpus_share_them():
+    topo = build_topology(replace(A100.with_nodes(2), nics_per_node=4))
+    assert [topo.rail_of(r) for r in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert topo.route(5, 13)[1] == ("pcie5", "nic0.2")
+
+
+def test_host_route_goes_over_pcie():
+    topo = build_topology(H100.with_nodes(2))
+    assert topo.host_route(9) == (("gpu9", "pcie9"), ("pcie9", "host1"))
+    assert topo.host_route(9, to_host=False) == (("host1", "pcie9"), ("pcie9", "gpu9"))
+    assert all(topo.link_kind(link) == "pcie" for link in topo.host_route(9))
+
+
+def test_single_node_has_no_fabric_and_large_clusters_build():
+    assert not any(u.startswith("leaf") for u, _ in build_topology(A100).capacity_Bps)
+    topo = build_topology(H100.with_nodes(256))
+    # per GPU: NVLink, GPU-PCIe, PCIe-host, PCIe-NIC (both ways); per NIC 2; leaf uplinks 2 each
+    leaves = 8 * 256 // 32
+    assert len(topo.capacity_Bps) == 2048 * 8 + 2048 * 2 + leaves * 32 * 2
+    assert topo.graph.number_of_edges() == len(topo.capacity_Bps)
+
+
+def test_bad_input_is_rejected():
+    topo = build_topology(A100.with_nodes(1))
+    with pytest.raises(ValueError, match="rank 8"):
+        topo.route(0, 8)
+    with pytest.raises(ValueError, match="oversubscription"):
+        build_topology(replace(A100, oversubscription=0.5))
+    with pytest.raises(ValueError, match="nics_per_node"):
+        build_topology(replace(A100, nics_per_node=16))
+    with pytest.raises(ValueError, match="topology"):
+        build_topology(replace(A100, topology="torus"))
