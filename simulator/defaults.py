@@ -32,13 +32,14 @@ def split_layers(num_layers: int, pp: int) -> tuple[int, ...]:
 def default_virtual_stages(num_layers: int, pp: int) -> int:
     """Model chunks per rank for interleaved-1F1B when the source does not say.
 
-    The smallest interleaving that Megatron-LM accepts: the smallest divisor > 1 of the layers per
-    stage (Megatron requires layers per stage divisible by the number of chunks), 1 when a stage
-    holds a single layer or the layers do not divide evenly over the stages.
+    The smallest interleaving above 1 that splits the largest stage evenly: the smallest divisor
+    > 1 of ceil(L / pp) (Megatron-LM requires the chunks of a stage to be equal; with an uneven
+    split the short stages get a short chunk, as in Llama 3's layout). 1 when a stage holds a
+    single layer.
     """
-    if pp <= 1 or num_layers % pp:
+    if pp <= 1:
         return 1
-    per_stage = num_layers // pp
+    per_stage = -(-num_layers // pp)
     for v in range(2, per_stage + 1):
         if per_stage % v == 0:
             return v

@@ -73,10 +73,9 @@ def validate(scn) -> None:  # scn: scenario.Scenario (duck-typed to keep this mo
         if m_count % p.pp:
             raise ScenarioError(f"interleaved-1f1b: micro-batches per pipeline = {m_count} must be a multiple "
                                 f"of pp = {p.pp} (Megatron-LM's rule)")
-        bad = [n for n in lps if n % p.virtual_stages]
-        if bad:
-            raise ScenarioError(f"parallelism.virtual_stages = {p.virtual_stages} does not divide the layers "
-                                f"per stage {list(lps)}")
+        if min(lps) < p.virtual_stages:
+            raise ScenarioError(f"parallelism.virtual_stages = {p.virtual_stages} exceeds the layers of the "
+                                f"smallest stage in {list(lps)} (each model chunk needs a layer)")
     elif p.virtual_stages != 1 and p.pp > 1:
         raise ScenarioError(f"parallelism.virtual_stages = {p.virtual_stages} needs schedule = "
                             f"'interleaved-1f1b', got {p.schedule!r}")

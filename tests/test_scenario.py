@@ -59,7 +59,7 @@ def test_default_virtual_stages_rule():
     ({"model": {"colour": 1}}, "[model] unknown key(s) ['colour']"),
     ({"parallelism": {"tp": "8"}}, "parallelism.tp must be int, got '8'"),
     ({"parallelism": {"zero_stage": 4}}, "zero_stage must be 0..3, got 4"),
-    ({"parallelism": {"schedule": "interleaved-1f1b", "virtual_stages": 4}}, "virtual_stages = 4 does not divide"),
+    ({"parallelism": {"schedule": "interleaved-1f1b", "virtual_stages": 7}}, "virtual_stages = 7 exceeds the layers"),
     ({"parallelism": {"ep": 2}}, "ep = 2 does not divide model.num_experts = 1"),
     ({"parallelism": {"offload_optimizer": True}}, "offload_optimizer needs zero_stage >= 1"),
     ({"parallelism": {"layers_per_stage": [6, 6]}}, "layers_per_stage = [6, 6] must have pp = 16"),
