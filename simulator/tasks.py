@@ -7,7 +7,8 @@ of its task list; every other ordering constraint is an explicit dependency (DES
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 TASK_KINDS = ("compute", "comm", "host")
 # Breakdown categories of metrics.json time_breakdown_s (DESIGN.md §4.3), minus "bubble"
@@ -43,8 +44,10 @@ class Collective:
     axis: str  # tp | cp | ep | pp | dp | host
 
 
-@dataclass(frozen=True, slots=True)
-class Task:
+class Task(NamedTuple):
+    """One task of the IR. Immutable like the other IR types, but a NamedTuple: a 1024-GPU step
+    lowers to ~300k tasks and tuple construction is 3-4x cheaper than a frozen dataclass's."""
+
     id: int
     name: str
     kind: str  # compute | comm | host
@@ -153,7 +156,7 @@ class TaskGraphBuilder:
 
     def set_mem(self, tid: int, mem_delta_bytes: float) -> None:
         """Attach a memory allocation (+) or release (-) to an already appended task."""
-        self._tasks[tid] = replace(self._tasks[tid], mem_delta_bytes=mem_delta_bytes)
+        self._tasks[tid] = self._tasks[tid]._replace(mem_delta_bytes=mem_delta_bytes)
 
     def stream_ids(self, rank: int, stream: str) -> tuple[int, ...]:
         return tuple(self._streams.get((rank, stream), ()))
