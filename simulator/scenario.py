@@ -56,6 +56,7 @@ class TrainingSpec:
     optimizer: str = "adam"
     grad_dtype: str = ""  # "" -> defaults.default_grad_dtype (fp32 main grads for Megatron, ZeRO >= 2: dtype)
     attention: str = "flash"  # "flash" (FlashAttention-2 kernels) | "unfused" (pre-2022 Megatron softmax path)
+    grad_accumulation_fusion: bool = True  # weight-gradient GEMMs accumulate into fp32 main_grad directly
 
     @property
     def dtype_bytes(self) -> int:

@@ -29,30 +29,43 @@ def attention_flops_of(shape: tuple[int, ...]) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Efficiency:
-    gemm_max: float  # best achievable fraction of dense peak for large GEMMs
+    gemm_max: float  # fraction of dense peak of a GEMM's main loop (tiles in full waves, long k)
     attention: float  # flash-attention fwd+bwd fraction of dense peak (causal, head_dim 128)
     memory: float  # fraction of HBM bandwidth reached by streaming elementwise kernels
     num_sms: int  # streaming multiprocessors: wave quantization of GEMM tiles
+    block_k: int  # k extent of one main-loop iteration of the bf16 tensor-core GEMM kernel
+    tile_overhead_iters: float  # pipeline prologue + epilogue of one output tile, in main-loop iterations
     kernel_overhead_s: float  # per-kernel launch/tail gap when the GPU is saturated with kernels
 
 
 # Sources:
-# - gemm_max: "Maximum Achievable Matmul FLOPS" (MAMF) measured with torch.mm over a shape sweep,
-#   Bekman, Machine Learning Engineering Open Book (compute/accelerator, 2024): A100 SXM bf16
-#   ~268 of 312 TFLOP/s (0.86), H100 SXM bf16 ~792 of 989 TFLOP/s (0.80).
+# - gemm_max: derived from measured GEMMs through this module's own GEMM model (waves x k-efficiency):
+#   A100 SXM: CUTLASS profiler documentation (media/docs/profiler.md, "Example Tensor Core GEMM
+#   Operations"): f16 in, f32 accumulate, 3456x4096x8192 in 0.98647 ms = 235.1 TFLOP/s = 0.7535 of
+#   312; that shape fills 4 full waves of 128x256 tiles and k_eff(8192) = 0.982 -> 0.767.
+#   H100 SXM: torch.matmul bf16 square GEMMs, PyTorch 2.7 / CUDA 12.8 (zzc0721/torch-performance-
+#   test-data#79): 2048^3 676.6, 4096^3 788.7, 8192^3 797.5 TFLOP/s; 0.85 reproduces them within
+#   -3%..+6% with the wave and k terms below (Bekman's MAMF table: ~792 TFLOP/s max, consistent).
+# - block_k / tile_overhead_iters: CUTLASS multistage main loop (media/docs/efficient_gemm.md,
+#   "software pipelining"): an output tile costs ceil(k / block_k) iterations plus a prologue of
+#   stages - 1 iterations that fill the pipeline and an epilogue that writes the tile, equivalent
+#   to (tile_m·tile_n) / ((tile_m + tile_n)·block_k) iterations of operand traffic. Ampere
+#   (cutlass_tensorop_s16816gemm_f16_256x128_32x3): block_k 32, 3 stages, epilogue 2.67 -> 4.67.
+#   Hopper (sm90 128x256x64 warp-specialized, 4 stages): block_k 64, prologue 3 + epilogue 1.33 -> 4.33.
 # - attention: FlashAttention-2 (Dao 2023, Fig. 6/7): A100 causal fwd+bwd up to ~190-200 TFLOP/s at
 #   head_dim 128, seq 2k-8k (~0.62 of 312); FlashAttention-3 (Shah et al. 2024, Fig. 4/5): H100 bf16
 #   causal fwd+bwd ~ 450-550 TFLOP/s for FA2-style kernels in Megatron-Core/TE (~0.50 of 989).
 #   These FLOPs count only the unmasked half of causal attention, as the papers do.
 # - memory: STREAM-like copy kernels reach ~90% of HBM peak on A100/H100 (NVIDIA's "GPU Performance
-#   Background" guide; Jia et al. 2018 microbenchmarking methodology); we take 0.85 for the mix of
-#   norm/elementwise kernels which are rarely perfectly coalesced.
+#   Background" guide); we take 0.85 for the mix of norm/elementwise kernels.
 # - num_sms: A100 108 SMs (A100 whitepaper), H100 SXM5 132 SMs (H100 whitepaper).
 # - kernel_overhead_s: back-to-back kernel launch gap of ~2-4 us on a busy stream (NVIDIA Nsight
 #   Systems timelines; PyTorch CUDA Graphs announcement, 2021: "launch overhead ... several us").
 EFFICIENCIES: dict[str, Efficiency] = {
-    "ampere": Efficiency(gemm_max=0.86, attention=0.62, memory=0.85, num_sms=108, kernel_overhead_s=2e-6),
-    "hopper": Efficiency(gemm_max=0.80, attention=0.50, memory=0.85, num_sms=132, kernel_overhead_s=2e-6),
+    "ampere": Efficiency(gemm_max=0.767, attention=0.62, memory=0.85, num_sms=108, block_k=32,
+                         tile_overhead_iters=4.67, kernel_overhead_s=2e-6),
+    "hopper": Efficiency(gemm_max=0.85, attention=0.50, memory=0.85, num_sms=132, block_k=64,
+                         tile_overhead_iters=4.33, kernel_overhead_s=2e-6),
 }
 
 # CUTLASS/cuBLAS tensor-core GEMM output tile for bf16 on Ampere/Hopper (128 x 256), NVIDIA
@@ -61,6 +74,12 @@ GEMM_TILE_M = 128
 GEMM_TILE_N = 256
 # Fraction of the full attention score matrix a causal kernel computes (lower triangle).
 CAUSAL_EXECUTED_FRACTION = 0.5
+
+
+def k_efficiency(k: int, block_k: int, overhead_iters: float) -> float:
+    """Main-loop share of a tile's time: iterations / (iterations + prologue and epilogue)."""
+    iters = math.ceil(k / block_k)
+    return iters / (iters + overhead_iters)
 
 
 def wave_efficiency(m: int, n: int, num_sms: int) -> float:
@@ -94,10 +113,11 @@ class RooflineCompute:
     def _op_time_s(self, op: OpWork) -> float:
         mem_s = op.bytes / self.mem_Bps
         if op.kind == "gemm" and op.flops > 0:
-            m, n, _k = op.shape if len(op.shape) == 3 else (1 << 14, 1 << 14, 0)
+            m, n, k = op.shape if len(op.shape) == 3 else (1 << 14, 1 << 14, 1 << 14)
             # Either orientation of the output can be tiled; cuBLAS picks the better one.
             wave = max(wave_efficiency(m, n, self.eff.num_sms), wave_efficiency(n, m, self.eff.num_sms))
-            flop_s = op.flops / (self.peak_flops_per_s * self.eff.gemm_max * wave)
+            keff = k_efficiency(k, self.eff.block_k, self.eff.tile_overhead_iters)
+            flop_s = op.flops / (self.peak_flops_per_s * self.eff.gemm_max * wave * keff)
         elif op.kind == "attention" and op.flops > 0 and self.attention == "unfused":
             return self._unfused_attention_s(op)
         elif op.kind == "attention" and op.flops > 0:

@@ -219,9 +219,12 @@ def _head_ops(m: ModelSpec, b: int, d: int) -> list[Op]:
     return [
         _norm("final_norm", "head", m, t, d),
         _gemm("lm_head", "head", t, v, h, head_params, "vocab", d),
-        # Megatron's vocab-parallel cross entropy (tensor_parallel/cross_entropy.py): forward reads
-        # the logits and saves the fp32 softmax; backward reads it and writes the logit gradient.
-        _vector("loss", "loss", "head", t, v, d + fp32, fp32 + d, 0, "vocab", d),
+        # Megatron's vocab-parallel cross entropy (core/tensor_parallel/cross_entropy.py) runs as
+        # separate fp32 passes over the logits: upcast (read 16-bit, write fp32), max, subtract the max
+        # in place, exp in place, sum, divide in place (the softmax saved for backward):
+        # (d + 4) + 4 + 8 + 8 + 4 + 8 = d + 32 bytes per logit. Backward: subtract the one-hot and
+        # scale by the upstream gradient in place (8 + 8), cast back to the training dtype (4 + d).
+        _vector("loss", "loss", "head", t, v, d + 32, 20 + d, 0, "vocab", d),
     ]
 
 

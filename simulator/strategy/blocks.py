@@ -55,10 +55,10 @@ def _cut(name: str, bwd_b: Work, bwd_w: Work, bwd: Work) -> dict:
             "bwd_b_pre": bwd_b[:j + 1], "bwd_b_post": bwd_b[j + 1:]}
 
 
-def _segment(name: str, ops: tuple[Op, ...], tp: int, sp: bool, cp: int, ep: int) -> Segment:
+def _segment(name: str, ops: tuple[Op, ...], tp: int, sp: bool, cp: int, ep: int, acc: float = 0.0) -> Segment:
     b = shard_ops_backward(ops, tp, sp, cp, ep, "B")
-    w = shard_ops_backward(ops, tp, sp, cp, ep, "W")
-    bw = shard_ops_backward(ops, tp, sp, cp, ep, "BW")
+    w = shard_ops_backward(ops, tp, sp, cp, ep, "W", acc)
+    bw = shard_ops_backward(ops, tp, sp, cp, ep, "BW", acc)
     return Segment(name, shard_ops(ops, tp, sp, cp, ep), b, w, bw, **_cut(name, b, w, bw))
 
 
@@ -94,14 +94,15 @@ class LayerBlocks:
                                  self.mlp_post) if s is not None)
 
 
-def build_blocks(graph: OpGraph, tp: int, sp: bool, cp: int, ep: int) -> LayerBlocks:
+def build_blocks(graph: OpGraph, tp: int, sp: bool, cp: int, ep: int,
+                 grad_accum_bytes_per_param: float = 0.0) -> LayerBlocks:
     attn = tuple(op for op in graph.layer if op.block == "attn")
     mlp = tuple(op for op in graph.layer if op.block == "mlp")
     core_at = next(i for i, op in enumerate(attn) if op.kind == "attention")
     experts_at = [i for i, op in enumerate(mlp) if op.tp_split == "expert"]
 
     def seg(name: str, ops: tuple[Op, ...]) -> Segment:
-        return _segment(name, ops, tp, sp, cp, ep)
+        return _segment(name, ops, tp, sp, cp, ep, grad_accum_bytes_per_param)
 
     if experts_at:
         lo, hi = experts_at[0], experts_at[-1] + 1

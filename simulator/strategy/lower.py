@@ -24,7 +24,7 @@ from .grad_sync import (gather_parameters, last_compute, optimizer_step, reduce_
 from .layer_emit import column_backward, layer_backward, layer_forward, layer_weight_grad, tp_op
 from .mesh import DeviceMesh
 from .schedules import Action, schedule_actions, splits_backward
-from .sharding import params_per_rank
+from .sharding import grad_accumulation_bytes_per_param, params_per_rank
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,8 @@ def lower(scn, full: bool = False) -> LoweredPlan:
     par, tr, model = scn.parallel, scn.training, scn.model
     mesh = DeviceMesh(pp=par.pp, dp=par.dp, cp=par.cp, tp=par.tp, ep=par.ep)
     graph = build_op_graph(model, tr.micro_batch_size, tr.dtype)
-    blocks = build_blocks(graph, par.tp, par.sequence_parallel, par.cp, par.ep)
+    acc = grad_accumulation_bytes_per_param(tr.grad_accumulation_fusion, tr.grad_dtype_bytes, tr.dtype_bytes)
+    blocks = build_blocks(graph, par.tp, par.sequence_parallel, par.cp, par.ep, acc)
     ctx = LowerCtx(scn, mesh, graph, blocks, full)
     v = par.virtual_stages if par.pp > 1 else 1
     schedule = par.schedule if par.pp > 1 else "1f1b"

@@ -119,7 +119,7 @@ def shard_ops(ops: tuple[Op, ...], tp: int, sp: bool, cp: int, ep: int) -> tuple
 
 
 def shard_ops_backward(ops: tuple[Op, ...], tp: int, sp: bool, cp: int, ep: int,
-                       part: str) -> tuple[OpWork, ...]:
+                       part: str, grad_accum_bytes_per_param: float = 0.0) -> tuple[OpWork, ...]:
     """Backward work on one rank in execution order (the reverse of the forward).
 
     part "B": input gradients (ops with weights-only backward, the embedding, are left out);
@@ -135,7 +135,22 @@ def shard_ops_backward(ops: tuple[Op, ...], tp: int, sp: bool, cp: int, ep: int,
         nbytes = (bb if "B" in part else 0.0) + (bw if "W" in part else 0.0)
         if flops or nbytes:
             out.append(OpWork(op.name, op.kind, flops, nbytes, shape))
+        if grad_accum_bytes_per_param and "W" in part and op.kind == "gemm" and op.params:
+            # unfused weight-gradient accumulation: a separate kernel adds the GEMM's 16-bit dW into
+            # the fp32 main_grad buffer (see grad_accumulation_bytes_per_param)
+            params = _op_params_per_rank(op, tp, ep)
+            out.append(OpWork(f"{op.name}.main_grad_add", "elementwise", 0.0,
+                              params * grad_accum_bytes_per_param, (params, 1)))
     return tuple(out)
+
+
+def grad_accumulation_bytes_per_param(fused: bool, grad_dtype_bytes: int, dtype_bytes: int) -> float:
+    """HBM bytes per parameter and micro-batch of accumulating a weight gradient into the main_grad
+    buffer when the accumulation is NOT fused into the weight-gradient GEMM: read the GEMM's dW
+    (training dtype), read and write the main_grad (grad dtype). Megatron-LM's
+    --gradient-accumulation-fusion (fused_weight_gradient_mlp_cuda, 2021) makes the GEMM accumulate
+    into main_grad itself, removing this kernel; 0 then."""
+    return 0.0 if fused else dtype_bytes + 2 * grad_dtype_bytes
 
 
 def _op_params_per_rank(op: Op, tp: int, ep: int) -> int:
