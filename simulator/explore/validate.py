@@ -1,0 +1,143 @@
+"""`simulator validate`: published training runs become scenarios, are simulated, and are compared.
+
+Each CSV row follows the scenario contract (DESIGN.md §4.1); an empty cell is simply an absent key,
+so the row gets exactly the defaults a user's scenario gets (``simulator/defaults.py``). The bundled
+CSV (``simulator/data/training_runs.csv``) is the shared published runs plus the software settings
+the sources imply (column ``settings_from_source`` says why), never a fitted number.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from ..pipeline import simulate
+from ..scenario import scenario_from_dict
+
+DEFAULT_CSV = Path(__file__).resolve().parents[1] / "data" / "training_runs.csv"
+MODEL_COLUMNS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size",
+                 "vocab_size", "seq_length")
+PARALLEL_INT = ("tp", "pp", "dp", "cp", "ep", "zero_stage", "virtual_stages")
+PARALLEL_STR = ("schedule", "recompute")
+BOOL = {"true": True, "false": False}
+
+
+def _int(row: dict, key: str) -> int:
+    try:
+        return int(row[key])
+    except ValueError:
+        raise ValueError(f"row {row.get('name', '?')}: {key} must be an integer, got {row[key]!r}") from None
+
+
+def row_to_raw(row: dict) -> dict:
+    """A CSV row as a scenario dict; empty cells are left out (the documented defaults apply)."""
+    given = {k: v.strip() for k, v in row.items() if k and v is not None and v.strip() != ""}
+    model = {k: _int(given, k) for k in MODEL_COLUMNS if k in given}
+    if "mlp" in given:
+        model["mlp"] = given["mlp"]
+    cluster = {"preset": given.get("gpu", "dgx-a100-80gb")}
+    for k in ("num_nodes", "gpus_per_node"):
+        if k in given:
+            cluster[k] = _int(given, k)
+    par: dict = {k: _int(given, k) for k in PARALLEL_INT if k in given}
+    par.update({k: given[k] for k in PARALLEL_STR if k in given})
+    if "sequence_parallel" in given:
+        par["sequence_parallel"] = BOOL.get(given["sequence_parallel"].lower(), given["sequence_parallel"])
+    training: dict = {k: _int(given, k) for k in ("global_batch_size", "micro_batch_size") if k in given}
+    for k in ("dtype", "attention"):
+        if k in given:
+            training[k] = given[k]
+    if "grad_accumulation_fusion" in given:
+        training["grad_accumulation_fusion"] = BOOL.get(given["grad_accumulation_fusion"].lower(),
+                                                        given["grad_accumulation_fusion"])
+    return {"name": given.get("name", "row"), "model": model, "cluster": cluster, "parallelism": par,
+            "training": training}
+
+
+def evaluate_row(row: dict) -> dict:
+    """Simulate one row; an invalid configuration is a failed row with its reason, not a crash."""
+    name = row.get("name", "row")
+    out = {"name": name, "source": row.get("source", ""), "status": "failed", "reason": "",
+           "measured_s": None, "predicted_s": None, "error": None}
+    try:
+        out["measured_s"] = float(row["iteration_time_s"])
+        scn = scenario_from_dict(row_to_raw(row), default_name=name)
+        m = simulate(scn).metrics
+    except (ValueError, KeyError) as exc:
+        out["reason"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return out
+    p = scn.parallel
+    out.update(status="ok", predicted_s=m["iteration_time_s"], error=m["iteration_time_s"] / out["measured_s"] - 1,
+               num_gpus=m["num_gpus"], mfu=m["mfu"], hfu=m["hfu"], breakdown=m["time_breakdown_s"],
+               plan=f"tp{p.tp} pp{p.pp} dp{p.dp}" + (f" v{p.virtual_stages}" if p.virtual_stages > 1 else "")
+               + f" mb{scn.training.micro_batch_size} z{p.zero_stage} {p.recompute}")
+    return out
+
+
+def read_rows(paths: list[str | Path]) -> list[dict]:
+    rows = []
+    for path in paths or [DEFAULT_CSV]:
+        p = Path(path)
+        if not p.is_file():
+            raise ValueError(f"validation CSV {str(p)!r} does not exist")
+        with p.open(newline="") as f:
+            reader = csv.DictReader(f)
+            missing = {"name", "iteration_time_s"} - set(reader.fieldnames or ())
+            if missing:
+                raise ValueError(f"validation CSV {str(p)!r} lacks column(s) {sorted(missing)}")
+            rows.extend(reader)
+    return rows
+
+
+def validate_rows(rows: list[dict], jobs: int = 0) -> list[dict]:
+    jobs = jobs or min(len(rows), os.cpu_count() or 1)
+    if jobs <= 1 or len(rows) <= 1:
+        return [evaluate_row(r) for r in rows]
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(evaluate_row, rows))
+
+
+def summary(results: list[dict]) -> dict:
+    errs = [abs(r["error"]) for r in results if r["status"] == "ok"]
+    return {"rows": len(results), "ok": len(errs), "failed": len(results) - len(errs),
+            "mape": sum(errs) / len(errs) if errs else None, "max_abs_error": max(errs) if errs else None}
+
+
+def markdown_table(results: list[dict]) -> str:
+    head = ("| run | GPUs | plan | measured s | predicted s | error | MFU | compute | recompute | TP | PP | DP | bubble |\n"
+            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    lines = [head]
+    for r in results:
+        if r["status"] != "ok":
+            lines.append(f"| {r['name']} | | failed: {r['reason']} | {r['measured_s']} | | | | | | | | | |")
+            continue
+        b = r["breakdown"]
+        lines.append(f"| {r['name']} | {r['num_gpus']} | {r['plan']} | {r['measured_s']:.2f} | {r['predicted_s']:.2f} | "
+                     f"{100 * r['error']:+.1f}% | {100 * r['mfu']:.1f}% | {b['compute']:.2f} | {b['recompute']:.2f} | "
+                     f"{b['comm_tp']:.2f} | {b['comm_pp']:.2f} | {b['comm_dp']:.2f} | {b['bubble']:.2f} |")
+    s = summary(results)
+    if s["mape"] is not None:
+        lines.append(f"\nMAPE {100 * s['mape']:.1f}%, max |error| {100 * s['max_abs_error']:.1f}% over {s['ok']} rows"
+                     + (f", {s['failed']} failed" if s["failed"] else "")
+                     + ". Breakdown columns: exposed seconds on the critical rank.")
+    return "\n".join(lines)
+
+
+def validate_command(args) -> int:
+    results = validate_rows(read_rows(args.csv))
+    s = summary(results)
+    if args.json:
+        print(json.dumps({"rows": results, "summary": s}))
+    else:
+        print(markdown_table(results))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "validation.md").write_text("# Predicted vs measured iteration time\n\n" + markdown_table(results) + "\n")
+    ok = [r for r in results if r["status"] == "ok"]
+    if ok:
+        from ..analysis.accuracy_plot import plot_predicted_vs_measured
+        plot_predicted_vs_measured(ok, out / "validation.png")
+    return 0

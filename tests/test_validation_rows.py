@@ -1,0 +1,71 @@
+"""`simulator validate`: rows become scenarios with the users' defaults, failures are reported, JSON shape."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from simulator.explore.validate import DEFAULT_CSV, evaluate_row, read_rows, row_to_raw, summary
+from simulator.pipeline import simulate
+from simulator.scenario import load_scenario, scenario_from_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "validation" / "training_runs.csv"
+
+
+def small_row(**over) -> dict:
+    row = {"source": "test", "name": "tiny", "gpu": "dgx-a100-80gb", "num_nodes": "1", "gpus_per_node": "8",
+           "num_layers": "4", "hidden_size": "1024", "num_attention_heads": "16", "num_kv_heads": "",
+           "ffn_hidden_size": "", "vocab_size": "4096", "seq_length": "1024", "mlp": "gelu", "tp": "2", "pp": "2",
+           "dp": "", "cp": "", "sequence_parallel": "", "zero_stage": "", "schedule": "interleaved-1f1b",
+           "virtual_stages": "", "recompute": "", "global_batch_size": "16", "micro_batch_size": "",
+           "iteration_time_s": "1.0"}
+    row.update(over)
+    return row
+
+
+def test_bundled_csv_is_the_shared_rows_plus_source_settings():
+    rows = read_rows([])
+    assert len(rows) == 14 and all(r["settings_from_source"] for r in rows)
+    if SHARED.is_file():
+        shared = read_rows([SHARED])
+        assert [r["name"] for r in rows] == [r["name"] for r in shared]
+        assert [r["iteration_time_s"] for r in rows] == [r["iteration_time_s"] for r in shared]
+
+
+def test_empty_cells_get_exactly_the_user_defaults(tmp_path):
+    # the same plan written as a scenario file without those keys gives the same simulation
+    toml = tmp_path / "tiny.toml"
+    toml.write_text('[model]\nnum_layers = 4\nhidden_size = 1024\nnum_attention_heads = 16\nvocab_size = 4096\n'
+                    'seq_length = 1024\nmlp = "gelu"\n[cluster]\npreset = "dgx-a100-80gb"\nnum_nodes = 1\n'
+                    'gpus_per_node = 8\n[parallelism]\ntp = 2\npp = 2\nschedule = "interleaved-1f1b"\n'
+                    '[training]\nglobal_batch_size = 16\n')
+    from_row = scenario_from_dict(row_to_raw(small_row()), default_name="tiny")
+    from_file = load_scenario(toml)
+    assert from_row.parallel == from_file.parallel and from_row.training == from_file.training
+    assert from_row.parallel.virtual_stages == 2 and from_row.training.micro_batch_size == 1
+    assert evaluate_row(small_row())["predicted_s"] == simulate(from_file).metrics["iteration_time_s"]
+
+
+def test_invalid_row_is_a_failed_row_with_its_reason():
+    r = evaluate_row(small_row(tp="3"))
+    assert r["status"] == "failed" and "tp" in r["reason"] and r["predicted_s"] is None
+    ok = evaluate_row(small_row())
+    assert ok["status"] == "ok" and ok["error"] == ok["predicted_s"] / 1.0 - 1
+    s = summary([r, ok])
+    assert s["ok"] == 1 and s["failed"] == 1 and s["mape"] == abs(ok["error"])
+
+
+def test_validate_json_one_entry_per_row(tmp_path):
+    csv_path = tmp_path / "rows.csv"
+    rows = [small_row(name="a"), small_row(name="b", tp="3")]
+    csv_path.write_text(",".join(rows[0]) + "\n" + "\n".join(",".join(r.values()) for r in rows) + "\n")
+    out = subprocess.run([sys.executable, "-m", "simulator", "validate", str(csv_path), "--json", "--out",
+                          str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert [r["name"] for r in data["rows"]] == ["a", "b"]
+    assert data["rows"][0]["status"] == "ok" and data["rows"][0]["predicted_s"] > 0
+    assert data["rows"][1]["status"] == "failed" and data["rows"][1]["reason"]
+    assert (tmp_path / "validation.md").is_file() and (tmp_path / "validation.png").is_file()
+    assert DEFAULT_CSV.is_file()
