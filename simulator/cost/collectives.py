@@ -33,17 +33,30 @@ def _memo(topo: Topology, name: str) -> dict:
 
 def _unit_phases(topo: Topology, op: str, group: tuple[int, ...], algorithm: str
                  ) -> tuple[tuple[Phase, ...], float]:
-    """Phases of a 1-byte collective and their bandwidth time (seconds per byte, run alone)."""
+    """Phases of a 1-byte collective and their bandwidth time (seconds per byte, run alone).
+
+    Phases name concrete links, so they are memoised per group; the time per byte is memoised per
+    group shifted to the first scalable unit (``Topology.translation_period_ranks``): every DP group
+    of a large run is a shifted copy of another, and fluid-timing each one alone is the costly part."""
     memo = _memo(topo, "collective_phases")
     key = (op, group, algorithm)
-    hit = memo.get(key)
-    if hit is None:
-        hit = memo[key] = _build_unit_phases(topo, op, group, algorithm)
-    return hit
+    phases = memo.get(key)
+    if phases is None:
+        phases = memo[key] = _build_unit_phases(topo, op, group, algorithm)
+    bw_memo = _memo(topo, "collective_bw")
+    period = topo.translation_period_ranks()
+    shift = (min(group) // period) * period if period else 0
+    bkey = (op, tuple(r - shift for r in group), algorithm)
+    bw = bw_memo.get(bkey)
+    if bw is None:
+        bw = bw_memo[bkey] = sum(ph.repeat * isolated_time_s([f.size_bytes for f in ph.flows],
+                                                             [f.links for f in ph.flows],
+                                                             [f.weight for f in ph.flows], topo.capacity_Bps)
+                                 for ph in phases)
+    return phases, bw
 
 
-def _build_unit_phases(topo: Topology, op: str, group: tuple[int, ...], algorithm: str
-                       ) -> tuple[tuple[Phase, ...], float]:
+def _build_unit_phases(topo: Topology, op: str, group: tuple[int, ...], algorithm: str) -> tuple[Phase, ...]:
     shape = group_shape(group, topo)
     n = shape.n
     if algorithm == "ring":
@@ -67,12 +80,7 @@ def _build_unit_phases(topo: Topology, op: str, group: tuple[int, ...], algorith
         phases = [Phase(1, "p2p", direct_flows(topo, group))]
     else:
         phases = [Phase(1, "p2p", p2p_flows(topo, group))]
-    bw = 0.0
-    for ph in phases:
-        flows = ph.flows
-        bw += ph.repeat * isolated_time_s([f.size_bytes for f in flows], [f.links for f in flows],
-                                          [f.weight for f in flows], topo.capacity_Bps)
-    return tuple(phases), bw
+    return tuple(phases)
 
 
 def _latencies(algorithm: str, protocol: str, op: str, shape: GroupShape,

@@ -120,12 +120,28 @@ class Topology:
             ld = self.leaf_name(b, self.rail_of(dst_rank))
             hops = [(gs, ps), (ps, ns), (ns, ls)]
             if ls != ld:
-                spine = f"spine{_ecmp_hash(src_rank, dst_rank, self.spine_planes)}"
+                spine = f"spine{self._spine_plane(src_rank, dst_rank)}"
                 hops += [(ls, spine), (spine, ld)]
             hops += [(ld, nd), (nd, pd), (pd, gd)]
             links = tuple(hops)
         self._routes[key] = links
         return links
+
+    def translation_period_ranks(self) -> int:
+        """Ranks in one scalable unit (the nodes under one leaf per rail) when shifting a group by a
+        whole number of units maps the fabric onto itself, routes and ECMP choices included; 0 when
+        no such symmetry holds (fat tree). Collective costs are memoised per unit-shifted group."""
+        if self.cluster.topology != "rail-optimized" or self.leaf_down_ports <= 0:
+            return 0
+        return self.leaf_down_ports * self.cluster.gpus_per_node
+
+    def _spine_plane(self, src_rank: int, dst_rank: int) -> int:
+        """ECMP choice: a hash of the endpoints' positions inside their scalable units and of the
+        units' distance, so a flow and its copy shifted by whole units take the same plane."""
+        period = self.translation_period_ranks() or self.cluster.num_gpus
+        s_unit, s_pos = divmod(src_rank, period)
+        d_unit, d_pos = divmod(dst_rank, period)
+        return _ecmp_hash(s_pos, d_pos * 4099 + (d_unit - s_unit), self.spine_planes)
 
     def host_route(self, rank: int, to_host: bool = True) -> tuple[LinkId, ...]:
         """GPU <-> host memory over PCIe (ZeRO-Offload traffic), through the GPU's PCIe switch."""
