@@ -65,7 +65,7 @@ def simulate(scn: Scenario, full: bool = False) -> RunResult:
     hw_flops = sum(e.flops for e in trace.events) * replicas
     mem = memory_report(scn, plan.stage_params, trace)
     metrics = summarize(scn, sim.makespan_s, model_flops_per_iteration(scn), hw_flops, breakdown, mem.peak,
-                        mem.capacity_bytes, mem.fits)
+                        mem.capacity_bytes, mem.fits, sim.contention_s)
     return RunResult(scn, plan, topo, sim, mem, metrics)
 
 
@@ -89,8 +89,17 @@ def write_results(result: RunResult, out_dir: str | Path) -> Path:
     plot_memory(result.memory, scn, out / "memory.png")
     rows = link_utilization(result.sim.link_stats, result.topology, result.sim.makespan_s)
     plot_link_heatmap(rows, result.topology, out / "links.png")
-    sections = [("Busiest links", links_markdown(rows, top=10))]
+    sections = [("Busiest links", links_markdown(rows, top=10)),
+                ("Network contention", _contention_markdown(result.metrics["network_contention_s"]))]
     if not result.memory.fits:
         sections.insert(0, ("Warning", "This plan does not fit in GPU memory (see the memory breakdown)."))
     write_report(out, result.metrics, ["timeline.png", "bubbles.png", "memory.png", "links.png"], sections)
     return out
+
+
+def _contention_markdown(contention_s: dict) -> str:
+    if not contention_s:
+        return "No transfer was slowed by another: every network transfer ran at its uncontended speed."
+    rows = "\n".join(f"| {cat} | {sec:.4f} |" for cat, sec in sorted(contention_s.items()))
+    return ("Seconds the transfers of each category took beyond their time alone (summed over transfers; "
+            "overlapped time included):\n\n| category | extra seconds |\n|---|---:|\n" + rows)

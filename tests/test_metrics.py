@@ -70,3 +70,16 @@ def test_full_recompute_hfu_over_mfu():
     fwd_share = 1 / 3  # recompute re-runs the forward: FLOPs grow by fwd / (fwd + bwd) = 1/3
     assert m1["hfu"] / m1["mfu"] == pytest.approx(1 + fwd_share, rel=2e-2)
     assert m1["iteration_time_s"] > m0["iteration_time_s"]
+
+
+def test_dp_and_pp_sharing_nics_report_contention():
+    # two stages on two nodes: pipeline sends and the overlapped DP gradient buckets use the same NICs
+    raw = {"model": {"num_layers": 8, "hidden_size": 2048, "num_attention_heads": 16, "vocab_size": 4096,
+                     "seq_length": 2048},
+           "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 4},
+           "parallelism": {"tp": 2, "pp": 2, "schedule": "interleaved-1f1b", "virtual_stages": 2},
+           "training": {"global_batch_size": 64, "micro_batch_size": 1}}
+    m = simulate(scenario_from_dict(raw)).metrics
+    assert m["network_contention_s"].get("comm_pp", 0.0) + m["network_contention_s"].get("comm_dp", 0.0) > 0
+    alone = simulate(gpt()).metrics  # one stage: no pipeline traffic to collide with
+    assert alone["network_contention_s"].get("comm_pp", 0.0) == 0.0

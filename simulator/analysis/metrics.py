@@ -68,7 +68,8 @@ def critical_rank(trace: Trace) -> int:
 
 
 def summarize(scn, iteration_time_s: float, model_flops: float, hardware_flops: float,
-              breakdown: dict[str, float], memory_peak: dict, capacity_bytes: float, fits: bool) -> dict:
+              breakdown: dict[str, float], memory_peak: dict, capacity_bytes: float, fits: bool,
+              contention_s: dict | None = None) -> dict:
     """metrics.json (DESIGN.md §4.3); MFU/HFU against the GPU's dense peak (PaLM, Chowdhery 2022 App. B)."""
     n = scn.num_gpus
     peak = scn.cluster.gpu.peak(scn.training.dtype)
@@ -90,4 +91,7 @@ def summarize(scn, iteration_time_s: float, model_flops: float, hardware_flops: 
         "memory_bytes": memory_peak,
         "memory_capacity_bytes": capacity_bytes,
         "fits_in_memory": fits,
+        # extension: seconds network transfers took beyond their time alone, summed per category
+        # (shared links: DP buckets slowing PP sends on the same NIC, ...); not exposed time
+        "network_contention_s": dict(contention_s or {}),
     }

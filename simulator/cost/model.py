@@ -59,6 +59,11 @@ class CostModel:
     def comm_plan(self, task: Task) -> CommPlan:
         return plan_collective(task.comm, self.topo, self.algorithms.get(task.comm.op))
 
+    def isolated_s(self, task: Task) -> float:
+        """The transfer's time with the network to itself (what the engine's run of its plan takes
+        alone, ``cost/collectives``): the baseline against which contention is measured."""
+        return collective_time_s(task.comm, self.topo, self.algorithms.get(task.comm.op))
+
     # ---- helpers ----------------------------------------------------------------------------------
     def _in_one_node(self, group: tuple[int, ...]) -> bool:
         g = self.scn.cluster.gpus_per_node

@@ -27,6 +27,9 @@ class TaskCost(Protocol):
 
     def comm_plan(self, task: Task) -> CommPlan: ...
 
+    def isolated_s(self, task: Task) -> float:
+        """Seconds the task's transfer takes with the network to itself (contention baseline)."""
+
 
 @dataclass(frozen=True)
 class SimResult:
@@ -35,6 +38,7 @@ class SimResult:
     end_s: list[float]
     makespan_s: float
     link_stats: dict  # LinkId -> (bytes, busy_s)
+    contention_s: dict  # category -> seconds network transfers took beyond their time alone
 
 
 def simulate_graph(graph: TaskGraph, cost: TaskCost, capacity_Bps: dict | None = None,
@@ -53,6 +57,13 @@ def simulate_graph(graph: TaskGraph, cost: TaskCost, capacity_Bps: dict | None =
         if t.sync_key >= 0:
             participants[t.sync_key] = participants.get(t.sync_key, 0) + 1
     barriers: dict[int, list] = {}  # key -> [arrived, max_clock, event, end]
+
+    contention: dict[str, float] = {}
+
+    def slowdown(t: Task, elapsed: float) -> None:
+        extra = elapsed - cost.isolated_s(t)
+        if extra > 1e-12 * max(elapsed, 1.0):
+            contention[t.category] = contention.get(t.category, 0.0) + extra
 
     def finish(i: int, t_end: float) -> None:
         end[i] = t_end
@@ -84,7 +95,8 @@ def simulate_graph(graph: TaskGraph, cost: TaskCost, capacity_Bps: dict | None =
             if dur is None:
                 if clock > env.now:
                     yield env.timeout(clock - env.now)
-                yield from net.run(cost.comm_plan(t))
+                elapsed = yield from net.run(cost.comm_plan(t))
+                slowdown(t, elapsed)
                 clock = env.now
             else:
                 clock += dur
@@ -105,7 +117,8 @@ def simulate_graph(graph: TaskGraph, cost: TaskCost, capacity_Bps: dict | None =
         if dur is None:
             if begin > env.now:
                 yield env.timeout(begin - env.now)
-            yield from net.run(cost.comm_plan(t))
+            elapsed = yield from net.run(cost.comm_plan(t))
+            slowdown(t, elapsed)
             state[3] = env.now
         else:
             state[3] = begin + dur
@@ -181,4 +194,4 @@ def simulate_graph(graph: TaskGraph, cost: TaskCost, capacity_Bps: dict | None =
         for t in tasks)
     makespan = max(end) if n else 0.0  # type: ignore[type-var]
     trace = Trace(events, "simulated", dict(rank_labels or {}), dict(metadata or {}))
-    return SimResult(trace, start, end, makespan, net.link_stats())  # type: ignore[arg-type]
+    return SimResult(trace, start, end, makespan, net.link_stats(), contention)  # type: ignore[arg-type]

@@ -16,6 +16,14 @@ Dominance rules (DESIGN.md §4.2 search; each removes choices that can never be 
 - ZeRO-3 only where ZeRO-2 does not fit (``search``): it adds a parameter all-gather per layer and
   micro-batch to ZeRO-2's traffic, 1.5x the volume (Rajbhandari et al. 2020, §7.2.3), buying memory.
 - ZeRO stages are equivalent without data parallelism (dp * cp = 1): stage 0 only.
+
+Search-space bounds (``SearchSpace``; documented limits, not dominance):
+
+- context parallelism only where ring attention can hide its K/V exchange: a rank's sequence block
+  of s/cp tokens must reach F/B, the GPU's peak FLOP/s over the per-GPU bandwidth of the links the
+  ring crosses (NVLink when tp*cp fits in a node, else the NIC): Liu et al. 2023, Ring Attention,
+  §3 and Table 1 (A100: about 1K tokens over NVLink, 12.5K over InfiniBand).
+- micro-batch sizes are powers of two up to 16.
 """
 
 from __future__ import annotations
@@ -99,7 +107,7 @@ class SearchSpace:
     schedules: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     recompute: tuple[str, ...] = RECOMPUTE_ORDER
-    max_cp: int = 0  # 0: any divisor of the sequence that the cluster allows
+    cp_min_block: bool = True  # apply the ring-attention block-size condition above
     prune_dominated: bool = True
 
 
@@ -109,13 +117,23 @@ def _virtual_choices(num_layers: int, pp: int, layers_per_stage: tuple[int, ...]
     return [v for v in range(2, min(lps) + 1) if all(n % v == 0 for n in lps)]
 
 
+def min_cp_block_tokens(cluster, dtype: str, tp: int, cp: int) -> float:
+    """Smallest sequence block per CP rank whose attention hides the ring's K/V transfer, F/B
+    (Liu et al. 2023, Ring Attention, §3): peak FLOP/s over the per-GPU bandwidth of the ring's links."""
+    inside = tp * cp <= cluster.gpus_per_node
+    per_gpu = cluster.nvlink_bandwidth_Bps if inside else \
+        cluster.nic_bandwidth_Bps * cluster.nics_per_node / cluster.gpus_per_node
+    return cluster.gpu.peak(dtype) / per_gpu
+
+
 def enumerate_plans(model, num_gpus: int, global_batch_size: int, space: SearchSpace | None = None,
-                    layers_per_stage: tuple[int, ...] | None = None) -> Iterator[Plan]:
+                    layers_per_stage: tuple[int, ...] | None = None, cluster=None,
+                    dtype: str = "bf16") -> Iterator[Plan]:
     """Every plan of the space whose degrees multiply to ``num_gpus``, in a fixed order.
 
     Only the divisibility that defines the plan itself is applied here (tp*pp*cp*dp = GPUs, b dividing
-    the per-replica batch, interleaving dividing the stage layers); the scenario rules decide validity
-    (``valid_plans``)."""
+    the per-replica batch, interleaving dividing the stage layers) and the space's bounds (the CP block
+    condition needs ``cluster``); the scenario rules decide validity (``valid_plans``)."""
     space = space or SearchSpace()
     if num_gpus < 1 or global_batch_size < 1:
         raise ValueError(f"enumerate_plans: num_gpus = {num_gpus} and global_batch_size = {global_batch_size} "
@@ -124,7 +142,10 @@ def enumerate_plans(model, num_gpus: int, global_batch_size: int, space: SearchS
     experts = model.num_experts if model.num_experts > 1 else 1
     for tp in divisors(num_gpus):
         for cp in divisors(num_gpus // tp):
-            if model.seq_length % cp or (space.max_cp and cp > space.max_cp):
+            if model.seq_length % cp:
+                continue
+            if cp > 1 and space.cp_min_block and cluster is not None and \
+                    model.seq_length / cp < min_cp_block_tokens(cluster, dtype, tp, cp):
                 continue
             for pp in divisors(num_gpus // (tp * cp)):
                 if pp > model.num_layers:

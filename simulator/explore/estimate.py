@@ -103,7 +103,8 @@ class EstimateCache:
         """Uncontended time of a collective (``cost.collectives.collective_time_s``)."""
         cost = self.cost(scn)
         return self._get(("coll", op, float(size_bytes), group, self._cost_key(scn)), lambda: collective_time_s(
-            Collective(op, float(size_bytes), group, "dp"), cost.topo, cost.algorithms.get(op)))
+            Collective(op, float(size_bytes), group, "pp" if op == "send_recv" else "dp"), cost.topo,
+            cost.algorithms.get(op)))
 
     def tp_s(self, scn, op: str) -> float:
         """Uncontended time of one TP collective of the hidden-state tensor b·(s/cp)·h."""
@@ -306,11 +307,30 @@ def _dp_stream_s(scn, cache: EstimateCache, stage: int) -> float:
     return max(coll("all_gather", 2 * m * weights), coll("reduce_scatter", m * grads))
 
 
+def _pp_stream_s(scn, cache: EstimateCache, rank: int, prof: RankProfile) -> float:
+    """The rank's pipeline send stream, serial: one send of its 1/t share of the hidden state per F
+    to the next virtual stage and per B to the previous one (Narayanan et al. 2021 §4.1)."""
+    par, tr, m = scn.parallel, scn.training, scn.model
+    nv = par.pp * _schedule(scn)[1]
+    if nv == 1:
+        return 0.0
+    mesh = DeviceMesh(pp=par.pp, dp=par.dp, cp=par.cp, tp=par.tp, ep=par.ep)
+    size = tr.micro_batch_size * (m.seq_length // par.cp) * m.hidden_size * tr.dtype_bytes / par.tp
+    total = 0.0
+    for (vs, phase), count in prof.head + prof.tail:
+        to = vs + 1 if phase == "F" else vs - 1 if phase == "B" else -1
+        if 0 <= to < nv:
+            group = (mesh.rank(pp=rank), mesh.rank(pp=to % par.pp))
+            total += count * cache.collective_s(scn, "send_recv", size, group)
+    return total
+
+
 def time_lower_bound(scn, cache: EstimateCache | None = None) -> tuple[float, float]:
     """(bound, blocking TP seconds on the bounding rank's compute stream). Per pipeline rank, the compute
     stream: the forward chain of the virtual stages before its first action + its work up to its last B
-    + max(its remaining work, the backward chain of the virtual stages before that B); and its
-    data-parallel streams (``_dp_stream_s``). The bound is the largest over ranks and streams."""
+    + max(its remaining work, the backward chain of the virtual stages before that B); its
+    data-parallel streams (``_dp_stream_s``) and its pipeline sends (``_pp_stream_s``). The bound is the
+    largest over ranks and streams."""
     cache = cache or EstimateCache()
     t = _phase_times(scn, cache)
     nv = scn.parallel.pp * _schedule(scn)[1]
@@ -322,7 +342,7 @@ def time_lower_bound(scn, cache: EstimateCache | None = None) -> tuple[float, fl
         tail = sum(c * sum(t[k]) for k, c in prof.tail)
         bound = sum(fwd[:prof.first_stage]) + head + max(tail, sum(bwd[:prof.last_b_stage]))
         tp = sum(c * t[k][1] for k, c in prof.head + prof.tail)
-        bound = max(bound, _dp_stream_s(scn, cache, r))
+        bound = max(bound, _dp_stream_s(scn, cache, r), _pp_stream_s(scn, cache, r, prof))
         if bound > best[0]:
             best = (bound, tp)
     return best
