@@ -33,20 +33,3 @@ class CommStep:
 class CommPlan:
     algorithm: str
     steps: tuple[CommStep, ...]
-
-    def uncontended_time_s(self, capacity_Bps: dict) -> float:
-        """Time with no other traffic: each step ends when its slowest flow ends."""
-        total = 0.0
-        for step in self.steps:
-            slowest = 0.0
-            load: dict = {}
-            for f in step.flows:
-                for link in f.links:
-                    load[link] = load.get(link, 0.0) + f.weight
-            for f in step.flows:
-                if f.size_bytes <= 0 or not f.links:
-                    continue
-                rate = min(capacity_Bps[link] / load[link] for link in f.links)
-                slowest = max(slowest, f.size_bytes / rate)
-            total += step.repeat * (step.latency_s + slowest)
-        return total

@@ -49,10 +49,6 @@ class LowerCtx:
     def dtype_bytes(self) -> int:
         return self.scn.training.dtype_bytes
 
-    def activation_bytes(self) -> float:
-        """One micro-batch's hidden-state tensor on one rank: b·(s/cp)·h (divided by tp with SP)."""
-        return self.full_activation_bytes() / (self.par.tp if self.par.sequence_parallel else 1)
-
     def full_activation_bytes(self) -> float:
         """b·(s/cp)·h elements: the TP collectives' buffer (nccl-tests size of an all-reduce, of a
         reduce-scatter's input, of an all-gather's output)."""
