@@ -58,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--grid", action="append", default=[], metavar="SECTION.KEY=V1,V2", required=True)
         else:
             s.add_argument("--top", type=int, default=10)
+            s.add_argument("--exhaustive", action="store_true",
+                           help="simulate every plan that fits (no lower-bound pruning)")
 
     cal = sub.add_parser("calibrate", help="profile kernels, import and compare real traces")
     csub = cal.add_subparsers(dest="action", required=True, parser_class=_Parser)

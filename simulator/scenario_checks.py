@@ -28,9 +28,10 @@ def validate(scn) -> None:  # scn: scenario.Scenario (duck-typed to keep this mo
     if m.num_attention_heads % p.tp:
         raise ScenarioError(f"parallelism.tp = {p.tp} does not divide model.num_attention_heads = "
                             f"{m.num_attention_heads}")
-    if m.num_kv_heads % p.tp and p.tp % m.num_kv_heads:
-        raise ScenarioError(f"parallelism.tp = {p.tp} and model.num_kv_heads = {m.num_kv_heads}: one must "
-                            f"divide the other")
+    if m.num_kv_heads % p.tp:
+        # Megatron-Core asserts num_query_groups % tensor_model_parallel_size == 0
+        raise ScenarioError(f"parallelism.tp = {p.tp} does not divide model.num_kv_heads = {m.num_kv_heads} "
+                            f"(each TP rank needs whole key/value heads)")
     if m.ffn_hidden_size % p.tp:
         raise ScenarioError(f"parallelism.tp = {p.tp} does not divide model.ffn_hidden_size = "
                             f"{m.ffn_hidden_size}")

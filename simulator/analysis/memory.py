@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from ..model.spec import ModelSpec
 from ..strategy import activation_memory as am
+from ..strategy.lower import chunk_sizes
 from ..strategy.schedules import schedule_actions, splits_backward
 from ..trace import Trace, TraceEvent
 from ..units import DTYPE_BYTES, MiB
@@ -276,9 +277,9 @@ def schedule_trace(scn, stages: list[int] | None = None, recompute_workspace: bo
     size = {"embed": am.embedding_activation_bytes(*args, d), "head": am.head_activation_bytes(*args, d),
             "layer": layer}
     rows = schedule_actions(schedule, p, scn.num_microbatches, v)
+    sizes_of_chunk = chunk_sizes(par.layers_per_stage, v)  # uneven chunks, exactly as the lowering
     events: list[TraceEvent] = []
     for stage in (range(p) if stages is None else stages):
-        n = par.layers_per_stage[stage] // v
         clock = 0.0
 
         def emit(a, delta: float, phase: str) -> None:
@@ -289,6 +290,7 @@ def schedule_trace(scn, stages: list[int] | None = None, recompute_workspace: bo
             clock += 1.0
 
         for a in rows[stage]:
+            n = sizes_of_chunk[a.stage]
             units = ["embed"] * (a.stage == 0) + ["layer"] * n + ["head"] * (a.stage == p * v - 1)
             if a.phase == "F":
                 for u in units:

@@ -13,8 +13,10 @@ Dominance rules (DESIGN.md §4.2 search; each removes choices that can never be 
   m instead of p micro-batches in flight.
 - recompute: the search keeps the least recompute that fits (none, then selective, then full;
   ``search``): recomputation only adds compute (Chen et al. 2016; Korthikanti et al. 2022 §5).
-- ZeRO-3 only where ZeRO-2 does not fit (``search``): it adds a parameter all-gather per layer and
-  micro-batch to ZeRO-2's traffic, 1.5x the volume (Rajbhandari et al. 2020, §7.2.3), buying memory.
+- ZeRO-3 only where no lower stage fits with the same degrees, micro-batch and schedule (``search``):
+  it all-gathers every layer's parameters in every micro-batch's forward and backward, 2m gathers of
+  the stage's weights per step where ZeRO-1/2 need one (Rajbhandari et al. 2020, §7.2.3: 1.5x the
+  traffic of data parallelism with one micro-batch, more with gradient accumulation); it buys memory.
 - ZeRO stages are equivalent without data parallelism (dp * cp = 1): stage 0 only.
 
 Search-space bounds (``SearchSpace``; documented limits, not dominance):
@@ -23,6 +25,9 @@ Search-space bounds (``SearchSpace``; documented limits, not dominance):
   of s/cp tokens must reach F/B, the GPU's peak FLOP/s over the per-GPU bandwidth of the links the
   ring crosses (NVLink when tp*cp fits in a node, else the NIC): Liu et al. 2023, Ring Attention,
   §3 and Table 1 (A100: about 1K tokens over NVLink, 12.5K over InfiniBand).
+- interleaving degrees v that split the largest stage's layers evenly (Megatron-LM's
+  --num-layers-per-virtual-pipeline-stage keeps a stage's chunks equal), not every v up to the
+  smallest stage that the scenario rules accept (chunks one layer apart).
 - micro-batch sizes are powers of two up to 16.
 """
 
@@ -32,7 +37,6 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
 
 from ..defaults import split_layers
-from ..scenario import scenario_from_dict
 from ..scenario_checks import ScenarioError
 
 # Parallelism keys a plan sets; the scenario's other [parallelism] keys (overlap flags, cp_algorithm,
@@ -108,13 +112,18 @@ class SearchSpace:
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     recompute: tuple[str, ...] = RECOMPUTE_ORDER
     cp_min_block: bool = True  # apply the ring-attention block-size condition above
+    even_chunks: bool = True  # interleaving degrees that split the largest stage evenly
     prune_dominated: bool = True
 
 
-def _virtual_choices(num_layers: int, pp: int, layers_per_stage: tuple[int, ...] | None) -> list[int]:
-    """Chunks per rank for interleaved-1F1B: every v >= 2 dividing each stage's layer count."""
+def _virtual_choices(num_layers: int, pp: int, layers_per_stage: tuple[int, ...] | None,
+                     even_chunks: bool) -> list[int]:
+    """Chunks per rank for interleaved-1F1B: 2 up to the layers of the smallest stage (the scenario rule;
+    chunks may then differ by a layer, ``strategy.lower.chunk_sizes``), or with ``even_chunks`` only the
+    divisors of the largest stage's layers (Megatron-LM keeps a stage's chunks equal; with uneven stages
+    the short ones get one short chunk, the Llama 3 layout of ``defaults.default_virtual_stages``)."""
     lps = layers_per_stage if layers_per_stage and len(layers_per_stage) == pp else split_layers(num_layers, pp)
-    return [v for v in range(2, min(lps) + 1) if all(n % v == 0 for n in lps)]
+    return [v for v in range(2, min(lps) + 1) if not even_chunks or max(lps) % v == 0]
 
 
 def min_cp_block_tokens(cluster, dtype: str, tp: int, cp: int) -> float:
@@ -132,7 +141,7 @@ def enumerate_plans(model, num_gpus: int, global_batch_size: int, space: SearchS
     """Every plan of the space whose degrees multiply to ``num_gpus``, in a fixed order.
 
     Only the divisibility that defines the plan itself is applied here (tp*pp*cp*dp = GPUs, b dividing
-    the per-replica batch, interleaving dividing the stage layers) and the space's bounds (the CP block
+    the per-replica batch, interleaving within the smallest stage) and the space's bounds (the CP block
     condition needs ``cluster``); the scenario rules decide validity (``valid_plans``)."""
     space = space or SearchSpace()
     if num_gpus < 1 or global_batch_size < 1:
@@ -168,7 +177,7 @@ def _inner(model, tp, pp, dp, cp, ep, batch, space, schedules, layers_per_stage)
         for schedule in (schedules if pp > 1 else ("1f1b",)):
             vs = [1]
             if schedule == "interleaved-1f1b":
-                vs = _virtual_choices(model.num_layers, pp, layers_per_stage) if m % pp == 0 else []
+                vs = _virtual_choices(model.num_layers, pp, layers_per_stage, space.even_chunks) if m % pp == 0 else []
             for v in vs:
                 for zero in zeros:
                     for rc in space.recompute:
@@ -176,10 +185,11 @@ def _inner(model, tp, pp, dp, cp, ep, batch, space, schedules, layers_per_stage)
                             yield Plan(tp, pp, dp, cp, ep, b, schedule, v, zero, rc, sp)
 
 
-def valid_plans(raw: dict, plans, name: str = "plan") -> Iterator[tuple[Plan, object | None, str]]:
-    """(plan, Scenario, "") for plans the scenario rules accept, (plan, None, reason) for the others."""
+def valid_plans(plans, build) -> Iterator[tuple[Plan, object | None, str]]:
+    """(plan, Scenario, "") for the plans the scenario rules accept, (plan, None, reason) for the others;
+    ``build(plan)`` makes the Scenario (``scenario_from_dict`` of ``apply_plan``, see ``sweep.BaseScenario``)."""
     for plan in plans:
         try:
-            yield plan, scenario_from_dict(apply_plan(raw, plan), default_name=name), ""
+            yield plan, build(plan), ""
         except ScenarioError as exc:
             yield plan, None, str(exc)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..analysis.memory import (FRAGMENTATION_FRACTION, MIN_PARAM_BYTES, OPTIMIZER_BYTES_PER_PARAM, model_state_bytes,
                                rank_param_counts, static_buffers)
 from ..cost.collectives import collective_time_s
@@ -25,7 +27,9 @@ from ..model.opgraph import build_op_graph
 from ..strategy import activation_memory as am
 from ..strategy.blocks import build_blocks
 from ..strategy.mesh import DeviceMesh
+from ..strategy.lower import chunk_sizes
 from ..strategy.schedules import schedule_actions, splits_backward
+from ..strategy.sharding import grad_accumulation_bytes_per_param
 from ..tasks import Collective, Task
 from ..units import DTYPE_BYTES
 
@@ -77,8 +81,9 @@ class EstimateCache:
         p, t = scn.parallel, scn.training
         gkey = ("graph", repr(scn.model), t.micro_batch_size, t.dtype)
         graph = self._get(gkey, lambda: build_op_graph(scn.model, t.micro_batch_size, t.dtype))
-        return self._get(gkey + (p.tp, p.sequence_parallel, p.cp, p.ep),
-                         lambda: build_blocks(graph, p.tp, p.sequence_parallel, p.cp, p.ep))
+        acc = grad_accumulation_bytes_per_param(t.grad_accumulation_fusion, t.grad_dtype_bytes, t.dtype_bytes)
+        return self._get(gkey + (p.tp, p.sequence_parallel, p.cp, p.ep, acc),
+                         lambda: build_blocks(graph, p.tp, p.sequence_parallel, p.cp, p.ep, acc))
 
     def _cost_key(self, scn) -> str:
         return repr((scn.cluster, scn.training.dtype, scn.training.attention, scn.cost))
@@ -123,9 +128,10 @@ class EstimateCache:
 class RankProfile:
     """What the estimates need from one rank's action list.
 
-    ``states``: the distinct (in-flight sets before an action, that action) pairs, where the in-flight
-    sets are, per virtual stage, (F - B, F - W) counts: a set's B part is alive from its F to its B,
-    its W part from its F to its W (non-split schedules have no W: F - W counts F). ``head`` / ``tail``:
+    ``states``: (the rank's virtual stages, (FB, FW, action)) over the distinct (in-flight sets before an
+    action, that action) pairs: row i of FB / FW counts, per virtual stage, F - B and F - W so far (a
+    set's B part is alive from its F to its B, its W part from its F to its W; non-split schedules have
+    no W: F - W counts F), action[i] = 3 * column + "FBW".index(phase). ``head`` / ``tail``:
     action counts per (virtual stage, phase) up to and including the last B, and after it."""
 
     first_stage: int
@@ -137,21 +143,26 @@ class RankProfile:
 
 def _profile(acts) -> RankProfile:
     stages = sorted({a.stage for a in acts})
-    fb = dict.fromkeys(stages, 0)
-    fw = dict.fromkeys(stages, 0)
+    col = {st: i for i, st in enumerate(stages)}
+    fb = [0] * len(stages)
+    fw = [0] * len(stages)
     states = set()
     for a in acts:
-        states.add((tuple(fb[s] for s in stages), tuple(fw[s] for s in stages), a.stage, a.phase))
+        states.add((tuple(fb), tuple(fw), col[a.stage], "FBW".index(a.phase)))
+        i = col[a.stage]
         if a.phase == "F":
-            fb[a.stage] += 1
-            fw[a.stage] += 1
+            fb[i] += 1
+            fw[i] += 1
         elif a.phase == "B":
-            fb[a.stage] -= 1
+            fb[i] -= 1
         else:
-            fw[a.stage] -= 1
+            fw[i] -= 1
+    ordered = sorted(states)
+    matrix = (np.array([x[0] for x in ordered], dtype=float), np.array([x[1] for x in ordered], dtype=float),
+              np.array([x[2] * 3 + x[3] for x in ordered]))
     last_b = max(i for i, a in enumerate(acts) if a.phase == "B")
     count = lambda part: tuple(sorted(_counter((a.stage, a.phase) for a in part).items()))  # noqa: E731
-    return RankProfile(acts[0].stage, acts[last_b].stage, (tuple(stages), tuple(sorted(states))),
+    return RankProfile(acts[0].stage, acts[last_b].stage, (tuple(stages), matrix),
                        count(acts[:last_b + 1]), count(acts[last_b + 1:]))
 
 
@@ -176,10 +187,10 @@ def _phase_memory(scn) -> dict:
         if splits_backward(schedule) else (layer, 0.0)
     size = {"embed": am.embedding_activation_bytes(*args, d), "head": am.head_activation_bytes(*args, d),
             "layer": layer}
-    nv = par.pp * v
+    sizes = chunk_sizes(par.layers_per_stage, v)
+    nv = len(sizes)
     out = {}
-    for vs in range(nv):
-        n = par.layers_per_stage[vs % par.pp] // v
+    for vs, n in enumerate(sizes):
         units = ["embed"] * (vs == 0) + ["layer"] * n + ["head"] * (vs == nv - 1)
         extra = sum(size[u] for u in units if u != "layer")
         entry = {"b": n * at_b + extra, "w": n * at_w, "F": n * layer + extra, "W": 0.0}
@@ -211,13 +222,11 @@ def activation_peaks(scn, cache: EstimateCache | None = None) -> list[float]:
     phase = _phase_memory(scn)
     peaks = []
     for prof in cache.profiles(scn):
-        stages, states = prof.states
-        bw = [(phase[s]["b"], phase[s]["w"]) for s in stages]
-        peak = 0.0
-        for fb, fw, stage, ph in states:
-            level = sum(x * b + y * w for x, y, (b, w) in zip(fb, fw, bw))
-            peak = max(peak, level + phase[stage][ph])
-        peaks.append(peak)
+        stages, (fb, fw, action) = prof.states
+        b = np.array([phase[st]["b"] for st in stages])
+        w = np.array([phase[st]["w"] for st in stages])
+        up = np.array([phase[st][ph] for st in stages for ph in "FBW"])
+        peaks.append(max(0.0, float(np.max(fb @ b + fw @ w + up[action]))))
     return peaks
 
 
@@ -272,10 +281,10 @@ def _phase_times(scn, cache: EstimateCache) -> dict:
     w_c = sum(seg_s(s, "W") for s in segs) if split else 0.0
     embed_tp = cache.tp_s(scn, "reduce_scatter" if sp else "all_reduce")
     gather = cache.tp_s(scn, "all_gather") if sp else 0.0
-    nv = par.pp * v
+    sizes = chunk_sizes(par.layers_per_stage, v)
+    nv = len(sizes)
     out = {}
-    for vs in range(nv):
-        n = par.layers_per_stage[vs % par.pp] // v
+    for vs, n in enumerate(sizes):
         first, last = vs == 0, vs == nv - 1
         out[vs, "F"] = (n * f_c + first * work(b.embed.fwd) + last * work(b.head.fwd),
                         n * f_tp + first * embed_tp + last * gather)

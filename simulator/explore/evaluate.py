@@ -81,8 +81,8 @@ class Evaluator:
             try:
                 import ray
             except ImportError:
-                raise ValueError("--backend ray needs the optional extra: pip install 'llm-cluster-simulator[cluster]'") \
-                    from None
+                raise ValueError("--backend ray needs the optional extra: "
+                                 "pip install 'llm-cluster-simulator[cluster]'") from None
             ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
             self._ray = ray
             self._remote = ray.remote(evaluate_scenario)

@@ -4,12 +4,12 @@ cluster and global batch.
 1. Enumerate every plan (``enumerate``); the scenario rules reject invalid ones.
 2. Static memory estimate (``estimate``, the accounting of ``analysis.memory``) rejects those that do
    not fit, and the dominance rules of ``enumerate`` drop choices that cannot be faster: per plan only
-   the least recompute that fits; ZeRO-3 only where ZeRO-2 does not fit.
+   the least recompute that fits; ZeRO-3 only where no lower ZeRO stage fits.
 3. Branch and bound: plans are simulated in order of their time lower bound; a plan whose bound is not
    below the K-th best simulated time (ranking is by tokens/s, i.e. by time at a fixed batch) cannot
-   enter the top K and is skipped, and so is every later one. With ``per_tp`` the best plan of every
-   TP degree is found the same way, which shows what larger TP costs. The top K is exact as long as
-   the bound holds (tests check it against the simulator).
+   enter the top K and is skipped, and so is every later one. With ``per_tp`` the lowest-bound plan of
+   every TP degree is simulated too, which shows what each TP degree costs (exposed TP communication).
+   The top K is exact as long as the bound holds (tests check it against the simulator).
 4. Rows stream to results/<name>/search.csv; the top K, the best plan per TP degree and a Pareto
    chart (tokens/s against peak memory) follow.
 """
@@ -19,12 +19,13 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..hardware.clusters import CLUSTER_PRESETS
 from ..scenario_checks import ScenarioError
-from .enumerate import PLAN_FIELDS, RECOMPUTE_ORDER, Plan, SearchSpace, enumerate_plans, plan_of, valid_plans
+from ..units import GiB
+from .enumerate import PLAN_FIELDS, RECOMPUTE_ORDER, Plan, SearchSpace, enumerate_plans, valid_plans
 from .estimate import EstimateCache, estimate
 from .evaluate import RESULT_COLUMNS, CsvStream, Evaluator, flatten, progress
 from .sweep import BaseScenario, read_base, render_table
@@ -55,7 +56,12 @@ class SearchResult:
     wall_s: float
     csv_path: Path
     capacity_bytes: float
-    notes: list[str] = field(default_factory=list)
+    estimate_s: float = 0.0  # enumeration, validation and static estimates
+
+    @property
+    def plans_per_s(self) -> float:
+        """Plans simulated per second of the simulation phase."""
+        return self.counts["simulated"] / max(self.wall_s - self.estimate_s, 1e-9)
 
 
 def _probe(base: BaseScenario):
@@ -75,8 +81,10 @@ def _probe(base: BaseScenario):
             raise first from None
 
 
-def candidates(base: BaseScenario, space: SearchSpace, cache: EstimateCache, counts: dict):
-    """Valid plans that fit, after the dominance rules, each with its estimates."""
+def candidates(base: BaseScenario, space: SearchSpace, cache: EstimateCache, counts: dict,
+               pruned: list | None = None) -> list[Candidate]:
+    """Valid plans that fit, after the dominance rules, each with its estimates, in bound order; the
+    plans that do not fit are appended to ``pruned`` as CSV rows."""
     scn0 = _probe(base)
     batch = base.raw.get("training", {}).get("global_batch_size", scn0.training.global_batch_size)
     lps = scn0.parallel.layers_per_stage if "layers_per_stage" in base.raw.get("parallelism", {}) else None
@@ -87,27 +95,36 @@ def candidates(base: BaseScenario, space: SearchSpace, cache: EstimateCache, cou
     out = []
     for plans in groups.values():
         fits: dict = {}
-        for plan, scn, reason in valid_plans(base.raw, plans, base.name):
+        for plan, scn, _reason in valid_plans(plans, base.with_plan):
             if scn is None:
                 counts["invalid"] += 1
                 continue
             try:
                 est = estimate(scn, cache, with_time=False)
-            except ValueError:  # a combination the scenario rules accept but the sharding cannot split
+            except ValueError:  # a combination the scenario rules accept but the lowering cannot split
                 counts["invalid"] += 1
                 continue
             fits[plan.zero_stage, plan.recompute] = (plan, scn, est) if est.fits else None
             if not est.fits:
                 counts["pruned_memory"] += 1
+                if pruned is not None:
+                    pruned.append({"label": plan.label(), **plan.as_dict(), "estimated_memory_bytes": est.total_bytes,
+                                   "status": "pruned-memory", "reason": f"estimated peak {est.total_bytes / GiB:.1f} "
+                                   f"GiB > capacity {est.capacity_bytes / GiB:.1f} GiB (stage {est.worst_stage})"})
         for (zero, rc), entry in sorted(fits.items(), key=lambda kv: (kv[0][0], RECOMPUTE_ORDER.index(kv[0][1]))):
             if entry is None:
                 continue
             lesser = any(fits.get((zero, r)) for r in RECOMPUTE_ORDER[:RECOMPUTE_ORDER.index(rc)])
-            if space.prune_dominated and (lesser or (zero == 3 and fits.get((2, rc)))):
+            below = zero == 3 and any(v for (z, _), v in fits.items() if z < 3)
+            if space.prune_dominated and (lesser or below):
                 counts["dominated"] += 1
                 continue
             plan, scn, est = entry
-            full = estimate(scn, cache)
+            try:
+                full = estimate(scn, cache)
+            except ValueError:  # the sharding of the layer's ops rejects it (see above)
+                counts["invalid"] += 1
+                continue
             out.append(Candidate(plan, scn, full.total_bytes, full.time_lower_bound_s, full.tp_comm_bound_s))
     out.sort(key=lambda c: (c.bound_s, c.plan))
     return out
@@ -122,13 +139,17 @@ def run_search(base: BaseScenario, csv_path: Path, top: int = 10, jobs: int = 0,
         raise ValueError(f"--top must be >= 1, got {top}")
     counts = dict.fromkeys(("enumerated", "invalid", "pruned_memory", "dominated", "pruned_bound", "simulated",
                             "cache_hits", "failed"), 0)
-    cands = candidates(base, space, EstimateCache(), counts)
+    pruned: list[dict] = []
+    cands = candidates(base, space, EstimateCache(), counts, pruned)
+    estimate_s = time.perf_counter() - t0
     best: list[float] = []  # sorted times of fitting simulated plans (the top-K threshold)
-    tp_best: dict[int, float] = {}
     rows: list[dict] = []
     per: dict = {}
+    probed: set[int] = set()
     with CsvStream(csv_path, CSV_COLUMNS) as out, Evaluator(jobs, backend, address) as ev:
         window = 2 * ev.jobs
+        for row in pruned:
+            out.write(row)
 
         def collect() -> None:
             cand, result = ev.next_done()
@@ -139,12 +160,12 @@ def run_search(base: BaseScenario, csv_path: Path, top: int = 10, jobs: int = 0,
             if row["status"] == "ok" and row["fits_in_memory"]:
                 t = row["iteration_time_s"]
                 best.insert(sum(1 for x in best if x <= t), t)
-                tp_best[cand.plan.tp] = min(t, tp_best.get(cand.plan.tp, float("inf")))
 
         def needed(c: Candidate) -> bool:
-            kth = best[top - 1] if len(best) >= top else float("inf")
-            group = tp_best.get(c.plan.tp, float("inf")) if per_tp else 0.0
-            return c.bound_s < max(kth, group)
+            if per_tp and c.plan.tp not in probed:  # the lowest-bound plan of every TP degree
+                probed.add(c.plan.tp)
+                return True
+            return c.bound_s < (best[top - 1] if len(best) >= top else float("inf"))
 
         with progress(len(cands), "search") as bar:
             for c in cands:
@@ -168,7 +189,7 @@ def run_search(base: BaseScenario, csv_path: Path, top: int = 10, jobs: int = 0,
             per[r["tp"]] = r
     capacity = cands[0].scn.cluster.gpu.memory_capacity_bytes if cands else 0.0
     return SearchResult(ranked, rows, dict(sorted(per.items())), counts, time.perf_counter() - t0, csv_path,
-                        float(capacity))
+                        float(capacity), estimate_s)
 
 
 def rank(rows: list[dict]) -> list[dict]:
@@ -188,13 +209,17 @@ def explain_tp(result: SearchResult, gpus_per_node: int) -> list[str]:
         where = f"spans {tp // gpus_per_node} nodes" if tp > gpus_per_node else "inside a node"
         if r["status"] == "ok":
             slow = r["iteration_time_s"] / top["iteration_time_s"] - 1
-            lines.append(f"TP={tp} ({where}): best plan {slow:+.0%} slower; exposed TP communication "
-                         f"{r['time_comm_tp_s']:.2f} s vs {top['time_comm_tp_s']:.2f} s at TP={top['tp']}")
+            lines.append(f"TP={tp} ({where}): best simulated plan {slow:+.0%} slower; exposed TP communication "
+                         f"{r['time_comm_tp_s']:.3g} s vs {top['time_comm_tp_s']:.3g} s at TP={top['tp']}")
         else:
             lines.append(f"TP={tp} ({where}): not simulated, its lower bound {r['time_lower_bound_s']:.2f} s "
                          f"(of which {r['tp_comm_bound_s']:.2f} s blocking TP communication) already exceeds "
                          f"{top['iteration_time_s']:.2f} s")
     return lines
+
+
+def _secs(x: float, scale: float) -> str:
+    return f"{x:.3f}" if scale < 10 else f"{x:.2f}"
 
 
 def format_ranked(rows: list[dict]) -> str:
@@ -204,10 +229,10 @@ def format_ranked(rows: list[dict]) -> str:
     named = ("time_compute_s", "time_recompute_s", "time_comm_tp_s", "time_comm_pp_s", "time_comm_dp_s",
              "time_bubble_s")
     for i, r in enumerate(rows, 1):
-        other = r["iteration_time_s"] - sum(r[k] for k in named)
-        table.append([str(i), r["label"], f"{r['iteration_time_s']:.3f}", f"{r['tokens_per_s']:,.0f}",
-                      f"{r['mfu']:.1%}", f"{r['memory_total_bytes'] / 2**30:.1f}"]
-                     + [f"{r[k]:.2f}" for k in named] + [f"{other:.2f}"])
+        t = r["iteration_time_s"]
+        other = t - sum(r[k] for k in named)
+        table.append([str(i), r["label"], f"{t:.3f}", f"{r['tokens_per_s']:,.0f}", f"{r['mfu']:.1%}",
+                      f"{r['memory_total_bytes'] / GiB:.1f}"] + [_secs(r[k], t) for k in named] + [_secs(other, t)])
     return render_table(table)
 
 
@@ -224,23 +249,24 @@ def search_command(args) -> int:
     scn0 = _probe(base)
     notes = explain_tp(result, scn0.cluster.gpus_per_node)
     if result.rows:
-        from ..analysis.validation_plots import plot_pareto
+        from ..analysis.pareto_plot import plot_pareto
         plot_pareto(result.rows, out_dir / "pareto.png", result.capacity_bytes, title=f"{base.display_name}: plans")
     if args.json:
         print(json.dumps({"top": result.ranked[:args.top], "per_tp": list(result.per_tp.values()),
-                          "counts": result.counts, "wall_s": result.wall_s, "tp_notes": notes}))
+                          "counts": result.counts, "wall_s": result.wall_s, "estimate_s": result.estimate_s,
+                          "tp_notes": notes}))
         return 0 if result.ranked else 1
     c = result.counts
     print(f"{c['enumerated']} plans enumerated: {c['invalid']} invalid, {c['pruned_memory']} do not fit, "
           f"{c['dominated']} dominated, {c['pruned_bound']} pruned by the time bound, {c['simulated']} simulated "
           f"({c['cache_hits']} cache hits, {c['failed']} failed) in {result.wall_s:.1f} s "
-          f"({c['simulated'] / max(result.wall_s, 1e-9):.2f} plans/s)")
+          f"(estimates {result.estimate_s:.1f} s, then {result.plans_per_s:.2f} plans simulated/s)")
     if not result.ranked:
         print("no plan fits in memory", file=sys.stderr)
         return 1
     print(f"\ntop {min(args.top, len(result.ranked))} plans by tokens/s (breakdown: exposed seconds per step)")
     print(format_ranked(result.ranked[:args.top]))
-    print("\nbest plan per TP degree")
+    print("\nbest simulated plan per TP degree (the lowest-bound plan of every degree is simulated)")
     print(format_per_tp(result.per_tp))
     for line in notes:
         print(line)
@@ -253,6 +279,6 @@ def format_per_tp(per_tp: dict) -> str:
     for tp, r in per_tp.items():
         ok = r["status"] == "ok"
         table.append([str(tp), r["label"], r["status"], f"{r['iteration_time_s']:.3f}" if ok else "",
-                      f"{r['time_lower_bound_s']:.3f}", f"{r['time_comm_tp_s']:.2f}" if ok else
-                      f">= {r['tp_comm_bound_s']:.2f}"])
+                      f"{r['time_lower_bound_s']:.3f}", f"{r['time_comm_tp_s']:.3f}" if ok else
+                      f">= {r['tp_comm_bound_s']:.3f}"])
     return render_table(table)

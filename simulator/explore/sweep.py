@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..scenario import apply_overrides, scenario_from_dict
 from ..scenario_checks import ScenarioError
-from .enumerate import PLAN_FIELDS, plan_of
+from .enumerate import PLAN_FIELDS, apply_plan, plan_of
 from .evaluate import RESULT_COLUMNS, CsvStream, Evaluator, flatten, progress
 
 
@@ -30,6 +30,11 @@ class BaseScenario:
     def build(self, overrides: list[str] | tuple[str, ...] = ()):
         raw = apply_overrides(self.raw, list(overrides))
         return scenario_from_dict(raw, default_name=self.name, base_dir=self.base_dir, source=self.source)
+
+    def with_plan(self, plan):
+        """The scenario with a plan's settings (``enumerate.apply_plan``)."""
+        return scenario_from_dict(apply_plan(self.raw, plan), default_name=self.name, base_dir=self.base_dir,
+                                  source=self.source)
 
     @property
     def display_name(self) -> str:

@@ -1,5 +1,5 @@
-"""Pictures of many runs at once: predicted against measured iteration time (``validate``) and the
-Pareto front of throughput against peak memory (``search`` / ``sweep``), written as PNG.
+"""The Pareto chart of a plan search or sweep: throughput against peak memory per GPU, the front of
+plans that no other plan beats on both, written as PNG.
 
 Figures are ``matplotlib.figure.Figure`` objects rendered by Agg, never pyplot (no global state).
 """
@@ -13,9 +13,6 @@ from matplotlib.figure import Figure
 
 from ..units import GiB
 
-# The issue's accuracy target band: every row within +-20 % (README "Accuracy").
-ERROR_BAND = 0.20
-
 
 def _save(fig: Figure, path: str | Path) -> Path:
     out = Path(path)
@@ -23,36 +20,6 @@ def _save(fig: Figure, path: str | Path) -> Path:
     FigureCanvasAgg(fig)
     fig.savefig(out, dpi=120)
     return out
-
-
-def plot_validation(rows: list[dict], path: str | Path, title: str = "predicted vs measured") -> Path:
-    """Log-log scatter of predicted against measured seconds per iteration, with y = x and a +-20 % band.
-    ``rows``: dicts with ``name``, ``measured`` and ``predicted`` (rows without a prediction are skipped)."""
-    pts = [(r["measured"], r["predicted"], r["name"]) for r in rows if r.get("predicted") and r.get("measured")]
-    fig = Figure(figsize=(6.4, 6.0))
-    ax = fig.add_subplot()
-    if pts:
-        lo = min(min(m, p) for m, p, _ in pts) / 1.5
-        hi = max(max(m, p) for m, p, _ in pts) * 1.5
-        ax.plot([lo, hi], [lo, hi], color="black", lw=1, label="y = x")
-        ax.fill_between([lo, hi], [lo * (1 - ERROR_BAND), hi * (1 - ERROR_BAND)],
-                        [lo * (1 + ERROR_BAND), hi * (1 + ERROR_BAND)], color="#cccccc", alpha=0.5,
-                        label=f"±{ERROR_BAND:.0%}")
-        ax.scatter([m for m, _, _ in pts], [p for _, p, _ in pts], color="#1f77b4", zorder=3)
-        for m, p, name in pts:
-            ax.annotate(name, (m, p), textcoords="offset points", xytext=(4, -10), fontsize=7)
-        ax.set_xlim(lo, hi)
-        ax.set_ylim(lo, hi)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.legend(loc="upper left")
-    else:
-        ax.text(0.5, 0.5, "no row was simulated", ha="center", va="center", transform=ax.transAxes)
-    ax.set_xlabel("measured seconds per iteration")
-    ax.set_ylabel("predicted seconds per iteration")
-    ax.set_title(title)
-    fig.tight_layout()
-    return _save(fig, path)
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[int]:
