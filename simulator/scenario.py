@@ -107,8 +107,8 @@ _TRAINING_KEYS = {f.name for f in dataclasses.fields(TrainingSpec)}
 _COST_KEYS = {"compute", "tables", "collective_algorithms"}
 
 
-def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
-    """Read a scenario file, apply ``section.key=value`` overrides, validate, build the dataclasses."""
+def read_raw(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> dict:
+    """A scenario file as a plain dict with ``section.key=value`` overrides applied, not yet built."""
     p = Path(path)
     if not p.is_file():
         raise ScenarioError(f"scenario file {str(p)!r} does not exist")
@@ -116,8 +116,13 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ())
         raw = tomllib.loads(p.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{p}: malformed TOML: {exc}") from None
-    raw = apply_overrides(raw, overrides)
-    return scenario_from_dict(raw, default_name=p.stem, base_dir=p.parent, source=str(p))
+    return apply_overrides(raw, overrides)
+
+
+def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
+    """Read a scenario file, apply ``section.key=value`` overrides, validate, build the dataclasses."""
+    p = Path(path)
+    return scenario_from_dict(read_raw(p, overrides), default_name=p.stem, base_dir=p.parent, source=str(p))
 
 
 def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:

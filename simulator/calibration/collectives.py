@@ -12,19 +12,13 @@ import tempfile
 from pathlib import Path
 
 from ..cost.calibrated import CollectiveRow
+from ..cost.collectives import busbw_factor
+from .profile import cuda_event_times
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 SIZES_BYTES = tuple(2 ** e for e in range(16, 31, 2))  # 64 KiB .. 1 GiB, as nccl-tests -b 64K -e 1G -f 4
 WARMUP = 5  # nccl-tests default warm-up iterations (-w 5)
 ITERS = 20  # nccl-tests default timed iterations (-n 20)
-
-
-def bus_factor(op: str, n: int) -> float:
-    """busbw / algbw from nccl-tests doc/PERFORMANCE.md: 2(n-1)/n for all-reduce, (n-1)/n for all-gather,
-    reduce-scatter and all-to-all."""
-    if op == "all_reduce":
-        return 2.0 * (n - 1) / n
-    return (n - 1) / n
 
 
 def _worker(rank: int, world: int, init_file: str, out_file: str, sizes: tuple[int, ...]) -> None:
@@ -62,14 +56,7 @@ def _worker(rank: int, world: int, init_file: str, out_file: str, sizes: tuple[i
                 fn()
             torch.cuda.synchronize()
             dist.barrier()
-            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                      for _ in range(ITERS)]
-            for a, b in events:
-                a.record()
-                fn()
-                b.record()
-            torch.cuda.synchronize()
-            times = sorted(a.elapsed_time(b) * 1e-3 for a, b in events)
+            times = cuda_event_times(fn, ITERS)
             t = torch.tensor([times[len(times) // 2]], device="cuda", dtype=torch.float64)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank finishes the collective
             results.append({"op": op, "num_ranks": world, "size_bytes": elems * 2, "time_s": float(t.item()),
@@ -94,7 +81,7 @@ def profile_collectives(world: int, sizes: tuple[int, ...] = SIZES_BYTES) -> lis
     for r in raw:
         algbw = r["size_bytes"] / r["time_s"]
         rows.append(CollectiveRow(r["op"], r["num_ranks"], float(r["size_bytes"]), r["time_s"], algbw,
-                                  algbw * bus_factor(r["op"], r["num_ranks"]), r["samples"]))
+                                  algbw * busbw_factor(r["op"], r["num_ranks"]), r["samples"]))
     return rows
 
 

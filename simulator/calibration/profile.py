@@ -115,6 +115,19 @@ def copy_specs() -> list[KernelSpec]:
             for d in ("h2d", "d2h") for n in COPY_SIZES_BYTES]
 
 
+def cuda_event_times(fn, reps: int) -> list[float]:
+    """Sorted seconds of ``reps`` calls, each bracketed by CUDA events on the current stream."""
+    import torch
+
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for a, b in events:
+        a.record()
+        fn()
+        b.record()
+    torch.cuda.synchronize()
+    return sorted(a.elapsed_time(b) * 1e-3 for a, b in events)
+
+
 def time_callable(fn, device: str) -> tuple[float, int]:
     """(median seconds per call, repetitions) after warm-up; CUDA events on a GPU, perf_counter on the CPU."""
     import torch
@@ -136,14 +149,7 @@ def time_callable(fn, device: str) -> tuple[float, int]:
         one_s = time.perf_counter() - t
     reps = max(MIN_REPS, min(MAX_REPS, math.ceil(TARGET_TIME_S / max(one_s, 1e-9))))
     if cuda:
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                  for _ in range(reps)]
-        for a, b in events:
-            a.record()
-            fn()
-            b.record()
-        torch.cuda.synchronize()
-        times = sorted(a.elapsed_time(b) * 1e-3 for a, b in events)
+        times = cuda_event_times(fn, reps)
     else:
         times = []
         for _ in range(reps):

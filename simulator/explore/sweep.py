@@ -8,11 +8,10 @@ from __future__ import annotations
 import itertools
 import json
 import sys
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..scenario import apply_overrides, scenario_from_dict
+from ..scenario import apply_overrides, read_raw, scenario_from_dict
 from ..scenario_checks import ScenarioError
 from .enumerate import PLAN_FIELDS, apply_plan, plan_of
 from .evaluate import RESULT_COLUMNS, CsvStream, Evaluator, flatten, progress
@@ -44,13 +43,7 @@ class BaseScenario:
 def read_base(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> BaseScenario:
     """Read a scenario file as load_scenario does, without building it (``--set`` applied)."""
     p = Path(path)
-    if not p.is_file():
-        raise ScenarioError(f"scenario file {str(p)!r} does not exist")
-    try:
-        raw = tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError(f"{p}: malformed TOML: {exc}") from None
-    return BaseScenario(apply_overrides(raw, list(overrides)), p.stem, p.parent, str(p))
+    return BaseScenario(read_raw(p, list(overrides)), p.stem, p.parent, str(p))
 
 
 def split_values(text: str) -> list[str]:
