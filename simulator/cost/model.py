@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from ..hardware.topology import Topology
+from ..hardware.topology import PCIE_EFFICIENCY, Topology
 from ..tasks import Task
 from .collectives import collective_time_s, plan_collective
 from .compute import RooflineCompute
@@ -18,9 +18,6 @@ from .plan import CommPlan
 # ZeRO-Offload's CPU-Adam (Ren et al. 2021, §5.1 and Table 3): ~0.2 s per step for 1B parameters on
 # one DGX-2 node's CPU (2 x Xeon Platinum 8168); the node's GPUs share it.
 CPU_ADAM_PARAMS_PER_S_PER_NODE = 5.0e9
-# PCIe host links deliver ~80% of their line rate in cudaMemcpy with pinned memory (NVIDIA
-# bandwidthTest: ~25 GB/s on Gen4 x16, ~50 GB/s on Gen5 x16).
-PCIE_EFFICIENCY = 0.8
 
 
 class CostModel:
