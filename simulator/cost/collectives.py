@@ -38,11 +38,7 @@ def _unit_phases(topo: Topology, op: str, group: tuple[int, ...], algorithm: str
     Phases name concrete links, so they are memoised per group; the time per byte is memoised per
     group shifted to the first scalable unit (``Topology.translation_period_ranks``): every DP group
     of a large run is a shifted copy of another, and fluid-timing each one alone is the costly part."""
-    memo = _memo(topo, "collective_phases")
-    key = (op, group, algorithm)
-    phases = memo.get(key)
-    if phases is None:
-        phases = memo[key] = _build_unit_phases(topo, op, group, algorithm)
+    phases = _phases(topo, op, group, algorithm)
     bw_memo = _memo(topo, "collective_bw")
     period = topo.translation_period_ranks()
     shift = (min(group) // period) * period if period else 0
@@ -54,6 +50,15 @@ def _unit_phases(topo: Topology, op: str, group: tuple[int, ...], algorithm: str
                                                              [f.weight for f in ph.flows], topo.capacity_Bps)
                                  for ph in phases)
     return phases, bw
+
+
+def _phases(topo: Topology, op: str, group: tuple[int, ...], algorithm: str) -> tuple[Phase, ...]:
+    memo = _memo(topo, "collective_phases")
+    key = (op, group, algorithm)
+    phases = memo.get(key)
+    if phases is None:
+        phases = memo[key] = _build_unit_phases(topo, op, group, algorithm)
+    return phases
 
 
 def _build_unit_phases(topo: Topology, op: str, group: tuple[int, ...], algorithm: str) -> tuple[Phase, ...]:
@@ -180,12 +185,27 @@ def _efficiency(topo: Topology, op: str, size: float, shape: GroupShape, alg: st
 
 
 def _estimate(topo: Topology, op: str, size: float, group: tuple[int, ...],
-              alg: str, proto: str) -> float:
-    phases, bw = _unit_phases(topo, op, group, alg)
+              alg: str, proto: str, bw: float | None = None) -> float:
+    """Uncontended seconds of one algorithm/protocol; ``bw`` (seconds per byte) overrides the
+    fluid-timed value, e.g. with a lower bound of it (the time is non-decreasing in ``bw``)."""
+    phases, bw_s = _unit_phases(topo, op, group, alg) if bw is None else (_phases(topo, op, group, alg), bw)
     shape = group_shape(group, topo)
     base, lats = _latencies(alg, proto, op, shape, phases)
-    eff = _efficiency(topo, op, size, shape, alg, proto, bw)
-    return base + sum(p.repeat * lat for p, lat in zip(phases, lats)) + bw * size / eff
+    eff = _efficiency(topo, op, size, shape, alg, proto, bw_s)
+    return base + sum(p.repeat * lat for p, lat in zip(phases, lats)) + bw_s * size / eff
+
+
+def _bw_lower_bound(topo: Topology, op: str, group: tuple[int, ...], alg: str) -> float:
+    """Seconds per byte no schedule of the phases can beat: each phase lasts at least as long as
+    its most loaded link needs to carry its bytes (cheap next to fluid-timing the flows)."""
+    total = 0.0
+    for ph in _phases(topo, op, group, alg):
+        load: dict = {}
+        for f in ph.flows:
+            for link in f.links:
+                load[link] = load.get(link, 0.0) + f.size_bytes * f.weight
+        total += ph.repeat * max((b / topo.capacity_Bps[link] for link, b in load.items()), default=0.0)
+    return total
 
 
 def _best(topo: Topology, op: str, size: float, group: tuple[int, ...],
@@ -203,6 +223,10 @@ def _pick(topo: Topology, op: str, size: float, group: tuple[int, ...],
           algorithm: str | None) -> tuple[str, str, float]:
     best = None
     for alg, proto in _candidates(op, size, group, topo, algorithm):
+        # skip the costly fluid timing of a candidate whose lower bound already loses
+        if best is not None and _estimate(topo, op, size, group, alg, proto,
+                                          _bw_lower_bound(topo, op, group, alg)) >= best[2]:
+            continue
         t = _estimate(topo, op, size, group, alg, proto)
         if best is None or t < best[2]:
             best = (alg, proto, t)

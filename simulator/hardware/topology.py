@@ -61,7 +61,6 @@ class Topology:
     """The cluster's link graph with per-link capacity (bytes/s per direction) and latency."""
 
     cluster: ClusterSpec
-    graph: nx.DiGraph
     capacity_Bps: dict  # LinkId -> application-level bytes/s in the link's direction
     latency_s: dict  # LinkId -> seconds
     leaf_down_ports: int = 0  # NIC-facing ports per leaf switch
@@ -70,6 +69,18 @@ class Topology:
     # Scratch space for values derived from this topology by the layers above (collective plans
     # and times), so they live and die with it instead of in a global cache.
     memo: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def graph(self) -> nx.DiGraph:
+        """The links as a networkx DiGraph (edge attributes capacity_Bps, latency_s), built on first
+        use: the simulation itself needs only the capacity and latency maps and the routes, and a
+        16k-GPU graph costs a noticeable part of a run to build."""
+        g = self.memo.get("graph")
+        if g is None:
+            g = self.memo["graph"] = nx.DiGraph()
+            g.add_edges_from((u, v, {"capacity_Bps": b, "latency_s": self.latency_s[(u, v)]})
+                             for (u, v), b in self.capacity_Bps.items())
+        return g
 
     @property
     def num_gpus(self) -> int:
@@ -206,7 +217,7 @@ def build_topology(cluster: ClusterSpec) -> Topology:
     ports = NDR_LEAF_PORTS if nic_Gbps >= NDR_GBPS else HDR_LEAF_PORTS
     down = ports // 2
     planes = max(1, round(down / c.oversubscription))
-    topo = Topology(c, nx.DiGraph(), cap, lat, down, planes)
+    topo = Topology(c, cap, lat, down, planes)
     if c.num_nodes > 1:
         leaves = set()
         for node in range(c.num_nodes):
@@ -219,6 +230,4 @@ def build_topology(cluster: ClusterSpec) -> Topology:
             for leaf in sorted(leaves):
                 for p in range(planes):
                     add(leaf, f"spine{p}", nic, "leaf-spine")
-    topo.graph.add_edges_from((u, v, {"capacity_Bps": b, "latency_s": lat[(u, v)]})
-                              for (u, v), b in cap.items())
     return topo
