@@ -19,12 +19,10 @@ def validate(scn) -> None:  # scn: scenario.Scenario (duck-typed to keep this mo
     if p.num_gpus != c.num_gpus:
         raise ScenarioError(f"parallelism: dp*tp*pp*cp = {p.dp}*{p.tp}*{p.pp}*{p.cp} = {p.num_gpus} != "
                             f"{c.num_gpus} GPUs ({c.num_nodes} nodes x {c.gpus_per_node})")
-    if m.hidden_size % m.num_attention_heads:
-        raise ScenarioError(f"model.hidden_size {m.hidden_size} is not divisible by "
-                            f"num_attention_heads {m.num_attention_heads}")
-    if m.num_attention_heads % m.num_kv_heads:
-        raise ScenarioError(f"model.num_attention_heads {m.num_attention_heads} is not divisible by "
-                            f"num_kv_heads {m.num_kv_heads}")
+    try:
+        m.check()
+    except ValueError as exc:
+        raise ScenarioError(f"model.{exc}") from None
     if m.num_attention_heads % p.tp:
         raise ScenarioError(f"parallelism.tp = {p.tp} does not divide model.num_attention_heads = "
                             f"{m.num_attention_heads}")
@@ -35,8 +33,6 @@ def validate(scn) -> None:  # scn: scenario.Scenario (duck-typed to keep this mo
     if m.ffn_hidden_size % p.tp:
         raise ScenarioError(f"parallelism.tp = {p.tp} does not divide model.ffn_hidden_size = "
                             f"{m.ffn_hidden_size}")
-    if m.moe_top_k > m.num_experts:
-        raise ScenarioError(f"model.moe_top_k = {m.moe_top_k} exceeds num_experts = {m.num_experts}")
     if p.ep > 1 and m.num_experts % p.ep:
         raise ScenarioError(f"parallelism.ep = {p.ep} does not divide model.num_experts = {m.num_experts}")
     if p.ep > 1 and (p.dp * p.cp) % p.ep:

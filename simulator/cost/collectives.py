@@ -31,6 +31,15 @@ def _memo(topo: Topology, name: str) -> dict:
     return topo.memo.setdefault(name, {})
 
 
+def _memoised(topo: Topology, name: str, key: tuple, build):
+    """``build()`` once per key, kept in the topology's memo table ``name``."""
+    memo = _memo(topo, name)
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = build()
+    return hit
+
+
 def _unit_phases(topo: Topology, op: str, group: tuple[int, ...], algorithm: str
                  ) -> tuple[tuple[Phase, ...], float]:
     """Phases of a 1-byte collective and their bandwidth time (seconds per byte, run alone).
@@ -53,12 +62,8 @@ def _unit_phases(topo: Topology, op: str, group: tuple[int, ...], algorithm: str
 
 
 def _phases(topo: Topology, op: str, group: tuple[int, ...], algorithm: str) -> tuple[Phase, ...]:
-    memo = _memo(topo, "collective_phases")
-    key = (op, group, algorithm)
-    phases = memo.get(key)
-    if phases is None:
-        phases = memo[key] = _build_unit_phases(topo, op, group, algorithm)
-    return phases
+    return _memoised(topo, "collective_phases", (op, group, algorithm),
+                     lambda: _build_unit_phases(topo, op, group, algorithm))
 
 
 def _build_unit_phases(topo: Topology, op: str, group: tuple[int, ...], algorithm: str) -> tuple[Phase, ...]:
@@ -211,12 +216,8 @@ def _bw_lower_bound(topo: Topology, op: str, group: tuple[int, ...], alg: str) -
 def _best(topo: Topology, op: str, size: float, group: tuple[int, ...],
           algorithm: str | None) -> tuple[str, str, float]:
     """(algorithm, protocol, uncontended seconds) of the fastest candidate, memoised."""
-    memo = _memo(topo, "collective_best")
-    key = (op, size, group, algorithm)
-    hit = memo.get(key)
-    if hit is None:
-        hit = memo[key] = _pick(topo, op, size, group, algorithm)
-    return hit
+    return _memoised(topo, "collective_best", (op, size, group, algorithm),
+                     lambda: _pick(topo, op, size, group, algorithm))
 
 
 def _pick(topo: Topology, op: str, size: float, group: tuple[int, ...],
@@ -261,12 +262,8 @@ def collective_time_s(coll: Collective, topo: Topology, algorithm: str | None = 
 
 def _plan(topo: Topology, op: str, size: float, group: tuple[int, ...],
           algorithm: str | None) -> CommPlan:
-    memo = _memo(topo, "collective_plans")
-    key = (op, size, group, algorithm)
-    hit = memo.get(key)
-    if hit is None:
-        hit = memo[key] = _build_plan(topo, op, size, group, algorithm)
-    return hit
+    return _memoised(topo, "collective_plans", (op, size, group, algorithm),
+                     lambda: _build_plan(topo, op, size, group, algorithm))
 
 
 def _build_plan(topo: Topology, op: str, size: float, group: tuple[int, ...],

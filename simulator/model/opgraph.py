@@ -231,15 +231,7 @@ def _head_ops(m: ModelSpec, b: int, d: int) -> list[Op]:
 def build_op_graph(model: ModelSpec, micro_batch_size: int, dtype: str = "bf16") -> OpGraph:
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
-    if model.hidden_size % model.num_attention_heads:
-        raise ValueError(f"hidden_size {model.hidden_size} is not divisible by "
-                         f"num_attention_heads {model.num_attention_heads}")
-    if model.num_attention_heads % model.num_kv_heads:
-        raise ValueError(f"num_attention_heads {model.num_attention_heads} is not divisible by "
-                         f"num_kv_heads {model.num_kv_heads}")
-    if model.is_moe and not 1 <= model.moe_top_k <= model.num_experts:
-        raise ValueError(f"moe_top_k {model.moe_top_k} must be in 1..num_experts "
-                         f"{model.num_experts}")
+    model.check()
     d = _dtype_bytes(dtype)
     b = micro_batch_size
     return OpGraph(model, b, d, tuple(_embed_ops(model, b, d)),

@@ -45,6 +45,17 @@ class ModelSpec:
         if self.bias is None:
             object.__setattr__(self, "bias", gpt_style)
 
+    def check(self) -> None:
+        """Raise ValueError naming the field and the numbers when the shape is not a transformer."""
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by "
+                             f"num_attention_heads {self.num_attention_heads}")
+        if self.num_attention_heads % self.num_kv_heads:
+            raise ValueError(f"num_attention_heads {self.num_attention_heads} is not divisible by "
+                             f"num_kv_heads {self.num_kv_heads}")
+        if self.is_moe and not 1 <= self.moe_top_k <= self.num_experts:
+            raise ValueError(f"moe_top_k {self.moe_top_k} must be in 1..num_experts {self.num_experts}")
+
     # ---- derived sizes -------------------------------------------------------------------
     @property
     def head_dim(self) -> int:
