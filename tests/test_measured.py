@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from simulator.analysis.measured import (exposed_communication, kernel_time_by_category, merged_intervals,
+from simulator.analysis.bubbles import merge_intervals
+from simulator.analysis.measured import (exposed_communication, kernel_time_by_category,
                                          plot_measured_timeline, plot_side_by_side, stream_utilization,
                                          summary_markdown)
 from simulator.trace import Trace, TraceEvent
@@ -27,7 +28,7 @@ def _trace() -> Trace:
 
 
 def test_merged_intervals():
-    assert merged_intervals([(3, 4), (0, 1), (0.5, 2), (2, 2.5)]) == [(0, 2.5), (3, 4)]
+    assert merge_intervals([(3, 4), (0, 1), (0.5, 2), (2, 2.5)]) == [(0, 2.5), (3, 4)]
 
 
 def test_stream_utilization_is_busy_union_over_the_window():

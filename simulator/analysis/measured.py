@@ -16,6 +16,7 @@ from matplotlib.patches import Patch
 
 from ..trace import Trace, TraceEvent
 from ..units import MS
+from .bubbles import merge_intervals
 from .plots import CATEGORY_COLOURS
 
 KERNEL_CATEGORIES = ("gemm", "attention", "elementwise", "nccl", "memcpy", "other")
@@ -24,17 +25,6 @@ HOST_CATEGORIES = ("cpu_op", "cuda_runtime")
 KERNEL_COLOURS = {"gemm": "#1f77b4", "attention": "#17becf", "elementwise": "#ff7f0e", "nccl": "#d62728",
                   "memcpy": "#8c564b", "cpu_op": "#c7c7c7", "cuda_runtime": "#e0e0e0"}
 PALETTE = {**CATEGORY_COLOURS, **KERNEL_COLOURS}
-
-
-def merged_intervals(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """Union of [start, end) intervals, sorted and non-overlapping."""
-    out: list[list[float]] = []
-    for a, b in sorted(spans):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return [(a, b) for a, b in out]
 
 
 def _length(spans: list[tuple[float, float]]) -> float:
@@ -63,7 +53,7 @@ def stream_utilization(trace: Trace, start_s: float | None = None, end_s: float 
     order = {s: i for i, s in enumerate(trace.streams())}
     rows = []
     for (rank, stream), spans in sorted(lanes.items(), key=lambda kv: (kv[0][0], order[kv[0][1]])):
-        busy = _length(merged_intervals(spans))
+        busy = _length(merge_intervals(spans))
         span = hi - lo
         rows.append({"rank": rank, "stream": stream, "events": counts[(rank, stream)], "busy_s": busy,
                      "idle_s": span - busy, "busy_fraction": busy / span if span > 0 else 0.0})
@@ -100,8 +90,8 @@ def exposed_communication(trace: Trace, start_s: float | None = None, end_s: flo
             (comm if e.category in comm_categories else other).setdefault(e.rank, []).append(c)
     out = {}
     for rank in sorted(set(comm) | set(other)):
-        cm = merged_intervals(comm.get(rank, []))
-        ot = merged_intervals(other.get(rank, []))
+        cm = merge_intervals(comm.get(rank, []))
+        ot = merge_intervals(other.get(rank, []))
         overlap, j = 0.0, 0
         for a, b in cm:
             while j < len(ot) and ot[j][1] <= a:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from statistics import median
 
-from ..analysis.measured import merged_intervals
+from ..analysis.bubbles import merge_intervals
 from ..cost.compute import RooflineCompute
 from ..trace import Trace, TraceEvent
 from .kineto import KinetoRun, MeasuredOp, parse_annotation
@@ -138,7 +138,7 @@ def compare_run(run: KinetoRun, result) -> dict:
     for k, ops in steps.items():
         ops = [o for o in ops if o.rank == rank]
         spans[k] = max(o.end_s for o in ops) - min(o.start_s for o in ops)
-        busy[k] = sum(b - a for a, b in merged_intervals([(o.start_s, o.end_s) for o in ops]))
+        busy[k] = sum(b - a for a, b in merge_intervals([(o.start_s, o.end_s) for o in ops]))
         keys = {i: _op_key(o) for i, o in enumerate(ops)} if annotated else _order_keys(ops, sim)
         per_op: dict[tuple[str, str], float] = {}
         per_cat: dict[str, float] = {}

@@ -106,9 +106,10 @@ class LowerCtx:
     def comm(self, rank: int, stream: str, name: str, op: str, size_bytes: float, group: tuple[int, ...],
              axis: str, category: str, deps=(), **meta) -> int:
         sync = -1
-        if len(group) > 1 and op != "send_recv":
-            # every simulated participant emits its copy in the same order: number them per group (in
-            # symmetric mode too: the tied-embedding all-reduce joins two simulated representatives)
+        if len(group) > 1 and op != "send_recv" and (self.full or axis == "pp"):
+            # every simulated participant emits its copy in the same order: number them per group. In
+            # symmetric mode only a pipeline-axis group (the tied-embedding all-reduce) holds more
+            # than one simulated representative; every other group has one and needs no barrier.
             seq = self._sync_seq.get((rank, group), 0)
             self._sync_seq[(rank, group)] = seq + 1
             sync = self._sync_keys.setdefault((group, seq), len(self._sync_keys))
