@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from simulator.explore.validate import DEFAULT_CSV, evaluate_row, read_rows, row_to_raw, summary
+from simulator.explore.validate import DEFAULT_CSV, DEFAULT_CSVS, evaluate_row, read_rows, row_to_raw, summary
 from simulator.pipeline import simulate
 from simulator.scenario import load_scenario, scenario_from_dict
 
@@ -25,8 +25,12 @@ def small_row(**over) -> dict:
 
 
 def test_bundled_csv_is_the_shared_rows_plus_source_settings():
-    rows = read_rows([])
+    rows = read_rows([DEFAULT_CSV])
     assert len(rows) == 14 and all(r["settings_from_source"] for r in rows)
+    extra = read_rows([DEFAULT_CSVS[1]])
+    assert read_rows([]) == rows + extra  # the default runs both bundled files
+    assert len(extra) == 8 and all(r["settings_from_source"] and r["source"] for r in extra)
+    assert not {r["name"] for r in extra} & {r["name"] for r in rows}
     if SHARED.is_file():
         shared = read_rows([SHARED])
         assert [r["name"] for r in rows] == [r["name"] for r in shared]
@@ -54,6 +58,7 @@ def test_invalid_row_is_a_failed_row_with_its_reason():
     assert ok["status"] == "ok" and ok["error"] == ok["predicted_s"] / 1.0 - 1
     s = summary([r, ok])
     assert s["ok"] == 1 and s["failed"] == 1 and s["mape"] == abs(ok["error"])
+    assert s["by_source"] == {"test": {k: v for k, v in s.items() if k != "by_source"}}
 
 
 def test_validate_json_one_entry_per_row(tmp_path):
