@@ -17,6 +17,8 @@ CATEGORIES = ("compute", "recompute", "comm_tp", "comm_cp", "comm_ep", "comm_pp"
               "optimizer", "offload", "other")
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv",
                   "broadcast")
+# Copies between a GPU and its node's host memory over PCIe (ZeRO-Offload), axis "host".
+HOST_COPY_OPS = ("d2h", "h2d")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,8 +98,8 @@ class TaskGraph:
             for d in t.deps:
                 if not 0 <= d < n:
                     raise ValueError(f"task {t.name!r} depends on unknown task {d}")
-            if t.comm is not None and t.comm.op not in COLLECTIVE_OPS:
-                raise ValueError(f"task {t.name!r} has collective op {t.comm.op!r}")
+            if t.comm is not None and t.comm.op not in (HOST_COPY_OPS if t.comm.axis == "host" else COLLECTIVE_OPS):
+                raise ValueError(f"task {t.name!r} has {t.comm.axis} transfer op {t.comm.op!r}")
         seen = [0] * n
         for key, ids in self.streams.items():
             for i in ids:

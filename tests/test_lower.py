@@ -245,13 +245,13 @@ def test_grad_buckets_overlap_the_last_backward_only_with_overlap_grad_reduce():
 def test_offload_copies_each_reduced_shard_to_the_host_and_steps_on_the_cpu():
     g, p = _zero(2, offload_optimizer=True)
     rs = comms(g, "reduce_scatter", "dp")
-    d2h = [t for t in comms(g, "send_recv", "host") if "grads_to_host" in t.name]
+    d2h = [t for t in comms(g, "d2h", "host") if "grads_to_host" in t.name]
     assert len(d2h) == len(rs) and sum(t.comm.size_bytes for t in d2h) == M * p * 2 / 4
     assert {t.stream for t in d2h} == {"offload"} and all(g.tasks[t.deps[0]] in rs for t in d2h)
     adam = [t for t in g.tasks if t.kind == "host"]
     assert len(adam) == 1 and {d for d in adam[0].deps} >= {t.id for t in d2h}
     h2d = next(t for t in g.tasks if t.name == "params_to_gpu")
-    assert h2d.deps == (adam[0].id,) and h2d.comm.size_bytes == p / 4 * 2
+    assert h2d.deps == (adam[0].id,) and h2d.comm.size_bytes == p / 4 * 2 and h2d.comm.op == "h2d"
     assert not [t for t in g.tasks if t.name == "optimizer"]
 
 

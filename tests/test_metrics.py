@@ -83,3 +83,26 @@ def test_dp_and_pp_sharing_nics_report_contention():
     assert m["network_contention_s"].get("comm_pp", 0.0) + m["network_contention_s"].get("comm_dp", 0.0) > 0
     alone = simulate(gpt()).metrics  # one stage: no pipeline traffic to collide with
     assert alone["network_contention_s"].get("comm_pp", 0.0) == 0.0
+
+
+def _offload(num_nodes: int):
+    raw = {"model": {"num_layers": 8, "hidden_size": 2048, "num_attention_heads": 16, "vocab_size": 4096,
+                     "seq_length": 1024},
+           "cluster": {"preset": "dgx-a100-80gb", "num_nodes": num_nodes},
+           "parallelism": {"tp": 1, "pp": 1, "zero_stage": 1, "offload_optimizer": True},
+           "training": {"global_batch_size": 16 * num_nodes, "micro_batch_size": 1}}
+    return simulate(scenario_from_dict(raw, default_name="offload"))
+
+
+def test_offload_copies_cross_pcie_and_contend_with_the_nic_traffic():
+    res = _offload(2)
+    copy = next(t for t in res.graph.tasks if t.comm is not None and t.comm.op == "d2h")
+    # alone: two PCIe hops of latency (GPU -> switch -> host) + bytes at the PCIe rate x 0.8
+    pcie = res.scenario.cluster.pcie_bandwidth_Bps * 0.8
+    alone = 2 * 0.5e-6 + copy.comm.size_bytes / pcie
+    times = [e.duration_s for e in res.trace.events if e.name == copy.name and e.rank == copy.rank]
+    assert times and min(times) >= alone * (1 - 1e-9)
+    # gradient buckets leave through the GPU's PCIe link to the NIC while earlier shards go to the host
+    assert res.metrics["network_contention_s"].get("offload", 0.0) > 0
+    one_node = _offload(1)  # the DP ring stays on NVLink: nothing else crosses PCIe
+    assert one_node.metrics["network_contention_s"].get("offload", 0.0) == 0.0

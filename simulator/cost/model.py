@@ -2,18 +2,19 @@
 
 Compute and host work are static (roofline or calibrated tables); TP collectives inside a node are
 costed statically by their algorithm (they own the GPU's NVLink ports); every other transfer returns
-a CommPlan that the engine runs through the shared-bandwidth network.
+a CommPlan that the engine runs through the shared-bandwidth network, the ZeRO-Offload copies to and
+from host memory included: they cross the GPU's PCIe link that its NIC traffic crosses too.
 """
 
 from __future__ import annotations
 
 import sys
 
-from ..hardware.topology import PCIE_EFFICIENCY, Topology
-from ..tasks import Task
+from ..hardware.topology import Topology
+from ..tasks import Collective, Task
 from .collectives import collective_time_s, plan_collective
 from .compute import RooflineCompute
-from .plan import CommPlan
+from .plan import CommPlan, CommStep, Flow
 
 # ZeRO-Offload's CPU-Adam (Ren et al. 2021, §5.1 and Table 3): ~0.2 s per step for 1B parameters on
 # one DGX-2 node's CPU (2 x Xeon Platinum 8168); the node's GPUs share it.
@@ -29,6 +30,7 @@ class CostModel:
         self.missing: set[str] = set()
         self._work_cache: dict[int, float] = {}
         self._static_comm: dict = {}
+        self._host_plans: dict = {}
         self.algorithms = dict(scn.cost.collective_algorithms)
 
     # ---- engine protocol ----------------------------------------------------------------------
@@ -43,8 +45,6 @@ class CostModel:
             params = sum(w.shape[0] for w in task.work if w.shape)
             return params / (CPU_ADAM_PARAMS_PER_S_PER_NODE / self.scn.cluster.gpus_per_node)
         c = task.comm
-        if c.axis == "host":
-            return c.size_bytes / (self.scn.cluster.pcie_bandwidth_Bps * PCIE_EFFICIENCY)
         if c.axis == "tp" and self._in_one_node(c.group):
             key = (c.op, c.size_bytes, len(c.group))
             t = self._static_comm.get(key)
@@ -54,12 +54,30 @@ class CostModel:
         return None
 
     def comm_plan(self, task: Task) -> CommPlan:
+        if task.comm.axis == "host":
+            return self._host_plan(task.comm)[0]
         return plan_collective(task.comm, self.topo, self.algorithms.get(task.comm.op))
 
     def isolated_s(self, task: Task) -> float:
         """The transfer's time with the network to itself (what the engine's run of its plan takes
         alone, ``cost/collectives``): the baseline against which contention is measured."""
+        if task.comm.axis == "host":
+            return self._host_plan(task.comm)[1]
         return collective_time_s(task.comm, self.topo, self.algorithms.get(task.comm.op))
+
+    def _host_plan(self, c: Collective) -> tuple[CommPlan, float]:
+        """A device-to-host ("d2h") or host-to-device ("h2d") copy: one flow over the GPU's PCIe
+        link and its switch's link to the host (``Topology.host_route``), after the links'
+        latencies; with its time alone (the links' capacities carry PCIE_EFFICIENCY)."""
+        key = (c.op, c.size_bytes, c.group)
+        hit = self._host_plans.get(key)
+        if hit is None:
+            route = self.topo.host_route(c.group[0], to_host=c.op == "d2h")
+            latency = sum(self.topo.latency_s[link] for link in route)
+            plan = CommPlan("pcie-copy", (CommStep(latency, (Flow(route, c.size_bytes),)),))
+            alone = latency + c.size_bytes / min(self.topo.capacity_Bps[link] for link in route)
+            hit = self._host_plans[key] = (plan, alone)
+        return hit
 
     # ---- helpers ----------------------------------------------------------------------------------
     def _in_one_node(self, group: tuple[int, ...]) -> bool:

@@ -66,7 +66,7 @@ def _groups(ctx: LowerCtx, rank: int):
 def _to_host(ctx: LowerCtx, rank: int, name: str, params: float, group_size: int, dep: int) -> int:
     """ZeRO-Offload: this rank's reduced shard of ``params`` gradients to host memory over PCIe."""
     size = params / group_size * ctx.scn.training.grad_dtype_bytes
-    return ctx.comm(rank, STREAM_OFFLOAD, name, "send_recv", size, (rank,), "host", "offload", (dep,))
+    return ctx.comm(rank, STREAM_OFFLOAD, name, "d2h", size, (rank,), "host", "offload", (dep,))
 
 
 def reduce_gradients(ctx: LowerCtx, rank: int, ready: list[Ready], end_dep: int, tag: str = "") -> list[int]:
@@ -122,7 +122,7 @@ def optimizer_step(ctx: LowerCtx, rank: int, deps: list[int], dense: float, expe
         work = (OpWork("adam", "optimizer", 0.0, shard * (ADAM_STATE_RW_BYTES + gbytes), (int(shard),)),)
         return ctx.compute(rank, "optimizer", work, deps, "optimizer", phase="O")
     step = ctx.host(rank, "cpu_adam", (OpWork("cpu_adam", "optimizer", 0.0, 0.0, (int(shard),)),), deps, phase="O")
-    return ctx.comm(rank, STREAM_OFFLOAD, "params_to_gpu", "send_recv", shard * ctx.dtype_bytes, (rank,), "host",
+    return ctx.comm(rank, STREAM_OFFLOAD, "params_to_gpu", "h2d", shard * ctx.dtype_bytes, (rank,), "host",
                     "offload", (step,))
 
 
