@@ -197,3 +197,22 @@ def test_params_per_rank_moe_experts():
     mixtral = MODEL_PRESETS["mixtral-8x7b"]
     p = params_per_rank(build_op_graph(mixtral, 1), 1, 8, mixtral.num_layers, True, True)
     assert p["expert"] == mixtral.num_layers * mixtral.expert_params()  # one expert per rank
+
+
+def test_backward_gemms_run_their_own_shapes_and_the_fused_pass_costs_both():
+    from simulator.cost.compute import RooflineCompute
+    from simulator.hardware.gpus import GPU_PRESETS
+    big = ModelSpec("g", num_layers=1, hidden_size=2048, num_attention_heads=16, vocab_size=4096, seq_length=4096)
+    fc1 = (op(build_op_graph(big, 1).layer, "fc1"),)
+    (fwd,) = shard_ops(fc1, 1, False, 1, 1)
+    (b,), (w,), (bw,) = (shard_ops_backward(fc1, 1, False, 1, 1, part) for part in ("B", "W", "BW"))
+    m, n, k = fwd.shape
+    # dX = dY·Wᵀ: (m, k) output reduced over n; dW = Xᵀ·dY: (k, n) output reduced over m
+    assert b.shape == (m, k, n) and w.shape == (k, n, m) and bw.shape == fwd.shape
+    assert b.flops == w.flops == fwd.flops and bw.flops == 2 * fwd.flops
+    for gpu in ("a100-sxm4-80gb", "h100-sxm5-80gb"):
+        rc = RooflineCompute(GPU_PRESETS[gpu], "bf16")
+        assert rc.op_time_s(bw) == pytest.approx(rc.op_time_s(b) + rc.op_time_s(w), rel=1e-12)
+        # input gradient: k = 8192 against 2048 forward, a longer main loop; its 4096 x 2048 output
+        # is 128 tiles: one full wave on 132 H100 SMs, 1.19 waves on 108 A100 SMs
+        assert (rc.op_time_s(b) < rc.op_time_s(fwd)) is (gpu == "h100-sxm5-80gb")

@@ -114,10 +114,16 @@ class RooflineCompute:
         mem_s = op.bytes / self.mem_Bps
         if op.kind == "gemm" and op.flops > 0:
             m, n, k = op.shape if len(op.shape) == 3 else (1 << 14, 1 << 14, 1 << 14)
-            # Either orientation of the output can be tiled; cuBLAS picks the better one.
-            wave = max(wave_efficiency(m, n, self.eff.num_sms), wave_efficiency(n, m, self.eff.num_sms))
-            keff = k_efficiency(k, self.eff.block_k, self.eff.tile_overhead_iters)
-            flop_s = op.flops / (self.peak_flops_per_s * self.eff.gemm_max * wave * keff)
+            if op.flops > 1.5 * 2.0 * m * n * k:
+                # a fused backward (input + weight gradients) of the forward GEMM (m, n, k): the
+                # input gradient dX = dY·Wᵀ is an (m, k) output over n, the weight gradient
+                # dW = Xᵀ·dY a (k, n) output over m (Narayanan et al. 2021 §3.2), each with its
+                # own waves and main-loop length
+                half = op.flops / 2
+                flop_s = (self._gemm_s(half, m, k, n) + self._gemm_s(half, k, n, m)
+                          + self.eff.kernel_overhead_s)  # two kernels, as the B and W parts alone
+            else:
+                flop_s = self._gemm_s(op.flops, m, n, k)
         elif op.kind == "attention" and op.flops > 0 and self.attention == "unfused":
             return self._unfused_attention_s(op)
         elif op.kind == "attention" and op.flops > 0:
@@ -127,6 +133,12 @@ class RooflineCompute:
         else:
             flop_s = 0.0
         return max(flop_s, mem_s) + self.eff.kernel_overhead_s
+
+    def _gemm_s(self, flops: float, m: int, n: int, k: int) -> float:
+        # Either orientation of the output can be tiled; cuBLAS picks the better one.
+        wave = max(wave_efficiency(m, n, self.eff.num_sms), wave_efficiency(n, m, self.eff.num_sms))
+        keff = k_efficiency(k, self.eff.block_k, self.eff.tile_overhead_iters)
+        return flops / (self.peak_flops_per_s * self.eff.gemm_max * wave * keff)
 
     def _unfused_attention_s(self, op: OpWork) -> float:
         """Pre-FlashAttention Megatron (2019-2022): QK^T and AV as batched GEMMs over the full s x s

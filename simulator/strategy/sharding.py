@@ -134,7 +134,7 @@ def shard_ops_backward(ops: tuple[Op, ...], tp: int, sp: bool, cp: int, ep: int,
         flops = (fb if "B" in part else 0.0) + (fw if "W" in part else 0.0)
         nbytes = (bb if "B" in part else 0.0) + (bw if "W" in part else 0.0)
         if flops or nbytes:
-            out.append(OpWork(op.name, op.kind, flops, nbytes, shape))
+            out.append(OpWork(op.name, op.kind, flops, nbytes, _backward_shape(op.kind, shape, part)))
         if grad_accum_bytes_per_param and "W" in part and op.kind == "gemm" and op.params:
             # unfused weight-gradient accumulation: a separate kernel adds the GEMM's 16-bit dW into
             # the fp32 main_grad buffer (see grad_accumulation_bytes_per_param)
@@ -142,6 +142,16 @@ def shard_ops_backward(ops: tuple[Op, ...], tp: int, sp: bool, cp: int, ep: int,
             out.append(OpWork(f"{op.name}.main_grad_add", "elementwise", 0.0,
                               params * grad_accum_bytes_per_param, (params, 1)))
     return tuple(out)
+
+
+def _backward_shape(kind: str, shape: tuple[int, ...], part: str) -> tuple[int, ...]:
+    """The GEMM a backward part runs, for forward (m, n, k): the input gradient dX = dY·Wᵀ is an
+    (m, k) output reduced over n, the weight gradient dW = Xᵀ·dY a (k, n) output reduced over m.
+    "BW" keeps the forward shape with both parts' FLOPs; the roofline splits it the same way."""
+    if kind != "gemm" or len(shape) != 3 or part == "BW":
+        return shape
+    m, n, k = shape
+    return (m, k, n) if part == "B" else (k, n, m)
 
 
 def grad_accumulation_bytes_per_param(fused: bool, grad_dtype_bytes: int, dtype_bytes: int) -> float:
