@@ -32,6 +32,14 @@ class OpWork:
     shape: tuple[int, ...] = ()  # gemm: (m, n, k); attention: (batch, heads, seq_q, seq_kv, head_dim)
 
 
+def gemm_grad_shapes(shape: tuple[int, int, int]) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """The two backward GEMMs of a forward (m, n, k) GEMM Y = X·W: the input gradient dX = dY·Wᵀ,
+    an (m, k) output reduced over n, and the weight gradient dW = Xᵀ·dY, a (k, n) output reduced
+    over m (Narayanan et al. 2021 §3.2)."""
+    m, n, k = shape
+    return (m, k, n), (k, n, m)
+
+
 @dataclass(frozen=True, slots=True)
 class Collective:
     """A collective (or P2P transfer) over ``group``, global ranks in ring order.

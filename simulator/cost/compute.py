@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from ..hardware.gpus import GPUSpec
-from ..tasks import OpWork
+from ..tasks import OpWork, gemm_grad_shapes
 from ..units import DTYPE_BYTES
 
 ATTENTION_IMPLS = ("flash", "unfused")
@@ -115,13 +115,11 @@ class RooflineCompute:
         if op.kind == "gemm" and op.flops > 0:
             m, n, k = op.shape if len(op.shape) == 3 else (1 << 14, 1 << 14, 1 << 14)
             if op.flops > 1.5 * 2.0 * m * n * k:
-                # a fused backward (input + weight gradients) of the forward GEMM (m, n, k): the
-                # input gradient dX = dY·Wᵀ is an (m, k) output over n, the weight gradient
-                # dW = Xᵀ·dY a (k, n) output over m (Narayanan et al. 2021 §3.2), each with its
-                # own waves and main-loop length
+                # a fused backward of the forward GEMM (m, n, k): the input- and weight-gradient
+                # GEMMs, each with its own waves and main-loop length, two kernels as B and W alone
+                dgrad, wgrad = gemm_grad_shapes((m, n, k))
                 half = op.flops / 2
-                flop_s = (self._gemm_s(half, m, k, n) + self._gemm_s(half, k, n, m)
-                          + self.eff.kernel_overhead_s)  # two kernels, as the B and W parts alone
+                flop_s = self._gemm_s(half, *dgrad) + self._gemm_s(half, *wgrad) + self.eff.kernel_overhead_s
             else:
                 flop_s = self._gemm_s(op.flops, m, n, k)
         elif op.kind == "attention" and op.flops > 0 and self.attention == "unfused":

@@ -14,6 +14,7 @@ from ..hardware.topology import Topology
 from ..tasks import Collective, Task
 from .collectives import collective_time_s, plan_collective
 from .compute import RooflineCompute
+from .fairshare import isolated_time_s
 from .plan import CommPlan, CommStep, Flow
 
 # ZeRO-Offload's CPU-Adam (Ren et al. 2021, §5.1 and Table 3): ~0.2 s per step for 1B parameters on
@@ -75,7 +76,7 @@ class CostModel:
             route = self.topo.host_route(c.group[0], to_host=c.op == "d2h")
             latency = sum(self.topo.latency_s[link] for link in route)
             plan = CommPlan("pcie-copy", (CommStep(latency, (Flow(route, c.size_bytes),)),))
-            alone = latency + c.size_bytes / min(self.topo.capacity_Bps[link] for link in route)
+            alone = latency + isolated_time_s((c.size_bytes,), (route,), (1.0,), self.topo.capacity_Bps)
             hit = self._host_plans[key] = (plan, alone)
         return hit
 

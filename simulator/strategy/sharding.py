@@ -24,7 +24,7 @@ from __future__ import annotations
 from math import ceil, prod
 
 from ..model.opgraph import TP_SPLITS, Op, OpGraph, attention_bytes, gemm_bytes, gemm_flops
-from ..tasks import OpWork
+from ..tasks import OpWork, gemm_grad_shapes
 
 BACKWARD_PARTS = ("B", "W", "BW")
 
@@ -145,13 +145,11 @@ def shard_ops_backward(ops: tuple[Op, ...], tp: int, sp: bool, cp: int, ep: int,
 
 
 def _backward_shape(kind: str, shape: tuple[int, ...], part: str) -> tuple[int, ...]:
-    """The GEMM a backward part runs, for forward (m, n, k): the input gradient dX = dY·Wᵀ is an
-    (m, k) output reduced over n, the weight gradient dW = Xᵀ·dY a (k, n) output reduced over m.
-    "BW" keeps the forward shape with both parts' FLOPs; the roofline splits it the same way."""
+    """The GEMM a backward part runs (``tasks.gemm_grad_shapes``); "BW" keeps the forward shape with
+    both parts' FLOPs, and the roofline splits it the same way."""
     if kind != "gemm" or len(shape) != 3 or part == "BW":
         return shape
-    m, n, k = shape
-    return (m, k, n) if part == "B" else (k, n, m)
+    return gemm_grad_shapes(shape)[part == "W"]
 
 
 def grad_accumulation_bytes_per_param(fused: bool, grad_dtype_bytes: int, dtype_bytes: int) -> float:
