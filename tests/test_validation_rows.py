@@ -29,12 +29,26 @@ def test_bundled_csv_is_the_shared_rows_plus_source_settings():
     assert len(rows) == 14 and all(r["settings_from_source"] for r in rows)
     extra = read_rows([DEFAULT_CSVS[1]])
     assert read_rows([]) == rows + extra  # the default runs both bundled files
-    assert len(extra) == 8 and all(r["settings_from_source"] and r["source"] for r in extra)
+    assert len(extra) == 11 and all(r["settings_from_source"] and r["source"] for r in extra)
     assert not {r["name"] for r in extra} & {r["name"] for r in rows}
     if SHARED.is_file():
         shared = read_rows([SHARED])
         assert [r["name"] for r in rows] == [r["name"] for r in shared]
         assert [r["iteration_time_s"] for r in rows] == [r["iteration_time_s"] for r in shared]
+
+
+def test_mt_nlg_times_agree_with_its_published_tflops():
+    # Smith et al. 2022 publish both the step time and TFLOP/s per GPU; Narayanan et al. 2021 eq. 3
+    # (hardware FLOPs with full recompute, 96·B·s·l·h²·(1 + s/6h + V/16lh)) must link them.
+    tflops = {"mtnlg-530b-2240": 126, "mtnlg-530b-2800": 121, "mtnlg-530b-3360": 113}
+    rows = {r["name"]: r for r in read_rows([DEFAULT_CSVS[1]]) if r["name"] in tflops}
+    assert set(rows) == set(tflops)
+    for name, row in rows.items():
+        b, s, l, h, v = (int(row[k]) for k in ("global_batch_size", "seq_length", "num_layers", "hidden_size",
+                                                "vocab_size"))
+        flops = 96 * b * s * l * h**2 * (1 + s / (6 * h) + v / (16 * l * h))
+        gpus = int(row["num_nodes"]) * int(row["gpus_per_node"])
+        assert abs(flops / (gpus * float(row["iteration_time_s"])) / 1e12 / tflops[name] - 1) < 0.01
 
 
 def test_empty_cells_get_exactly_the_user_defaults(tmp_path):
