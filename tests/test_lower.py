@@ -231,6 +231,22 @@ def test_distributed_optimizer_param_gather_overlaps_the_first_forward_or_follow
     assert all(t.deps == (step.id,) for t in comms(g, "all_gather", "dp"))
 
 
+def test_param_gather_runs_bucket_by_bucket_in_forward_order_and_each_layer_waits_for_its_own():
+    # 50M parameters per layer: one bucket each (Megatron-core bucket_size = max(40M, 1M x dp));
+    # the all-gathers are issued in forward order and the first forward of layer i waits only for
+    # the gather of layer i's bucket, so the first layers compute while later buckets still gather
+    big = dict(GPT, hidden_size=2048, num_attention_heads=16)
+    g = lower(scn(big, dp=2, batch=4, zero_stage=1)).graph
+    gathers = {t.id for t in comms(g, "all_gather", "dp")}
+    by_name = {t.name: t for t in g.tasks}
+    waited = [set(by_name[f"F0.L{i}.wait"].deps) & gathers for i in range(GPT["num_layers"])]
+    assert all(len(w) == 1 for w in waited) and len(set.union(*waited)) == GPT["num_layers"]
+    order = [w.pop() for w in waited]
+    assert order == sorted(order)  # issued in the order the forward needs them
+    # later micro-batches find the parameters in place
+    assert not any(set(t.deps) & gathers for t in g.tasks if t.microbatch == 1)
+
+
 def test_grad_buckets_overlap_the_last_backward_only_with_overlap_grad_reduce():
     assert bucket_params(8) == BUCKET_MIN_PARAMS and bucket_params(64, 0) == 64_000_000
     assert bucket_params(8, 2) == DEEPSPEED_REDUCE_BUCKET_PARAMS

@@ -19,7 +19,7 @@ from .activation_memory import (embedding_activation_bytes, head_activation_byte
                                 layer_activation_split)
 from .blocks import build_blocks
 from .context import LowerCtx
-from .grad_sync import (gather_parameters, last_compute, optimizer_step, reduce_gradients, zero3_gather,
+from .grad_sync import (buckets, gather_parameters, last_compute, optimizer_step, reduce_gradients, zero3_gather,
                         zero3_reduce)
 from .layer_emit import column_backward, layer_backward, layer_forward, layer_weight_grad, tp_op
 from .mesh import DeviceMesh
@@ -103,7 +103,7 @@ class _Emitter:
         self.sends: dict = {}  # (rank, virtual stage, mb, phase) -> send task id
         self.final_ready: dict = {r: [] for r in ranks}  # rank -> per chunk [(task, dense, expert)] (ZeRO <= 1)
         self.seen: dict = {}  # (rank, virtual stage, phase) -> backward passes emitted
-        self.gathers: dict = {}  # (rank, virtual stage) -> param all-gathers its first forward waits for
+        self.gathers: dict = {}  # (rank, virtual stage, unit) -> param all-gathers its first forward waits for
         self.grad_waits: dict = {r: [] for r in ranks}  # rank -> reductions the optimizer waits for
         self.zero3 = par.zero_stage == 3 and par.dp * par.cp > 1
         self.act = self._activation_terms()
@@ -214,9 +214,10 @@ class _Emitter:
 
     def _forward(self, r: int, vs: int, mb: int, dep: int | None) -> None:
         ctx, b = self.ctx, self.ctx.blocks
-        x = ctx.join(r, f"F{mb}.wait", (dep,) + tuple(self.gathers.pop((r, vs), ())), **self._meta(vs, mb, "F"))
+        x = ctx.join(r, f"F{mb}.wait", (dep,), **self._meta(vs, mb, "F"))
         units = self._units(vs)
         for unit, waits in zip(units, self._prefetching(r, units, f"F{mb}")):
+            waits += tuple(self.gathers.pop((r, vs, unit), ()))
             deps = (x,) + waits if x is not None else waits
             if unit == "embed":
                 meta = self._meta(vs, mb, "F")
@@ -312,10 +313,19 @@ class _Emitter:
 
     def _early_param_gather(self, r: int) -> None:
         """Distributed optimizer with overlap_param_gather: the previous step's parameter all-gather
-        runs during this step's first forwards; a chunk's first forward waits for its buckets."""
+        runs during this step's first forwards, bucket by bucket in forward order; a unit's first
+        forward waits only for its own bucket (Megatron-core's forward pre-hook finishes that
+        bucket's all-gather and has the next one in flight)."""
         for vs in range(self.ctx.mesh.stage_of(r), self.nv, self.p):
-            ready = [(-1,) + self._params(u) for u in self._units(vs)[::-1]]
-            self.gathers[(r, vs)] = gather_parameters(self.ctx, r, ready, [])
+            units = self._units(vs)
+            # bucket layout in backward order; each bucket's "ready" entry is the forward index of the
+            # first unit it holds, so the units of bucket k are [first_k, first_(k-1))
+            ready = [(i,) + self._params(units[i]) for i in range(len(units) - 1, -1, -1)]
+            firsts = [b[0] for b in buckets(ready, self.ctx.par.dp * self.ctx.par.cp, self.ctx.par.zero_stage)]
+            bounds = firsts[::-1] + [len(units)]
+            for (lo, hi), tasks in zip(zip(bounds, bounds[1:]), gather_parameters(self.ctx, r, ready, [])):
+                for unit in units[lo:hi]:
+                    self.gathers[(r, vs, unit)] = tasks
 
     def _finish(self, r: int) -> None:
         ctx = self.ctx
