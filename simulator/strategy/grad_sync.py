@@ -126,22 +126,22 @@ def optimizer_step(ctx: LowerCtx, rank: int, deps: list[int], dense: float, expe
                     "offload", (step,))
 
 
-def gather_parameters(ctx: LowerCtx, rank: int, ready: list[Ready], deps: list[int]) -> list[list[int]]:
+def gather_parameters(ctx: LowerCtx, rank: int, ready: list[Ready], deps: list[int]) -> list[tuple[int, list[int]]]:
     """Distributed-optimizer parameter all-gather, one per bucket (ZeRO-1/2), issued in forward order:
     ``ready`` lists the units in backward order (the buckets' layout, shared with the gradients);
     Megatron-core maps its all-gather handles to the buckets in reverse so that the bucket the forward
-    needs first is gathered first (DistributedOptimizer, overlap_param_gather). Returns the gathers of
-    each bucket, forward order first."""
+    needs first is gathered first (DistributedOptimizer, overlap_param_gather). Returns, forward order
+    first, each bucket's ``ready`` entry of its last unit in backward order and its gathers."""
     out = []
     bucket_list = buckets(ready, ctx.par.dp * ctx.par.cp, ctx.par.zero_stage)
     for k in range(len(bucket_list) - 1, -1, -1):
-        _tid, dense, expert = bucket_list[k]
+        tid, dense, expert = bucket_list[k]
         tasks = []
         for params, group, kind in zip((dense, expert), _groups(ctx, rank), ("", ".expert")):
             if params > 0 and len(group) > 1:
                 tasks.append(ctx.comm(rank, STREAM_DP, f"param_all_gather{k}{kind}", "all_gather",
                                       params * ctx.dtype_bytes, group, "dp", "comm_dp", deps))
-        out.append(tasks)
+        out.append((tid, tasks))
     return out
 
 

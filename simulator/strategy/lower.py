@@ -19,7 +19,7 @@ from .activation_memory import (embedding_activation_bytes, head_activation_byte
                                 layer_activation_split)
 from .blocks import build_blocks
 from .context import LowerCtx
-from .grad_sync import (buckets, gather_parameters, last_compute, optimizer_step, reduce_gradients, zero3_gather,
+from .grad_sync import (gather_parameters, last_compute, optimizer_step, reduce_gradients, zero3_gather,
                         zero3_reduce)
 from .layer_emit import column_backward, layer_backward, layer_forward, layer_weight_grad, tp_op
 from .mesh import DeviceMesh
@@ -318,12 +318,12 @@ class _Emitter:
         bucket's all-gather and has the next one in flight)."""
         for vs in range(self.ctx.mesh.stage_of(r), self.nv, self.p):
             units = self._units(vs)
-            # bucket layout in backward order; each bucket's "ready" entry is the forward index of the
-            # first unit it holds, so the units of bucket k are [first_k, first_(k-1))
+            # the buckets' ready entries are forward unit indices, so each bucket reports the first
+            # unit it holds and the next bucket (forward order) starts where it ends
             ready = [(i,) + self._params(units[i]) for i in range(len(units) - 1, -1, -1)]
-            firsts = [b[0] for b in buckets(ready, self.ctx.par.dp * self.ctx.par.cp, self.ctx.par.zero_stage)]
-            bounds = firsts[::-1] + [len(units)]
-            for (lo, hi), tasks in zip(zip(bounds, bounds[1:]), gather_parameters(self.ctx, r, ready, [])):
+            gathered = gather_parameters(self.ctx, r, ready, [])
+            bounds = [first for first, _ in gathered] + [len(units)]
+            for lo, hi, (_, tasks) in zip(bounds, bounds[1:], gathered):
                 for unit in units[lo:hi]:
                     self.gathers[(r, vs, unit)] = tasks
 
