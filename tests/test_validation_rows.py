@@ -11,6 +11,7 @@ from simulator.scenario import load_scenario, scenario_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "validation" / "training_runs.csv"
+SHARED_2 = ROOT.parent / "shared" / "validation" / "training_runs_2.csv"
 
 
 def small_row(**over) -> dict:
@@ -28,13 +29,38 @@ def test_bundled_csv_is_the_shared_rows_plus_source_settings():
     rows = read_rows([DEFAULT_CSV])
     assert len(rows) == 14 and all(r["settings_from_source"] for r in rows)
     extra = read_rows([DEFAULT_CSVS[1]])
-    assert read_rows([]) == rows + extra  # the default runs both bundled files
+    today = read_rows([DEFAULT_CSVS[2]])
+    assert read_rows([]) == rows + extra + today  # the default runs every bundled file
     assert len(extra) == 11 and all(r["settings_from_source"] and r["source"] for r in extra)
     assert not {r["name"] for r in extra} & {r["name"] for r in rows}
     if SHARED.is_file():
         shared = read_rows([SHARED])
         assert [r["name"] for r in rows] == [r["name"] for r in shared]
         assert [r["iteration_time_s"] for r in rows] == [r["iteration_time_s"] for r in shared]
+
+
+def test_bundled_today_rows_are_the_shared_rows_with_only_published_settings():
+    today = read_rows([DEFAULT_CSVS[2]])
+    assert len(today) == 42 and all(r["settings_from_source"] for r in today)
+    for r in today:
+        assert r["iteration_time_s"] == r["target_iteration_time_s"]
+        # the only added setting is TP overlap, and only where the recipe's YAML (quoted in notes) sets it
+        if r["tp_comm_overlap"]:
+            assert f"ub_tp_comm_overlap {r['tp_comm_overlap']}" in r["notes"].lower()
+    if SHARED_2.is_file():
+        shared = read_rows([SHARED_2])
+        assert [r["name"] for r in today] == [r["name"] for r in shared]
+        assert [r["iteration_time_s"] for r in today] == [r["target_iteration_time_s"] for r in shared]
+        # the shared file itself is accepted as it is (target_iteration_time_s names the time)
+        assert [r["iteration_time_s"] for r in shared] == [r["target_iteration_time_s"] for r in shared]
+
+
+def test_row_columns_for_overlap_nics_and_experts_reach_the_scenario():
+    raw = row_to_raw(small_row(tp_comm_overlap="true", sequence_parallel="true", nics_per_node="4",
+                               nic_bandwidth_Gbps="400", num_experts="8", moe_top_k="2", ep="2"))
+    assert raw["parallelism"]["tp_comm_overlap"] is True
+    assert raw["cluster"]["nics_per_node"] == 4 and raw["cluster"]["nic_bandwidth_Gbps"] == 400.0
+    assert raw["model"]["num_experts"] == 8 and raw["model"]["moe_top_k"] == 2
 
 
 def test_mt_nlg_times_agree_with_its_published_tflops():

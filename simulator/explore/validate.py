@@ -21,9 +21,9 @@ from ..scenario import scenario_from_dict
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 DEFAULT_CSV = DATA / "training_runs.csv"
-DEFAULT_CSVS = (DEFAULT_CSV, DATA / "training_runs_extra.csv")
+DEFAULT_CSVS = (DEFAULT_CSV, DATA / "training_runs_extra.csv", DATA / "training_runs_2.csv")
 MODEL_COLUMNS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size",
-                 "vocab_size", "seq_length")
+                 "vocab_size", "seq_length", "num_experts", "moe_top_k")
 PARALLEL_INT = ("tp", "pp", "dp", "cp", "ep", "zero_stage", "virtual_stages")
 PARALLEL_STR = ("schedule", "recompute")
 BOOL = {"true": True, "false": False}
@@ -43,13 +43,16 @@ def row_to_raw(row: dict) -> dict:
     if "mlp" in given:
         model["mlp"] = given["mlp"]
     cluster = {"preset": given.get("gpu", "dgx-a100-80gb")}
-    for k in ("num_nodes", "gpus_per_node"):
+    for k in ("num_nodes", "gpus_per_node", "nics_per_node"):
         if k in given:
             cluster[k] = _int(given, k)
+    if "nic_bandwidth_Gbps" in given:
+        cluster["nic_bandwidth_Gbps"] = float(given["nic_bandwidth_Gbps"])
     par: dict = {k: _int(given, k) for k in PARALLEL_INT if k in given}
     par.update({k: given[k] for k in PARALLEL_STR if k in given})
-    if "sequence_parallel" in given:
-        par["sequence_parallel"] = BOOL.get(given["sequence_parallel"].lower(), given["sequence_parallel"])
+    for k in ("sequence_parallel", "tp_comm_overlap"):
+        if k in given:
+            par[k] = BOOL.get(given[k].lower(), given[k])
     training: dict = {k: _int(given, k) for k in ("global_batch_size", "micro_batch_size") if k in given}
     for k in ("dtype", "attention"):
         if k in given:
@@ -89,10 +92,15 @@ def read_rows(paths: list[str | Path]) -> list[dict]:
             raise ValueError(f"validation CSV {str(p)!r} does not exist")
         with p.open(newline="") as f:
             reader = csv.DictReader(f)
-            missing = {"name", "iteration_time_s"} - set(reader.fieldnames or ())
+            columns = set(reader.fieldnames or ())
+            missing = {"name"} - columns | ({"iteration_time_s"} - columns if "target_iteration_time_s" not in columns
+                                            else set())
             if missing:
                 raise ValueError(f"validation CSV {str(p)!r} lacks column(s) {sorted(missing)}")
-            rows.extend(reader)
+            for row in reader:
+                # the shared training_runs_2.csv names the published step time target_iteration_time_s
+                row.setdefault("iteration_time_s", row.get("target_iteration_time_s"))
+                rows.append(row)
     return rows
 
 
