@@ -14,7 +14,7 @@ from pathlib import Path
 from .hardware.clusters import CLUSTER_PRESETS, TOPOLOGIES, ClusterSpec
 from .hardware.gpus import GPU_PRESETS
 from .model.presets import MODEL_PRESETS
-from .model.spec import ModelSpec
+from .model.spec import MLP_KINDS, ModelSpec
 from .units import DTYPE_BYTES, GB, gbit_per_s_to_bytes_per_s
 from .defaults import default_grad_dtype, default_virtual_stages, split_layers
 from .scenario_checks import ScenarioError, validate
@@ -41,6 +41,7 @@ class ParallelSpec:
     overlap_param_gather: bool = True  # distributed optimizer / ZeRO all-gather overlapped with forward
     offload_optimizer: bool = False
     cp_algorithm: str = "ring"  # "ring" (ring attention P2P) | "all-gather" (Llama 3's K/V all-gather)
+    tp_comm_overlap: bool = False  # SP all-gather / reduce-scatter chunked and overlapped with their GEMMs
     layers_per_stage: tuple[int, ...] = ()
 
     @property
@@ -230,8 +231,8 @@ def _model(table: dict, base_dir: Path) -> ModelSpec:
     for key in ("num_kv_heads", "ffn_hidden_size"):
         if base.get(key, 0) < 0:
             raise ScenarioError(f"model.{key} must be positive, got {base[key]}")
-    if base.get("mlp", "gelu") not in ("gelu", "swiglu"):
-        raise ScenarioError(f"model.mlp must be 'gelu' or 'swiglu', got {base['mlp']!r}")
+    if base.get("mlp", "gelu") not in MLP_KINDS:
+        raise ScenarioError(f"model.mlp must be one of {', '.join(MLP_KINDS)}; got {base['mlp']!r}")
     # Presets derive norm/bias/... from mlp; an mlp override must re-derive them.
     if "mlp" in fields and "preset" in table:
         for k in ("norm", "position_embedding", "tie_embeddings", "bias"):
@@ -309,6 +310,10 @@ def _parallel(table: dict, model: ModelSpec, cluster: ClusterSpec, training: Tra
     if vals.get("schedule") == "interleaved-1f1b" and "virtual_stages" not in vals and vals.get("pp", 1) > 1:
         vals["virtual_stages"] = default_virtual_stages(model.num_layers, vals["pp"])
     par = ParallelSpec(**vals)
+    if par.tp_comm_overlap and par.tp > 1 and not par.sequence_parallel:
+        # Megatron-LM arguments.py: "Tensor parallel communication/GEMM overlap can happen only when
+        # sequence parallelism is enabled"
+        raise ScenarioError(f"parallelism.tp_comm_overlap needs sequence_parallel = true (tp = {par.tp})")
     if not par.layers_per_stage and par.pp <= model.num_layers:
         par = replace(par, layers_per_stage=split_layers(model.num_layers, par.pp))
     return par

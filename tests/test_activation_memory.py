@@ -161,3 +161,11 @@ def test_bad_input_names_the_field(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         layer_activation_bytes(**args)
+
+
+def test_geglu_keeps_swiglu_tensors_and_squared_relu_gelus():
+    """Gated kinds keep gate and up (2f columns); plain kinds keep f, whatever the activation."""
+    def by_name(mlp):
+        return {t.name: t.bytes for t in activation_terms(_model(mlp=mlp, ffn_hidden_size=2816), 1, 2, True, 1)}
+    assert by_name("geglu") == by_name("swiglu")
+    assert by_name("squared-relu")["fc1_output"] == by_name("swiglu")["fc1_output"] / 2

@@ -85,3 +85,20 @@ def test_moe_counts():
     assert m.is_moe and m.router_params_per_layer() == 64 * 4
     assert m.mlp_params_per_layer() == 4 * 3 * 64 * 128 + 64 * 4
     assert m.dense_params_per_layer() == m.attention_params_per_layer() + 2 * 64 + 64 * 4
+
+
+@pytest.mark.parametrize("mlp, matrices", [("gelu", 2), ("squared-relu", 2), ("swiglu", 3), ("geglu", 3)])
+def test_mlp_kinds_matrices_and_llama_style_defaults(mlp, matrices):
+    m = ModelSpec("t", num_layers=1, hidden_size=64, num_attention_heads=4, vocab_size=10,
+                  seq_length=8, ffn_hidden_size=96, mlp=mlp)
+    assert m.mlp_matrices == matrices and m.gated_mlp == (matrices == 3)
+    assert m.expert_params() == matrices * 64 * 96 + ((matrices - 1) * 96 + 64 if m.bias else 0)
+    if mlp != "gelu":  # Nemotron-4 / Grok-1 set norm etc. themselves; defaults are Llama's
+        assert (m.norm, m.position_embedding, m.tie_embeddings, m.bias) == ("rmsnorm", "rope", False, False)
+
+
+def test_unknown_mlp_kind_named():
+    m = ModelSpec("t", num_layers=1, hidden_size=64, num_attention_heads=4, vocab_size=10,
+                  seq_length=8, mlp="relu")
+    with pytest.raises(ValueError, match="mlp must be one of gelu, squared-relu, swiglu, geglu; got 'relu'"):
+        m.check()

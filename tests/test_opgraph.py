@@ -183,3 +183,17 @@ def test_bad_model_shapes():
                       seq_length=8)
     with pytest.raises(ValueError, match="hidden_size 65"):
         build_op_graph(bad_h, 1)
+
+
+@pytest.mark.parametrize("mlp, fc1_width, act_bytes", [
+    ("squared-relu", 160, (2 * 2, 3 * 2)),  # one h -> f GEMM, relu(x)^2 reads x, writes y
+    ("geglu", 320, (3 * 2, 5 * 2)),  # gate and up fused: h -> 2f, gelu(gate)*up reads both
+])
+def test_new_mlp_kinds_ops(mlp, fc1_width, act_bytes):
+    m = ModelSpec("t", num_layers=2, hidden_size=64, num_attention_heads=8, num_kv_heads=2,
+                  ffn_hidden_size=160, vocab_size=500, seq_length=32, mlp=mlp)
+    g = build_op_graph(m, 1)
+    fc1, act = op(g.layer, "fc1"), op(g.layer, "act")
+    assert fc1.shape == (32, fc1_width, 64)
+    assert (act.fwd_bytes, act.bwd_bytes) == (act_bytes[0] * 32 * 160, act_bytes[1] * 32 * 160)
+    assert g.num_params() == m.num_params()

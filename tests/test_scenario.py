@@ -57,6 +57,7 @@ def test_default_virtual_stages_rule():
     ({"cluster": {"preset": "dgx-z"}}, "cluster.preset 'dgx-z' is unknown"),
     ({"model": {"hidden_size": -5}}, "model.hidden_size must be positive, got -5"),
     ({"model": {"colour": 1}}, "[model] unknown key(s) ['colour']"),
+    ({"model": {"mlp": "relu"}}, "model.mlp must be one of gelu, squared-relu, swiglu, geglu; got 'relu'"),
     ({"parallelism": {"tp": "8"}}, "parallelism.tp must be int, got '8'"),
     ({"parallelism": {"zero_stage": 4}}, "zero_stage must be 0..3, got 4"),
     ({"parallelism": {"schedule": "interleaved-1f1b", "virtual_stages": 7}}, "virtual_stages = 7 exceeds the layers"),
@@ -84,3 +85,10 @@ def test_file_errors(tmp_path):
     assert s.name == "ok" and s.parallel.dp == 8
     with pytest.raises(ScenarioError, match="--set 'tp=4'"):
         load_scenario(ok, ["tp=4"])
+
+
+@pytest.mark.parametrize("mlp", ["squared-relu", "geglu"])
+def test_nemotron_and_grok_mlp_kinds_load(mlp):
+    """Nemotron-4 (squared ReLU) and Grok-1 (GeGLU) rows of the shared validation file load."""
+    scn = scenario_from_dict(base(model={"mlp": mlp, "norm": "layernorm"}))
+    assert scn.model.mlp == mlp and scn.model.norm == "layernorm" and scn.model.bias is False

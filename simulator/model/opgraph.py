@@ -169,15 +169,17 @@ def _attention_ops(m: ModelSpec, b: int, d: int) -> list[Op]:
 
 
 def _act_bytes(m: ModelSpec, d: int) -> tuple[int, int]:
-    """Bytes per output element of the activation. GELU: read x, write y / read dy, x, write dx.
-    SwiGLU (Shazeer 2020): read gate and up, write y / read dy, gate, up, write dgate, dup."""
-    return (3 * d, 5 * d) if m.mlp == "swiglu" else (2 * d, 3 * d)
+    """Bytes per output element of the fused activation kernel. Plain kinds (GELU, squared ReLU,
+    Megatron-core's jit-fused ``torch.pow(F.relu(x), 2)`` in megatron/training/activations.py): read
+    x, write y / read dy and x, write dx. Gated kinds (SwiGLU, GeGLU; Shazeer 2020): read gate and
+    up, write y / read dy, gate and up, write dgate and dup."""
+    return (3 * d, 5 * d) if m.gated_mlp else (2 * d, 3 * d)
 
 
 def _mlp_ops(m: ModelSpec, b: int, d: int) -> list[Op]:
     h, f, t = m.hidden_size, m.ffn_hidden_size, b * m.seq_length
-    # SwiGLU's gate and up projections are one fused fc1 GEMM of width 2·f, as Megatron-core's
-    # linear_fc1 with gated_linear_unit; GELU MLPs have one h -> f GEMM.
+    # Gated MLPs' gate and up projections are one fused fc1 GEMM of width 2·f, as Megatron-core's
+    # linear_fc1 with gated_linear_unit; plain MLPs have one h -> f GEMM.
     n1 = (m.mlp_matrices - 1) * f
     fc1_params = h * n1 + (n1 if m.bias else 0)
     fc2_params = f * h + (h if m.bias else 0)

@@ -8,6 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# MLP kinds. Gated kinds (Shazeer 2020, "GLU Variants Improve Transformer") multiply an activated
+# gate projection by an up projection: 3 weight matrices. SwiGLU: Llama (Touvron et al. 2023);
+# GeGLU: Grok-1 (xai-org/grok-1 model.py, gelu(gate) * up). Plain kinds have 2 matrices: GELU
+# (GPT-2/3), squared ReLU relu(x)^2 (So et al. 2021 "Primer"; Nemotron-4, Parmar et al. 2024 §2).
+MLP_KINDS = ("gelu", "squared-relu", "swiglu", "geglu")
+GATED_MLP_KINDS = ("swiglu", "geglu")
 
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
@@ -19,11 +25,12 @@ class ModelSpec:
     seq_length: int
     num_kv_heads: int = 0  # 0 -> num_attention_heads (multi-head attention)
     ffn_hidden_size: int = 0  # 0 -> 4 * hidden_size
-    mlp: str = "gelu"  # "gelu" (2 GEMMs) | "swiglu" (3 GEMMs, gated)
+    mlp: str = "gelu"  # one of MLP_KINDS: "gelu", "squared-relu" (2 GEMMs); "swiglu", "geglu" (3, gated)
     num_experts: int = 1  # MoE when > 1: every layer's MLP is replaced by num_experts experts
     moe_top_k: int = 1
     moe_capacity_factor: float = 1.0  # GShard/Switch capacity factor: tokens per expert = cf·T·k/E
-    # Architecture details; "" -> derived from mlp (gelu: GPT-2/3 style, swiglu: Llama style).
+    # Architecture details; "" -> derived from mlp (gelu: GPT-2/3 style; every other kind: Llama
+    # style, so a Nemotron-4 scenario sets norm = "layernorm" itself).
     norm: str = ""  # "layernorm" (weight + bias) | "rmsnorm" (weight only)
     position_embedding: str = ""  # "learned" (s·h table) | "rope" (no parameters)
     tie_embeddings: bool | None = None  # LM head shares the input embedding matrix
@@ -47,6 +54,8 @@ class ModelSpec:
 
     def check(self) -> None:
         """Raise ValueError naming the field and the numbers when the shape is not a transformer."""
+        if self.mlp not in MLP_KINDS:
+            raise ValueError(f"mlp must be one of {', '.join(MLP_KINDS)}; got {self.mlp!r}")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by "
                              f"num_attention_heads {self.num_attention_heads}")
@@ -71,8 +80,12 @@ class ModelSpec:
 
     @property
     def mlp_matrices(self) -> int:
-        """Weight matrices of h x ffn in one MLP (expert): 2 for GELU, 3 for SwiGLU."""
-        return 3 if self.mlp == "swiglu" else 2
+        """Weight matrices of h x ffn in one MLP (expert): 2 plain (GELU, squared ReLU), 3 gated."""
+        return 3 if self.gated_mlp else 2
+
+    @property
+    def gated_mlp(self) -> bool:
+        return self.mlp in GATED_MLP_KINDS
 
     def attention_params_per_layer(self) -> int:
         h, kv = self.hidden_size, self.kv_hidden_size

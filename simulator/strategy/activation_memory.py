@@ -91,7 +91,7 @@ def activation_terms(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool,
     heads = model.num_attention_heads // t
     kv_cols = model.head_dim * max(model.num_kv_heads // t, 1)
     drop = has_dropout(model)
-    gated = model.mlp == "swiglu"
+    gated = model.gated_mlp
     scores = heads * s_local * model.seq_length * micro_batch_size  # elements, per rank
 
     T = ActivationTerm
