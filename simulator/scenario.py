@@ -207,6 +207,13 @@ def _model(table: dict, base_dir: Path) -> ModelSpec:
             raise ScenarioError(f"model.preset {preset!r} is unknown; known: {', '.join(MODEL_PRESETS)}")
         spec = MODEL_PRESETS[preset]
         base = {f.name: getattr(spec, f.name) for f in dataclasses.fields(ModelSpec) if f.name != "extra"}
+        # Sizes the preset derived (not set) are derived again from the file's overrides.
+        if base["head_dim"] * base["num_attention_heads"] == base["hidden_size"]:
+            base["head_dim"] = 0
+        if base["max_position_embeddings"] == base["seq_length"]:
+            base["max_position_embeddings"] = 0
+        if base["qkv_bias"] == base["bias"]:
+            base["qkv_bias"] = None
     if "hf_config" in table:
         from .model.hf import load_hf_config
         cfg = Path(table["hf_config"])
@@ -228,14 +235,15 @@ def _model(table: dict, base_dir: Path) -> ModelSpec:
     for key in required + ("num_experts", "moe_top_k"):
         if key in base and base[key] <= 0:
             raise ScenarioError(f"model.{key} must be positive, got {base[key]}")
-    for key in ("num_kv_heads", "ffn_hidden_size"):
+    for key in ("num_kv_heads", "ffn_hidden_size", "head_dim", "sliding_window", "sliding_window_pattern",
+                "max_position_embeddings"):
         if base.get(key, 0) < 0:
             raise ScenarioError(f"model.{key} must be positive, got {base[key]}")
     if base.get("mlp", "gelu") not in MLP_KINDS:
         raise ScenarioError(f"model.mlp must be one of {', '.join(MLP_KINDS)}; got {base['mlp']!r}")
     # Presets derive norm/bias/... from mlp; an mlp override must re-derive them.
     if "mlp" in fields and "preset" in table:
-        for k in ("norm", "position_embedding", "tie_embeddings", "bias"):
+        for k in ("norm", "position_embedding", "tie_embeddings", "bias", "qkv_bias"):
             if k not in fields:
                 base[k] = "" if k in ("norm", "position_embedding") else None
     return ModelSpec(**base)

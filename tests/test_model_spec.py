@@ -102,3 +102,55 @@ def test_unknown_mlp_kind_named():
                   seq_length=8, mlp="relu")
     with pytest.raises(ValueError, match="mlp must be one of gelu, squared-relu, swiglu, geglu; got 'relu'"):
         m.check()
+
+
+def test_head_dim_independent_of_hidden_mistral_nemo():
+    """Mistral-Nemo-Base-2407: hidden 5120, 32 heads of 128 (Q is 4096 wide, not 5120); the HF model
+    card's safetensors total is 12,247,782,400 parameters."""
+    m = ModelSpec("nemo", num_layers=40, hidden_size=5120, num_attention_heads=32, vocab_size=131072,
+                  seq_length=4096, num_kv_heads=8, ffn_hidden_size=14336, mlp="swiglu", head_dim=128)
+    assert (m.q_size, m.kv_hidden_size) == (4096, 1024)
+    assert m.attention_params_per_layer() == 5120 * (4096 + 2 * 1024) + 4096 * 5120
+    assert m.num_params() == 12_247_782_400
+    derived = ModelSpec("d", num_layers=1, hidden_size=5120, num_attention_heads=32, vocab_size=10, seq_length=8)
+    assert derived.head_dim == 160 and derived.q_size == 5120
+
+
+def test_qk_norm_sandwich_norm_and_qkv_bias_params():
+    kw = dict(num_layers=1, hidden_size=64, num_attention_heads=4, vocab_size=10, seq_length=8,
+              mlp="swiglu", head_dim=32)
+    plain = ModelSpec("p", **kw)
+    assert ModelSpec("q", qk_norm=True, **kw).params_per_layer() - plain.params_per_layer() == 2 * 32
+    assert ModelSpec("s", sandwich_norm=True, **kw).params_per_layer() - plain.params_per_layer() == 2 * 64
+    # Qwen2: biases on Q, K, V only (4 heads x 32 = 128 wide each)
+    assert ModelSpec("b", qkv_bias=True, **kw).params_per_layer() - plain.params_per_layer() == 3 * 128
+
+
+def test_sliding_window_flops_fraction():
+    kw = dict(num_layers=6, hidden_size=64, num_attention_heads=4, vocab_size=10, seq_length=8)
+    assert ModelSpec("full", **kw).attention_flops_fraction() == 1.0
+    assert ModelSpec("wide", sliding_window=8, **kw).attention_flops_fraction() == 1.0
+    # window 2 over 8 positions: keys per query 1,2,2,2,2,2,2,2 = 15 of the causal 36
+    assert ModelSpec("swa", sliding_window=2, **kw).attention_flops_fraction() == pytest.approx(15 / 36)
+    # every 3rd layer global (2 of 6): (2 + 4 * 15/36) / 6
+    alt = ModelSpec("alt", sliding_window=2, sliding_window_pattern=3, **kw)
+    assert alt.attention_flops_fraction() == pytest.approx((2 + 4 * 15 / 36) / 6)
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"sliding_window_pattern": 1, "sliding_window": 4}, "sliding_window_pattern 1 makes every layer global"),
+    ({"sliding_window": -1}, "sliding_window must be >= 0, got -1"),
+    ({"hidden_size": 66}, "hidden_size 66 is not divisible by num_attention_heads 4 (or set head_dim)"),
+    ({"max_position_embeddings": 4}, "seq_length 8 exceeds the learned position table's max_position_embeddings 4"),
+])
+def test_attention_shape_rejections(kw, message):
+    base = dict(num_layers=1, hidden_size=64, num_attention_heads=4, vocab_size=10, seq_length=8)
+    with pytest.raises(ValueError) as err:
+        ModelSpec("t", **{**base, **kw}).check()
+    assert message in str(err.value)
+
+
+def test_learned_position_table_rows():
+    m = ModelSpec("gpt2", num_layers=1, hidden_size=64, num_attention_heads=4, vocab_size=10,
+                  seq_length=8, max_position_embeddings=32)
+    assert m.embedding_params() == (10 + 32) * 64

@@ -197,3 +197,19 @@ def test_new_mlp_kinds_ops(mlp, fc1_width, act_bytes):
     assert fc1.shape == (32, fc1_width, 64)
     assert (act.fwd_bytes, act.bwd_bytes) == (act_bytes[0] * 32 * 160, act_bytes[1] * 32 * 160)
     assert g.num_params() == m.num_params()
+
+
+def test_head_dim_qk_norm_sandwich_and_window_ops():
+    m = ModelSpec("t", num_layers=4, hidden_size=64, num_attention_heads=4, num_kv_heads=2, head_dim=32,
+                  ffn_hidden_size=96, vocab_size=500, seq_length=32, mlp="swiglu", qk_norm=True,
+                  sandwich_norm=True, sliding_window=8, sliding_window_pattern=2)
+    g = build_op_graph(m, 1)
+    assert op(g.layer, "qkv").shape == (32, 128 + 2 * 64, 64)  # Q 4 x 32, K and V 2 x 32 each
+    assert op(g.layer, "attn_out").shape == (32, 64, 128)
+    assert op(g.layer, "qk_norm").shape == (32, 128 + 64) and op(g.layer, "rope").shape == (32, 128 + 64)
+    assert {"post_attn_norm", "post_mlp_norm"} <= {o.name for o in g.layer}
+    core = op(g.layer, "attn_core")
+    assert core.shape == (1, 4, 32, 32, 32)
+    # 2 global layers + 2 windowed: keys per query min(8, i) sum to 36 + 24·8 = 228 of 528
+    assert core.fwd_flops == pytest.approx(4 * 4 * 32 * 32 * 32 * (2 + 2 * 228 / 528) / 4)
+    assert g.num_params() == m.num_params()

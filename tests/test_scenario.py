@@ -92,3 +92,17 @@ def test_nemotron_and_grok_mlp_kinds_load(mlp):
     """Nemotron-4 (squared ReLU) and Grok-1 (GeGLU) rows of the shared validation file load."""
     scn = scenario_from_dict(base(model={"mlp": mlp, "norm": "layernorm"}))
     assert scn.model.mlp == mlp and scn.model.norm == "layernorm" and scn.model.bias is False
+
+
+def test_preset_overrides_rederive_head_dim_and_position_table():
+    """A preset's derived head_dim (hidden/heads) and position table follow the file's overrides."""
+    m = scenario_from_dict(base(model={"hidden_size": 6144, "num_attention_heads": 48,
+                                       "num_kv_heads": 48, "seq_length": 4096})).model
+    assert m.head_dim == 128 and m.max_position_embeddings == 4096
+    m = scenario_from_dict(base(model={"head_dim": 64, "num_attention_heads": 192, "num_kv_heads": 192})).model
+    assert m.head_dim == 64 and m.q_size == 12288
+
+
+def test_window_rejected_with_message():
+    with pytest.raises(ScenarioError, match="model.sliding_window_pattern 1 makes every layer global"):
+        scenario_from_dict(base(model={"sliding_window": 1024, "sliding_window_pattern": 1}))

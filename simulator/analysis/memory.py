@@ -89,12 +89,12 @@ def layer_param_counts(model: ModelSpec, tp: int, ep: int = 1) -> dict:
     ``rank_param_counts`` for the layout."""
     h, f = model.hidden_size, model.ffn_hidden_size
     kv_cols = model.head_dim * max(model.num_kv_heads // tp, 1)
-    attn = h * (h // tp + 2 * kv_cols) + (h // tp) * h
-    if model.bias:
-        attn += (h // tp + 2 * kv_cols) + h
+    q_cols = model.q_size // tp
+    attn = h * (q_cols + 2 * kv_cols) + q_cols * h + model.qk_norm_params()
+    attn += ((q_cols + 2 * kv_cols) if model.qkv_bias else 0) + (h if model.bias else 0)
     fc1_cols = (model.mlp_matrices - 1) * f // tp
     mlp = h * fc1_cols + (f // tp) * h + ((fc1_cols + h) if model.bias else 0)
-    dense = attn + 2 * model.norm_params() + model.router_params_per_layer()
+    dense = attn + model.norms_per_layer * model.norm_params() + model.router_params_per_layer()
     if model.is_moe:
         return {"dense": dense, "expert": (model.num_experts // ep) * mlp}
     return {"dense": dense + mlp, "expert": 0}
@@ -120,7 +120,7 @@ def rank_param_counts(model: ModelSpec, parallel, stage: int) -> dict:
     h = model.hidden_size
     word = model.vocab_size * h // tp
     if stage == 0:
-        dense += word + (model.seq_length * h if model.position_embedding == "learned" else 0)
+        dense += word + (model.max_position_embeddings * h if model.position_embedding == "learned" else 0)
     if stage == pp - 1:
         dense += model.norm_params()
         if not model.tie_embeddings or pp > 1:

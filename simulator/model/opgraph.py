@@ -2,7 +2,9 @@
 
 Each op carries its forward and backward FLOPs, HBM bytes, parameters, shape and the rule by which
 tensor parallelism divides it; ``strategy/sharding`` turns an op into one rank's work. All layers
-are identical, so the graph holds one layer template plus the embedding and head ops.
+are identical, so the graph holds one layer template plus the embedding and head ops; a pattern of
+windowed and global attention layers (Gemma 2, GPT-OSS) is averaged into the template's attention
+FLOPs (``ModelSpec.attention_flops_fraction``).
 
 FLOP convention (Narayanan et al. 2021 eq. 3; Korthikanti et al. 2022 §5; PaLM App. B MFU):
 only matrix multiplications count. A GEMM of (m, n, k) costs 2·m·n·k forward and twice that
@@ -150,20 +152,29 @@ def _residual(name: str, block: str, m: ModelSpec, tokens: int, d: int) -> Op:
 
 
 def _attention_ops(m: ModelSpec, b: int, d: int) -> list[Op]:
-    h, kv, s, t = m.hidden_size, m.kv_hidden_size, m.seq_length, b * m.seq_length
-    n_qkv = h + 2 * kv  # GQA: Q is h x h, K and V are h x (kv_heads·head_dim) (Ainslie et al. 2023)
+    h, q, kv, s, t = m.hidden_size, m.q_size, m.kv_hidden_size, m.seq_length, b * m.seq_length
+    n_qkv = q + 2 * kv  # GQA: Q is h x heads·head_dim, K and V h x kv_heads·head_dim (Ainslie 2023)
     ops = [_norm("ln1", "attn", m, t, d),
-           _gemm("qkv", "attn", t, n_qkv, h, h * n_qkv + (n_qkv if m.bias else 0), "column", d)]
+           _gemm("qkv", "attn", t, n_qkv, h, h * n_qkv + (n_qkv if m.qkv_bias else 0), "column", d)]
+    if m.qk_norm:
+        # Qwen3 / Gemma 3: per-head norm of q and k (head_dim weights each); reads and writes q
+        # and k forward, reads dy and x and writes dx backward, like the other norms
+        ops.append(_vector("qk_norm", "norm", "attn", t, q + kv, 2 * d, 3 * d, m.qk_norm_params(),
+                           "column", d))
     if m.position_embedding == "rope":
         # rotary embedding of q and k (Su et al. 2021): read and write both, either direction
-        ops.append(_vector("rope", "elementwise", "attn", t, h + kv, 2 * d, 2 * d, 0, "column", d))
+        ops.append(_vector("rope", "elementwise", "attn", t, q + kv, 2 * d, 2 * d, 0, "column", d))
     heads, kvh, hd = m.num_attention_heads, m.num_kv_heads, m.head_dim
-    f = attention_flops(b, heads, s, s, hd)
+    # Sliding windows scale the score FLOPs (ModelSpec.attention_flops_fraction, averaged over the
+    # layers); the kernel still reads every K and V once, so the bytes do not change.
+    f = attention_flops(b, heads, s, s, hd) * m.attention_flops_fraction()
     ops.append(Op("attn_core", "attention", "attn", f, 2 * f, 0.0,
                   attention_bytes(b, heads, kvh, s, s, hd, d),
                   attention_bytes(b, heads, kvh, s, s, hd, d, backward=True),
                   0, (b, heads, s, s, hd), "heads", d, 1, kvh))
-    ops.append(_gemm("attn_out", "attn", t, h, h, h * h + (h if m.bias else 0), "row", d))
+    ops.append(_gemm("attn_out", "attn", t, h, q, q * h + (h if m.bias else 0), "row", d))
+    if m.sandwich_norm:
+        ops.append(_norm("post_attn_norm", "attn", m, t, d))
     ops.append(_residual("attn_residual", "attn", m, t, d))
     return ops
 
@@ -200,6 +211,8 @@ def _mlp_ops(m: ModelSpec, b: int, d: int) -> list[Op]:
             _vector("expert_act", "elementwise", "mlp", rows, f, act_fwd, act_bwd, 0, "expert", d),
             _gemm("expert_fc2", "mlp", rows, h, f, e * fc2_params, "expert", d, e),
         ]
+    if m.sandwich_norm:
+        ops.append(_norm("post_mlp_norm", "mlp", m, t, d))
     ops.append(_residual("mlp_residual", "mlp", m, t, d))
     return ops
 

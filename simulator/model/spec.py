@@ -35,6 +35,18 @@ class ModelSpec:
     position_embedding: str = ""  # "learned" (s·h table) | "rope" (no parameters)
     tie_embeddings: bool | None = None  # LM head shares the input embedding matrix
     bias: bool | None = None  # linear layers carry biases (GPT yes, Llama no)
+    qkv_bias: bool | None = None  # the QKV projection alone carries biases (Qwen2); None -> bias
+    # Attention shape. head_dim 0 -> hidden_size / num_attention_heads; Mistral-Nemo (5120 hidden,
+    # 32 heads, head_dim 128), Gemma 2/3 and Qwen3 set it, so Q is heads·head_dim wide, not hidden.
+    head_dim: int = 0
+    qk_norm: bool = False  # Qwen3 / Gemma 3: a norm over each query and key head (head_dim weights)
+    sandwich_norm: bool = False  # Gemma 2/3, Grok-1: norms after attention and MLP too (4 per layer)
+    # Sliding-window attention (Mistral 7B, Gemma 2/3, GPT-OSS): a query attends to the last
+    # sliding_window tokens (0: the whole causal prefix). sliding_window_pattern N >= 2 makes every
+    # N-th layer global (Gemma 2 and GPT-OSS alternate: 2; Gemma 3: 6); 0: every layer is windowed.
+    sliding_window: int = 0
+    sliding_window_pattern: int = 0
+    max_position_embeddings: int = 0  # rows of a learned position table; 0 -> seq_length
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -51,14 +63,30 @@ class ModelSpec:
             object.__setattr__(self, "tie_embeddings", gpt_style)
         if self.bias is None:
             object.__setattr__(self, "bias", gpt_style)
+        if self.qkv_bias is None:
+            object.__setattr__(self, "qkv_bias", self.bias)
+        if self.head_dim == 0 and self.num_attention_heads > 0:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        if self.max_position_embeddings == 0:
+            object.__setattr__(self, "max_position_embeddings", self.seq_length)
 
     def check(self) -> None:
         """Raise ValueError naming the field and the numbers when the shape is not a transformer."""
         if self.mlp not in MLP_KINDS:
             raise ValueError(f"mlp must be one of {', '.join(MLP_KINDS)}; got {self.mlp!r}")
-        if self.hidden_size % self.num_attention_heads:
+        if self.head_dim * self.num_attention_heads == 0 or (
+                self.hidden_size % self.num_attention_heads
+                and self.head_dim == self.hidden_size // self.num_attention_heads):
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by "
-                             f"num_attention_heads {self.num_attention_heads}")
+                             f"num_attention_heads {self.num_attention_heads} (or set head_dim)")
+        for key in ("sliding_window", "sliding_window_pattern"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
+        if self.sliding_window_pattern == 1:
+            raise ValueError("sliding_window_pattern 1 makes every layer global: set sliding_window = 0")
+        if self.position_embedding == "learned" and self.seq_length > self.max_position_embeddings:
+            raise ValueError(f"seq_length {self.seq_length} exceeds the learned position table's "
+                             f"max_position_embeddings {self.max_position_embeddings}")
         if self.num_attention_heads % self.num_kv_heads:
             raise ValueError(f"num_attention_heads {self.num_attention_heads} is not divisible by "
                              f"num_kv_heads {self.num_kv_heads}")
@@ -67,8 +95,9 @@ class ModelSpec:
 
     # ---- derived sizes -------------------------------------------------------------------
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+    def q_size(self) -> int:
+        """Width of Q and of the attention output projection's input: heads·head_dim."""
+        return self.num_attention_heads * self.head_dim
 
     @property
     def kv_hidden_size(self) -> int:
@@ -87,11 +116,31 @@ class ModelSpec:
     def gated_mlp(self) -> bool:
         return self.mlp in GATED_MLP_KINDS
 
+    @property
+    def norms_per_layer(self) -> int:
+        return 4 if self.sandwich_norm else 2
+
+    def qk_norm_params(self) -> int:
+        """One norm of head_dim shared by all query heads, one by all key heads (Qwen3RMSNorm)."""
+        return 2 * self.head_dim * (2 if self.norm == "layernorm" else 1) if self.qk_norm else 0
+
     def attention_params_per_layer(self) -> int:
-        h, kv = self.hidden_size, self.kv_hidden_size
-        weights = h * (h + 2 * kv) + h * h  # QKV projection + output projection
-        biases = (h + 2 * kv) + h if self.bias else 0
-        return weights + biases
+        h, q, kv = self.hidden_size, self.q_size, self.kv_hidden_size
+        weights = h * (q + 2 * kv) + q * h  # QKV projection + output projection
+        biases = ((q + 2 * kv) if self.qkv_bias else 0) + (h if self.bias else 0)
+        return weights + biases + self.qk_norm_params()
+
+    def attention_flops_fraction(self) -> float:
+        """Score FLOPs relative to full causal attention, averaged over the layers (the op graph
+        holds one layer template). A windowed query at position i scores min(w, i) keys: sum over
+        s queries w(w+1)/2 + (s - w)·w against s(s+1)/2 for the causal prefix."""
+        s, w = self.seq_length, self.sliding_window
+        if w == 0 or w >= s:
+            return 1.0
+        windowed = (w * (w + 1) / 2 + (s - w) * w) / (s * (s + 1) / 2)
+        n = self.sliding_window_pattern
+        global_layers = self.num_layers // n if n else 0
+        return (global_layers + (self.num_layers - global_layers) * windowed) / self.num_layers
 
     def expert_params(self) -> int:
         """Parameters of one MLP (one expert for MoE)."""
@@ -111,13 +160,15 @@ class ModelSpec:
 
     def dense_params_per_layer(self) -> int:
         """Per-layer parameters outside the experts (attention, norms, router)."""
-        return self.attention_params_per_layer() + 2 * self.norm_params() + self.router_params_per_layer()
+        return (self.attention_params_per_layer() + self.norms_per_layer * self.norm_params()
+                + self.router_params_per_layer())
 
     def params_per_layer(self) -> int:
-        return self.attention_params_per_layer() + 2 * self.norm_params() + self.mlp_params_per_layer()
+        return (self.attention_params_per_layer() + self.norms_per_layer * self.norm_params()
+                + self.mlp_params_per_layer())
 
     def embedding_params(self) -> int:
-        pos = self.seq_length * self.hidden_size if self.position_embedding == "learned" else 0
+        pos = self.max_position_embeddings * self.hidden_size if self.position_embedding == "learned" else 0
         return self.vocab_size * self.hidden_size + pos
 
     def head_params(self) -> int:

@@ -98,7 +98,7 @@ def activation_terms(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool,
     terms = [
         T("attn_norm_input", d * tokens * h / r),  # the layer input: all full recompute keeps
         T("qkv_input", d * tokens * h / r, weight_grad=True),  # norm output, X of the QKV GEMM
-        T("q", d * tokens * h / t),
+        T("q", d * tokens * model.q_size / t),
         T("k", d * tokens * kv_cols),
         T("v", d * tokens * kv_cols),
         T("softmax_output", d * scores, core=True),
@@ -106,7 +106,7 @@ def activation_terms(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool,
     if drop:
         terms += [T("attn_dropout_mask", MASK_BYTES * scores, core=True),
                   T("attn_dropout_output", d * scores, core=True)]
-    terms += [T("proj_input", d * tokens * h / t, weight_grad=True)]
+    terms += [T("proj_input", d * tokens * model.q_size / t, weight_grad=True)]
     if drop:
         terms.append(T("attn_residual_dropout_mask", MASK_BYTES * tokens * h / r))
     terms += [T("mlp_norm_input", d * tokens * h / r),
@@ -114,7 +114,7 @@ def activation_terms(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool,
     # Output gradients of the attention GEMMs, created by B and kept for W. A row-parallel GEMM's
     # output gradient is the full (s/cp) x b x h tensor on every TP rank (the backward of its
     # all-reduce, or of SP's reduce-scatter, is an identity / all-gather), so it is not divided.
-    terms += [T("qkv_output_grad", d * tokens * (h / t + 2 * kv_cols), weight_grad=True, stored_at_f=False),
+    terms += [T("qkv_output_grad", d * tokens * (model.q_size / t + 2 * kv_cols), weight_grad=True, stored_at_f=False),
               T("proj_output_grad", d * tokens * h, weight_grad=True, stored_at_f=False)]
     if model.is_moe:
         slots = tokens * model.moe_top_k * model.moe_capacity_factor
