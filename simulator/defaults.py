@@ -57,4 +57,6 @@ def default_grad_dtype(zero_stage: int, dtype: str) -> str:
     18 bytes/param. DeepSpeed ZeRO-2/3 and FSDP keep gradients in the training dtype: 16 bytes/param,
     the accounting of Rajbhandari et al. 2020 (2 + 2 + 12).
     """
-    return dtype if zero_stage >= 2 else "fp32"
+    if zero_stage < 2:
+        return "fp32"
+    return "bf16" if dtype == "fp8" else dtype  # FP8 training (TE) produces BF16 weight gradients

@@ -61,7 +61,9 @@ class TrainingSpec:
 
     @property
     def dtype_bytes(self) -> int:
-        return DTYPE_BYTES[self.dtype]
+        """Bytes of an activation element. FP8 training keeps activations, weights and their
+        communication in BF16; only the linear layers' GEMM operands are FP8 (model/fp8.py)."""
+        return DTYPE_BYTES["bf16" if self.dtype == "fp8" else self.dtype]
 
     @property
     def grad_dtype_bytes(self) -> int:

@@ -30,6 +30,7 @@ class OpWork:
     flops: float
     bytes: float  # HBM bytes read + written
     shape: tuple[int, ...] = ()  # gemm: (m, n, k); attention: (batch, heads, seq_q, seq_kv, head_dim)
+    precision: str = ""  # "fp8": a Transformer Engine FP8 GEMM; "" = the training dtype
 
 
 def gemm_grad_shapes(shape: tuple[int, int, int]) -> tuple[tuple[int, int, int], tuple[int, int, int]]:

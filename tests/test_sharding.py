@@ -127,7 +127,7 @@ def test_backward_parts():
     assert total_flops(bw) == 2 * total_flops(shard_ops(ops, 2, True, 1, 1))
     assert {x.kind for x in w} == {"gemm", "embedding"}
     assert "embed" not in [x.name for x in b]
-    assert "attn_residual" not in [x.name for x in b]  # Llama: plain add, identity gradient
+    assert "attn_residual" in [x.name for x in b]  # the residual stream's two gradients are summed
     assert bw[0].name == "loss" and bw[-1].name == "embed"  # reverse program order
     assert sum(x.bytes for x in b + w) == pytest.approx(sum(x.bytes for x in bw))
     with pytest.raises(ValueError, match="backward part"):

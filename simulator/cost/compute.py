@@ -36,6 +36,7 @@ class Efficiency:
     block_k: int  # k extent of one main-loop iteration of the bf16 tensor-core GEMM kernel
     tile_overhead_iters: float  # pipeline prologue + epilogue of one output tile, in main-loop iterations
     kernel_overhead_s: float  # per-kernel launch/tail gap when the GPU is saturated with kernels
+    fp8_block_k: int = 0  # k extent of one main-loop iteration of the FP8 GEMM kernel; 0: no FP8 tensor cores
 
 
 # Sources:
@@ -52,10 +53,22 @@ class Efficiency:
 #   to (tile_m·tile_n) / ((tile_m + tile_n)·block_k) iterations of operand traffic. Ampere
 #   (cutlass_tensorop_s16816gemm_f16_256x128_32x3): block_k 32, 3 stages, epilogue 2.67 -> 4.67.
 #   Hopper (sm90 128x256x64 warp-specialized, 4 stages): block_k 64, prologue 3 + epilogue 1.33 -> 4.33.
+# - fp8_block_k: Hopper FP8 tensor-core GEMMs (CUTLASS sm90 kernels for e4m3/e5m2, as cuBLASLt and
+#   TE run them) load 128-byte K slices per stage like the 16-bit kernels, i.e. 128 one-byte elements
+#   (tile 128x256x128): half the main-loop iterations of BF16 for the same k, with the same prologue
+#   and epilogue (the BF16 output tile is the same 64 KiB), so short-k FP8 GEMMs lose more to the tile
+#   overhead. Check against measurements (tilelang, H800 SXM = H100 SXM compute, 8192 x 8192 x k,
+#   benchmark/matmul{,_fp8}/README.md): FP8/BF16 time 0.56 at k = 1024, 0.50 at 4096, 0.50 at 8192;
+#   this model gives 0.61, 0.53, 0.52. The dense FP8 peak is the datasheet's (2x BF16); gemm_max is
+#   the same fraction (the same measurements reach 0.78 of either peak at k = 16384).
 # - attention: FlashAttention-2 (Dao 2023, Fig. 6/7): A100 causal fwd+bwd up to ~190-200 TFLOP/s at
 #   head_dim 128, seq 2k-8k (~0.62 of 312); FlashAttention-3 (Shah et al. 2024, Fig. 4/5): H100 bf16
 #   causal fwd+bwd ~ 450-550 TFLOP/s for FA2-style kernels in Megatron-Core/TE (~0.50 of 989).
-#   These FLOPs count only the unmasked half of causal attention, as the papers do.
+#   These FLOPs count only the unmasked half of causal attention, as the papers do, and count the
+#   backward as 2.5x the forward (FlashAttention-2 benchmarks/benchmark_flash_attention.py: fwd_bwd =
+#   3.5x fwd): the backward recomputes the scores QK^T, five matrix products against the forward's
+#   two (Dao 2023 Algorithm 2). The op graph's backward carries 2x (the MFU convention), so a fused
+#   kernel executes 1.25x the backward FLOPs it is charged for.
 # - memory: STREAM-like copy kernels reach ~90% of HBM peak on A100/H100 (NVIDIA's "GPU Performance
 #   Background" guide); we take 0.85 for the mix of norm/elementwise kernels.
 # - num_sms: A100 108 SMs (A100 whitepaper), H100 SXM5 132 SMs (H100 whitepaper).
@@ -65,13 +78,15 @@ EFFICIENCIES: dict[str, Efficiency] = {
     "ampere": Efficiency(gemm_max=0.767, attention=0.62, memory=0.85, num_sms=108, block_k=32,
                          tile_overhead_iters=4.67, kernel_overhead_s=2e-6),
     "hopper": Efficiency(gemm_max=0.85, attention=0.50, memory=0.85, num_sms=132, block_k=64,
-                         tile_overhead_iters=4.33, kernel_overhead_s=2e-6),
+                         tile_overhead_iters=4.33, kernel_overhead_s=2e-6, fp8_block_k=128),
 }
 
 # CUTLASS/cuBLAS tensor-core GEMM output tile for bf16 on Ampere/Hopper (128 x 256), NVIDIA
 # "Matrix Multiplication Background User's Guide": tile and wave quantization.
 GEMM_TILE_M = 128
 GEMM_TILE_N = 256
+# Executed / counted FLOPs of a FlashAttention backward (recompute of QK^T: 2.5x forward vs 2x counted).
+FLASH_BWD_RECOMPUTE = 2.5 / 2.0
 # Fraction of the full attention score matrix a causal kernel computes (lower triangle).
 CAUSAL_EXECUTED_FRACTION = 0.5
 
@@ -100,7 +115,9 @@ class RooflineCompute:
         self.dtype_bytes = DTYPE_BYTES[dtype]
         self.gpu = gpu
         self.eff = EFFICIENCIES[gpu.architecture]
-        self.peak_flops_per_s = gpu.peak(dtype)
+        # FP8 training (Transformer Engine): FP8 GEMMs are marked per op; everything else runs in BF16
+        self.peak_flops_per_s = gpu.peak("bf16" if dtype == "fp8" else dtype)
+        self.fp8_peak_flops_per_s = gpu.peak_flops_per_s.get("fp8", 0.0)
         self.mem_Bps = gpu.hbm_bandwidth_Bps * self.eff.memory
         self._cache: dict[OpWork, float] = {}
 
@@ -114,29 +131,37 @@ class RooflineCompute:
         mem_s = op.bytes / self.mem_Bps
         if op.kind == "gemm" and op.flops > 0:
             m, n, k = op.shape if len(op.shape) == 3 else (1 << 14, 1 << 14, 1 << 14)
+            fp8 = op.precision == "fp8"
             if op.flops > 1.5 * 2.0 * m * n * k:
                 # a fused backward of the forward GEMM (m, n, k): the input- and weight-gradient
                 # GEMMs, each with its own waves and main-loop length, two kernels as B and W alone
                 dgrad, wgrad = gemm_grad_shapes((m, n, k))
                 half = op.flops / 2
-                flop_s = self._gemm_s(half, *dgrad) + self._gemm_s(half, *wgrad) + self.eff.kernel_overhead_s
+                flop_s = (self._gemm_s(half, *dgrad, fp8) + self._gemm_s(half, *wgrad, fp8)
+                          + self.eff.kernel_overhead_s)
             else:
-                flop_s = self._gemm_s(op.flops, m, n, k)
+                flop_s = self._gemm_s(op.flops, m, n, k, fp8)
         elif op.kind == "attention" and op.flops > 0 and self.attention == "unfused":
             return self._unfused_attention_s(op)
         elif op.kind == "attention" and op.flops > 0:
             # The op counts the full s^2 score matrix (Narayanan 2021 eq. 3); a causal flash kernel skips
             # the masked upper triangle, half of it (Dao 2023 §3.1), at the measured efficiency.
-            flop_s = CAUSAL_EXECUTED_FRACTION * op.flops / (self.peak_flops_per_s * self.eff.attention)
+            backward = op.flops > 1.5 * attention_flops_of(op.shape)
+            executed = op.flops * (FLASH_BWD_RECOMPUTE if backward else 1.0)
+            flop_s = CAUSAL_EXECUTED_FRACTION * executed / (self.peak_flops_per_s * self.eff.attention)
         else:
             flop_s = 0.0
         return max(flop_s, mem_s) + self.eff.kernel_overhead_s
 
-    def _gemm_s(self, flops: float, m: int, n: int, k: int) -> float:
+    def _gemm_s(self, flops: float, m: int, n: int, k: int, fp8: bool = False) -> float:
         # Either orientation of the output can be tiled; cuBLAS picks the better one.
         wave = max(wave_efficiency(m, n, self.eff.num_sms), wave_efficiency(n, m, self.eff.num_sms))
-        keff = k_efficiency(k, self.eff.block_k, self.eff.tile_overhead_iters)
-        return flops / (self.peak_flops_per_s * self.eff.gemm_max * wave * keff)
+        if fp8 and not self.eff.fp8_block_k:
+            raise ValueError(f"gpu {self.gpu.name} has no FP8 tensor cores (training.dtype = 'fp8')")
+        block_k, peak = (self.eff.fp8_block_k, self.fp8_peak_flops_per_s) if fp8 else (self.eff.block_k,
+                                                                                        self.peak_flops_per_s)
+        keff = k_efficiency(k, block_k, self.eff.tile_overhead_iters)
+        return flops / (peak * self.eff.gemm_max * wave * keff)
 
     def _unfused_attention_s(self, op: OpWork) -> float:
         """Pre-FlashAttention Megatron (2019-2022): QK^T and AV as batched GEMMs over the full s x s

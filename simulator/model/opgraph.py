@@ -54,6 +54,7 @@ class Op:
     dtype_bytes: int = 2
     experts: int = 1  # expert GEMMs: the number of experts whose weights the op holds
     kv_heads: int = 0  # attention: key/value heads (GQA); 0 for other ops
+    precision: str = ""  # "fp8": a Transformer Engine FP8 GEMM (model/fp8.py); "" = the training dtype
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,11 +145,14 @@ def _residual(name: str, block: str, m: ModelSpec, tokens: int, d: int) -> Op:
     """Megatron's fused bias-dropout-add for GPT-style models (hidden dropout 0.1, Brown et al. 2020
     / Megatron defaults): reads x and the residual, writes out and the mask; backward reads dy and
     the mask, writes dx. Llama-style models train without dropout (Touvron et al. 2023): a plain
-    add whose gradient is the identity (no backward kernel)."""
+    add. Either way the residual stream feeds both the norm and this add, so autograd sums the two
+    gradients of the block's input with one more kernel (torch.autograd's InputBuffer::accumulate:
+    read both, write one, 3 elements per element), charged here."""
+    grad_sum = 3 * d
     if m.mlp == "gelu":
         return _vector(name, "elementwise", block, tokens, m.hidden_size, 3 * d + _MASK_BYTES,
-                       2 * d + _MASK_BYTES, 0, "sequence", d)
-    return _vector(name, "elementwise", block, tokens, m.hidden_size, 3 * d, 0, 0, "sequence", d)
+                       2 * d + _MASK_BYTES + grad_sum, 0, "sequence", d)
+    return _vector(name, "elementwise", block, tokens, m.hidden_size, 3 * d, grad_sum, 0, "sequence", d)
 
 
 def _attention_ops(m: ModelSpec, b: int, d: int) -> list[Op]:
@@ -244,11 +248,15 @@ def _head_ops(m: ModelSpec, b: int, d: int) -> list[Op]:
 
 
 def build_op_graph(model: ModelSpec, micro_batch_size: int, dtype: str = "bf16") -> OpGraph:
+    """The graph of one micro-batch. ``dtype = "fp8"`` is Transformer Engine's recipe (model/fp8.py):
+    BF16 activations and kernels, FP8 linear-layer GEMMs with their cast kernels."""
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
     model.check()
-    d = _dtype_bytes(dtype)
+    d = _dtype_bytes("bf16" if dtype == "fp8" else dtype)
     b = micro_batch_size
-    return OpGraph(model, b, d, tuple(_embed_ops(model, b, d)),
-                   tuple(_attention_ops(model, b, d) + _mlp_ops(model, b, d)),
-                   tuple(_head_ops(model, b, d)))
+    layer = tuple(_attention_ops(model, b, d) + _mlp_ops(model, b, d))
+    if dtype == "fp8":
+        from .fp8 import fp8_layer  # fp8 builds on this module's Op
+        layer = fp8_layer(layer)
+    return OpGraph(model, b, d, tuple(_embed_ops(model, b, d)), layer, tuple(_head_ops(model, b, d)))

@@ -7,7 +7,7 @@ these tuples for every layer and micro-batch, which keeps lowering and costing O
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..model.opgraph import Op, OpGraph
 from ..tasks import OpWork
@@ -125,4 +125,12 @@ def split_work(work: Work, parts: int) -> Work:
     """One of ``parts`` equal slices of a segment (ring-attention steps over K/V blocks)."""
     if parts < 1:
         raise ValueError(f"split_work: parts must be >= 1, got {parts}")
-    return tuple(OpWork(w.name, w.kind, w.flops / parts, w.bytes / parts, w.shape) for w in work)
+    return tuple(replace(w, flops=w.flops / parts, bytes=w.bytes / parts, shape=_step_shape(w, parts)) for w in work)
+
+
+def _step_shape(w: OpWork, parts: int) -> tuple[int, ...]:
+    """A ring step of the attention core attends the local queries to one of ``parts`` K/V blocks."""
+    if w.kind != "attention" or len(w.shape) != 5:
+        return w.shape
+    b, heads, sq, skv, hd = w.shape
+    return (b, heads, sq, max(1, skv // parts), hd)

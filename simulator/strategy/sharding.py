@@ -110,12 +110,13 @@ def _work(op: Op, tp: int, sp: bool, cp: int, ep: int) -> tuple:
 def shard_op(op: Op, tp: int, sp: bool, cp: int, ep: int) -> OpWork:
     """Forward work of ``op`` on one rank."""
     shape, f, _, _, by, _, _ = _work(op, tp, sp, cp, ep)
-    return OpWork(op.name, op.kind, f, by, shape)
+    return OpWork(op.name, op.kind, f, by, shape, op.precision)
 
 
 def shard_ops(ops: tuple[Op, ...], tp: int, sp: bool, cp: int, ep: int) -> tuple[OpWork, ...]:
-    """Forward work of ``ops`` on one rank, in program order."""
-    return tuple(shard_op(op, tp, sp, cp, ep) for op in ops)
+    """Forward work of ``ops`` on one rank, in program order (ops with no forward work, such as the
+    backward-only FP8 gradient casts, are left out)."""
+    return tuple(shard_op(op, tp, sp, cp, ep) for op in ops if op.fwd_flops or op.fwd_bytes)
 
 
 def shard_ops_backward(ops: tuple[Op, ...], tp: int, sp: bool, cp: int, ep: int,
@@ -134,7 +135,7 @@ def shard_ops_backward(ops: tuple[Op, ...], tp: int, sp: bool, cp: int, ep: int,
         flops = (fb if "B" in part else 0.0) + (fw if "W" in part else 0.0)
         nbytes = (bb if "B" in part else 0.0) + (bw if "W" in part else 0.0)
         if flops or nbytes:
-            out.append(OpWork(op.name, op.kind, flops, nbytes, _backward_shape(op.kind, shape, part)))
+            out.append(OpWork(op.name, op.kind, flops, nbytes, _backward_shape(op.kind, shape, part), op.precision))
         if grad_accum_bytes_per_param and "W" in part and op.kind == "gemm" and op.params:
             # unfused weight-gradient accumulation: a separate kernel adds the GEMM's 16-bit dW into
             # the fp32 main_grad buffer (see grad_accumulation_bytes_per_param)

@@ -1,0 +1,102 @@
+"""Compute cost of one kernel: closed forms for memory-bound kernels, FP8 GEMMs as Transformer Engine runs
+them, FlashAttention's backward recompute, and the FP8 op graph."""
+
+import pytest
+
+from simulator.cost.compute import EFFICIENCIES, FLASH_BWD_RECOMPUTE, RooflineCompute
+from simulator.hardware.gpus import GPU_PRESETS
+from simulator.model.fp8 import CAST_TRANSPOSE_BYTES, TRANSPOSE_ONLY_BYTES
+from simulator.model.opgraph import attention_flops, build_op_graph, gemm_flops
+from simulator.model.spec import ModelSpec
+from simulator.strategy.blocks import build_blocks, split_work
+from simulator.tasks import OpWork
+
+H100 = GPU_PRESETS["h100-sxm5-80gb"]
+A100 = GPU_PRESETS["a100-sxm4-80gb"]
+LLAMA = ModelSpec("llama-small", num_layers=2, hidden_size=1024, num_attention_heads=8, num_kv_heads=2,
+                  vocab_size=4096, seq_length=512, ffn_hidden_size=3584, mlp="swiglu")
+
+
+@pytest.mark.parametrize("gpu", [A100, H100])
+def test_memory_bound_kernel_is_bytes_over_bandwidth_plus_launch_floor(gpu):
+    rc = RooflineCompute(gpu, "bf16")
+    eff = EFFICIENCIES[gpu.architecture]
+    op = OpWork("ln", "norm", 0.0, 3e8, (1, 1))
+    assert rc.op_time_s(op) == pytest.approx(3e8 / (gpu.hbm_bandwidth_Bps * eff.memory) + eff.kernel_overhead_s)
+    # a tiny kernel costs its launch floor, not zero
+    assert rc.op_time_s(OpWork("tiny", "elementwise", 0.0, 8.0, (1, 1))) == pytest.approx(
+        eff.kernel_overhead_s, rel=1e-3)
+
+
+@pytest.mark.parametrize("shape", [(8192, 8192, 8192), (4096, 28672, 4096), (4096, 4096, 14336), (2048, 9216, 12288)])
+def test_fp8_gemm_lies_between_bf16_and_half_of_it(shape):
+    rc = RooflineCompute(H100, "fp8")
+    m, n, k = shape
+    bf16 = rc.op_time_s(OpWork("g", "gemm", gemm_flops(m, n, k), 0.0, shape))
+    fp8 = rc.op_time_s(OpWork("g", "gemm", gemm_flops(m, n, k), 0.0, shape, "fp8"))
+    assert bf16 / 2 < fp8 < bf16
+    # its shorter main loop (128-element K slices) loses more to the tile prologue/epilogue at short k
+    short = rc.op_time_s(OpWork("g", "gemm", gemm_flops(m, n, 1024), 0.0, (m, n, 1024), "fp8"))
+    short_bf16 = rc.op_time_s(OpWork("g", "gemm", gemm_flops(m, n, 1024), 0.0, (m, n, 1024)))
+    assert short / short_bf16 > fp8 / bf16
+
+
+def test_fp8_training_runs_everything_but_the_fp8_gemms_at_bf16_rates():
+    fp8, bf16 = RooflineCompute(H100, "fp8"), RooflineCompute(H100, "bf16")
+    att = OpWork("a", "attention", attention_flops(1, 8, 4096, 4096, 128), 1e6, (1, 8, 4096, 4096, 128))
+    gemm = OpWork("g", "gemm", gemm_flops(4096, 4096, 4096), 0.0, (4096, 4096, 4096))
+    assert fp8.op_time_s(att) == bf16.op_time_s(att)
+    assert fp8.op_time_s(gemm) == bf16.op_time_s(gemm)  # the LM head, the router: no TE module
+    with pytest.raises(ValueError, match="no FP8"):
+        RooflineCompute(A100, "bf16").op_time_s(OpWork("g", "gemm", gemm.flops, 0.0, gemm.shape, "fp8"))
+
+
+def test_flash_backward_executes_two_and_a_half_forwards():
+    rc = RooflineCompute(H100, "bf16")
+    shape = (1, 16, 8192, 8192, 128)
+    f = attention_flops(*shape)
+    fwd = rc.op_time_s(OpWork("a", "attention", f, 1e6, shape))
+    bwd = rc.op_time_s(OpWork("a", "attention", 2 * f, 2e6, shape))  # charged 2x (MFU convention)
+    floor = EFFICIENCIES["hopper"].kernel_overhead_s
+    assert (bwd - floor) / (fwd - floor) == pytest.approx(2 * FLASH_BWD_RECOMPUTE) == pytest.approx(2.5)
+
+
+def test_ring_attention_steps_attend_to_one_kv_block_each():
+    steps = split_work((OpWork("core", "attention", 8.0, 4.0, (1, 8, 1024, 4096, 128)),), 4)
+    assert steps[0].shape == (1, 8, 1024, 1024, 128) and steps[0].flops == 2.0
+    rc = RooflineCompute(H100, "bf16")
+    g = build_op_graph(LLAMA, 1)
+    bw = build_blocks(g, 1, False, 2, 1).core_steps["BW"][0]
+    fw = build_blocks(g, 1, False, 2, 1).core_steps["F"][0]
+    floor = EFFICIENCIES["hopper"].kernel_overhead_s
+    # a backward ring step is still recognised as a backward (recompute included: 2.5x, not 2x, less
+    # the part of this short step that is memory-bound)
+    assert 2.4 < (rc.op_time_s(bw) - floor) / (rc.op_time_s(fw) - floor) <= 2.5
+
+
+def test_fp8_op_graph_marks_the_te_linears_and_adds_their_casts():
+    bf16, fp8 = build_op_graph(LLAMA, 1, "bf16"), build_op_graph(LLAMA, 1, "fp8")
+    assert fp8.dtype_bytes == bf16.dtype_bytes == 2  # activations stay BF16
+    gemms = {o.name: o.precision for o in fp8.layer if o.kind == "gemm"}
+    assert gemms == {"qkv": "fp8", "attn_out": "fp8", "fc1": "fp8", "fc2": "fp8"}
+    assert all(o.precision == "" for o in fp8.head + fp8.embed)  # output layer: not a TE module
+    assert fp8.num_params() == bf16.num_params() and fp8.fwd_flops() == bf16.fwd_flops()
+    names = [o.name for o in fp8.layer]
+    for g in gemms:  # the input cast before the GEMM, the gradient cast after it (runs first in backward)
+        assert names.index(f"{g}.fp8_cast_x") + 1 == names.index(g) == names.index(f"{g}.fp8_cast_dy") - 1
+    ops = {o.name: o for o in fp8.layer}
+    t, h, f = 512, 1024, 3584
+    assert ops["qkv.fp8_cast_x"].fwd_bytes == t * h * TRANSPOSE_ONLY_BYTES  # the norm wrote FP8 already
+    assert ops["fc2.fp8_cast_x"].fwd_bytes == t * f * CAST_TRANSPOSE_BYTES  # SwiGLU output is BF16
+    assert ops["fc1.fp8_cast_dy"].bwd_bytes == t * 2 * f * CAST_TRANSPOSE_BYTES
+    assert all(ops[f"{g}.fp8_cast_x"].bwd_bytes == 0 == ops[f"{g}.fp8_cast_dy"].fwd_bytes for g in gemms)
+
+
+def test_fp8_layer_is_faster_than_bf16_but_not_twice():
+    def layer_s(dtype):
+        rc = RooflineCompute(H100, dtype)
+        big = ModelSpec("big", num_layers=2, hidden_size=8192, num_attention_heads=64, num_kv_heads=8,
+                        vocab_size=32000, seq_length=4096, ffn_hidden_size=28672, mlp="swiglu")
+        blocks = build_blocks(build_op_graph(big, 1, dtype), 1, False, 1, 1)
+        return sum(rc.work_time_s(s.fwd) + rc.work_time_s(s.bwd) for s in blocks.segments())
+    assert 0.5 < layer_s("fp8") / layer_s("bf16") < 0.8
