@@ -232,6 +232,9 @@ def _model(table: dict, base_dir: Path) -> ModelSpec:
     base.setdefault("name", table.get("preset", "custom"))
     required = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length")
     missing = [k for k in required if k not in base]
+    if missing == ["seq_length"] and "hf_config" in table:
+        raise ScenarioError("model.seq_length is required with model.hf_config: a config.json gives the "
+                            "context limit (max_position_embeddings), not the training sequence length")
     if missing:
         raise ScenarioError(f"[model] needs {', '.join(missing)} (or a preset / hf_config)")
     for key in required + ("num_experts", "moe_top_k"):

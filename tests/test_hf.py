@@ -2,6 +2,7 @@
 
 import json
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 
@@ -59,14 +60,16 @@ def without_name(spec):
 def test_llama3_8b_matches_preset(tmp_path):
     fields = load_hf_config(write(tmp_path, LLAMA3_8B, "Meta-Llama-3-8B"))
     assert fields["name"] == "Meta-Llama-3-8B"
-    spec = ModelSpec(**fields)
+    spec = ModelSpec(**fields, seq_length=8192)  # the sequence length comes from the scenario
     assert without_name(spec) == without_name(MODEL_PRESETS["llama3-8b"])
     assert spec.num_params() == 8_030_261_248
 
 
-def test_mixtral_matches_preset_but_context(tmp_path):
-    spec = ModelSpec(**load_hf_config(write(tmp_path, MIXTRAL)))
-    assert spec.num_experts == 8 and spec.moe_top_k == 2 and spec.seq_length == 32768
+def test_mixtral_matches_preset(tmp_path):
+    fields = load_hf_config(write(tmp_path, MIXTRAL))
+    assert "seq_length" not in fields  # max_position_embeddings is the context limit, not the training length
+    spec = ModelSpec(**fields, seq_length=4096)
+    assert spec.num_experts == 8 and spec.moe_top_k == 2
     preset = MODEL_PRESETS["mixtral-8x7b"]
     assert spec.num_params() == preset.num_params()
     assert spec.num_active_params() == preset.num_active_params()
@@ -74,17 +77,22 @@ def test_mixtral_matches_preset_but_context(tmp_path):
 
 def test_gpt2_keys():
     f = hf_config_to_fields(GPT2, "gpt2")
-    assert (f["num_layers"], f["hidden_size"], f["num_attention_heads"], f["seq_length"]) == (
+    assert (f["num_layers"], f["hidden_size"], f["num_attention_heads"], f["max_position_embeddings"]) == (
         12, 768, 12, 1024)
     assert (f["mlp"], f["norm"], f["position_embedding"], f["tie_embeddings"], f["bias"]) == (
         "gelu", "layernorm", "learned", True, True)
-    spec = ModelSpec(**f)
+    spec = ModelSpec(**f, seq_length=512)  # training shorter than the table keeps its 1024 rows
     assert spec.ffn_hidden_size == 3072 and spec.num_kv_heads == 12
     assert spec.num_params() == 124_439_808  # GPT-2 small, as counted by transformers
 
 
 def test_gpt_neox_keys():
-    spec = ModelSpec(**hf_config_to_fields(NEOX, "pythia-160m"))
+    """Pythia trains with parallel attention + MLP blocks, which the simulator does not model: refused
+    by name; the same config with sequential blocks imports (same parameters)."""
+    with pytest.raises(ValueError, match="use_parallel_residual = true"):
+        hf_config_to_fields(NEOX, "pythia-160m")
+    spec = ModelSpec(**hf_config_to_fields(dict(NEOX, use_parallel_residual=False), "pythia-160m"),
+                     seq_length=2048)
     assert (spec.mlp, spec.norm, spec.position_embedding, spec.tie_embeddings, spec.bias) == (
         "gelu", "layernorm", "rope", False, True)
     assert spec.num_params() == 162_322_944  # pythia-160m, as counted by transformers
@@ -118,9 +126,11 @@ def test_missing_field_named():
         hf_config_to_fields(cfg)
 
 
-def test_unsupported_activation():
-    with pytest.raises(ValueError, match="hidden_act 'gelu'"):
-        hf_config_to_fields(dict(LLAMA3_8B, hidden_act="gelu"))
+def test_activations_map_to_mlp_kinds():
+    # LlamaMLP computes down(act(gate(x)) * up(x)): GELU there is GeGLU
+    assert hf_config_to_fields(dict(LLAMA3_8B, hidden_act="gelu"))["mlp"] == "geglu"
+    with pytest.raises(ValueError, match='config.json hidden_act = "relu": only silu, swish, gelu'):
+        hf_config_to_fields(dict(LLAMA3_8B, hidden_act="relu"))
 
 
 def test_bad_type():
@@ -135,3 +145,117 @@ def test_unreadable_and_invalid_files(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         load_hf_config(bad)
+
+
+# ---- published config.json files (tests/data/hf/<checkpoint>/config.json, copied from the
+# Hugging Face repositories of the same name) against their published parameter counts ------------
+DATA = Path(__file__).parent / "data" / "hf"
+
+
+def spec_of(folder: str, seq_length: int = 4096) -> ModelSpec:
+    spec = ModelSpec(**load_hf_config(DATA / folder / "config.json"), seq_length=seq_length)
+    spec.check()
+    return spec
+
+
+@pytest.mark.parametrize("folder, published, source", [
+    ("Llama-3.1-8B", 8.03e9, "Hugging Face meta-llama/Llama-3.1-8B: 8.03B params"),
+    ("Llama-3.1-70B", 70.6e9, "Hugging Face meta-llama/Llama-3.1-70B: 70.6B params"),
+    ("Llama-3.1-405B", 405e9, "Dubey et al. 2024 (The Llama 3 Herd of Models), Table 3: 405B"),
+    ("Llama-3.2-1B", 1.23e9, "meta-llama/Llama-3.2-1B model card: 1.23B params (tied embeddings)"),
+    ("Llama-3.2-3B", 3.21e9, "meta-llama/Llama-3.2-3B model card: 3.21B params"),
+    ("Mistral-7B-v0.1", 7.24e9, "Hugging Face mistralai/Mistral-7B-v0.1: 7.24B params"),
+    ("Mistral-Nemo-Base-2407", 12.2e9, "Hugging Face mistralai/Mistral-Nemo-Base-2407: 12.2B params"),
+    ("Mixtral-8x7B-v0.1", 46.7e9, "Jiang et al. 2024 (Mixtral of Experts): 47B total (46.7B)"),
+    ("Mixtral-8x22B-v0.1", 141e9, "Mistral AI, Mixtral 8x22B announcement: 141B total"),
+    ("Qwen2.5-7B", 7.61e9, "Qwen/Qwen2.5-7B model card: 7.61B"),
+    ("Qwen3-8B", 8.2e9, "Qwen/Qwen3-8B model card: 8.2B"),
+    ("Qwen3-30B-A3B", 30.5e9, "Qwen/Qwen3-30B-A3B model card: 30.5B total"),
+    ("Qwen3-235B-A22B", 235e9, "Qwen/Qwen3-235B-A22B model card: 235B total"),
+    ("gemma-2-2b", 2.61e9, "Hugging Face google/gemma-2-2b: 2.61B params"),
+    ("gemma-2-9b", 9.24e9, "Hugging Face google/gemma-2-9b: 9.24B params"),
+    ("gemma-3-1b-pt", 1.0e9, "Gemma 3 Technical Report (2025), Table 1: 1B"),
+    ("Phi-3-mini-4k-instruct", 3.82e9, "Hugging Face microsoft/Phi-3-mini-4k-instruct: 3.82B params"),
+    ("gpt-oss-120b", 116.83e9, "OpenAI gpt-oss model card (2025), Table 1: 116.83B total"),
+    ("gpt-oss-20b", 20.91e9, "OpenAI gpt-oss model card (2025), Table 1: 20.91B total"),
+    ("gpt2", 124e6, "Radford et al. 2019 / Hugging Face openai-community/gpt2: 124M params"),
+])
+def test_published_configs_param_counts(folder, published, source):
+    spec = spec_of(folder, seq_length=1024 if folder == "gpt2" else 4096)
+    assert spec.num_params() == pytest.approx(published, rel=0.005), source
+
+
+@pytest.mark.parametrize("folder, active, source", [
+    ("Mixtral-8x7B-v0.1", 12.9e9, "Jiang et al. 2024: 13B active (12.9B)"),
+    ("Mixtral-8x22B-v0.1", 39e9, "Mistral AI announcement: 39B active"),
+    # OpenAI counts the unembedding but not the embedding lookup among the active parameters
+    ("gpt-oss-120b", 5.13e9, "OpenAI gpt-oss model card, Table 1: 5.13B active"),
+    ("gpt-oss-20b", 3.61e9, "OpenAI gpt-oss model card, Table 1: 3.61B active"),
+])
+def test_published_active_counts(folder, active, source):
+    spec = spec_of(folder)
+    embedding = spec.vocab_size * spec.hidden_size if folder.startswith("gpt-oss") else 0
+    assert spec.num_active_params() - embedding == pytest.approx(active, rel=0.005), source
+
+
+def test_qwen3_moe_active_counts_truncated_as_published():
+    """Qwen names its MoE models by the activated count truncated: A3B is 3.35B, A22B 22.19B."""
+    assert int(spec_of("Qwen3-30B-A3B").num_active_params() / 1e8) == 33  # card: 3.3B activated
+    assert int(spec_of("Qwen3-235B-A22B").num_active_params() / 1e9) == 22  # card: 22B activated
+
+
+def test_architecture_details_read():
+    nemo = spec_of("Mistral-Nemo-Base-2407")
+    assert (nemo.head_dim, nemo.q_size) == (128, 4096)  # not hidden/heads = 160
+    mistral = spec_of("Mistral-7B-v0.1")
+    assert (mistral.sliding_window, mistral.sliding_window_pattern) == (4096, 0)
+    g2, g3 = spec_of("gemma-2-9b"), spec_of("gemma-3-1b-pt")
+    assert (g2.mlp, g2.sandwich_norm, g2.tie_embeddings, g2.sliding_window_pattern) == ("geglu", True, True, 2)
+    assert (g3.qk_norm, g3.sliding_window, g3.sliding_window_pattern) == (True, 512, 6)
+    oss = spec_of("gpt-oss-120b")
+    assert (oss.bias, oss.qkv_bias, oss.sliding_window, oss.sliding_window_pattern) == (True, True, 128, 2)
+    assert (oss.num_experts, oss.moe_top_k) == (128, 4)
+    q3 = spec_of("Qwen3-30B-A3B")
+    assert (q3.qk_norm, q3.ffn_hidden_size, q3.num_experts, q3.moe_top_k) == (True, 768, 128, 8)
+    qwen2 = spec_of("Qwen2.5-7B")
+    assert (qwen2.bias, qwen2.qkv_bias) == (False, True)  # Qwen2Attention: q/k/v biases only
+    nemotron = spec_of("Nemotron-Mini-4B")
+    assert (nemotron.mlp, nemotron.norm, nemotron.head_dim, nemotron.bias) == ("squared-relu", "layernorm", 128, False)
+    phi3 = spec_of("Phi-3-mini-4k-instruct")
+    assert phi3.sliding_window == 2047 and phi3.dropout is False
+    assert spec_of("gpt2", 1024).dropout is True
+
+
+def test_phi3_window_reduces_attention_flops():
+    phi3 = spec_of("Phi-3-mini-4k-instruct", seq_length=4096)
+    s, w = 4096, 2047
+    assert phi3.attention_flops_fraction() == pytest.approx((w * (w + 1) / 2 + (s - w) * w) / (s * (s + 1) / 2))
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"sliding_window": 4096, "model_type": "llama"}, "key 'sliding_window' (model_type 'llama') is not understood"),
+    ({"attention_bias": True}, "config.json attention_bias = true: attention biases without MLP biases"),
+    ({"use_sliding_window": True, "model_type": "qwen2"}, "config.json use_sliding_window = true"),
+    ({"layer_types": ["full_attention", "sliding_attention"] * 16}, "config.json layer_types"),
+    ({"mystery_feature": 1}, "key 'mystery_feature' (model_type 'llama') is not understood"),
+])
+def test_every_unrepresentable_key_refused_by_name(change, message):
+    cfg = dict(LLAMA3_8B, **change)
+    if "layer_types" in change:
+        cfg.update(model_type="mistral", sliding_window=4096)
+    with pytest.raises(ValueError) as err:
+        hf_config_to_fields(cfg)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_qwen3_moe_dense_layers_refused():
+    cfg = json.loads((DATA / "Qwen3-30B-A3B" / "config.json").read_text())
+    with pytest.raises(ValueError, match="mlp_only_layers"):
+        hf_config_to_fields(dict(cfg, mlp_only_layers=[0, 1]))
+    with pytest.raises(ValueError, match="decoder_sparse_step = 2"):
+        hf_config_to_fields(dict(cfg, decoder_sparse_step=2))
+
+
+def test_dropout_read_from_config():
+    assert hf_config_to_fields(dict(LLAMA3_8B, attention_dropout=0.1))["dropout"] is True
+    assert hf_config_to_fields(LLAMA3_8B)["dropout"] is False

@@ -106,3 +106,18 @@ def test_preset_overrides_rederive_head_dim_and_position_table():
 def test_window_rejected_with_message():
     with pytest.raises(ScenarioError, match="model.sliding_window_pattern 1 makes every layer global"):
         scenario_from_dict(base(model={"sliding_window": 1024, "sliding_window_pattern": 1}))
+
+
+def test_hf_config_needs_the_training_sequence_length():
+    from pathlib import Path
+    data = Path(__file__).parent / "data" / "hf"
+    raw = base(model={"preset": None})
+    raw["model"] = {"hf_config": "Llama-3.1-8B/config.json"}
+    raw["parallelism"] = {"tp": 8, "pp": 1}
+    with pytest.raises(ScenarioError) as err:
+        scenario_from_dict(raw, base_dir=data)
+    assert "model.seq_length is required with model.hf_config" in str(err.value)
+    raw["model"]["seq_length"] = 8192
+    scn = scenario_from_dict(raw, base_dir=data)
+    assert scn.model.seq_length == 8192 and scn.model.name == "Llama-3.1-8B"
+    assert scn.model.num_params() == 8_030_261_248

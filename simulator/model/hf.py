@@ -1,11 +1,15 @@
-"""Hugging Face ``config.json`` import: the ModelSpec field values of a Llama / Mistral / Mixtral /
-Qwen2 / GPT-2 / GPT-NeoX checkpoint's configuration.
+"""Hugging Face ``config.json`` import: the ModelSpec field values of a checkpoint's configuration
+(llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma2, gemma3, phi3, nemotron, gpt_oss, gpt2,
+gpt_neox); every key that could change the trained model is read or refused by name.
 
-Key names and per-architecture defaults follow the transformers configuration classes
-(LlamaConfig, MistralConfig, MixtralConfig, Qwen2Config, GPT2Config, GPTNeoXConfig).
-Approximations: Qwen2 has biases on the QKV projection only (ModelSpec's ``bias`` is all-or-none,
-so it is imported as bias-free, about 0.01 % fewer parameters); Mistral's sliding window and
-GPT-NeoX's partial rotary / parallel residual do not change parameters and are ignored.
+Key names and per-architecture defaults follow the transformers configuration and modeling classes
+(LlamaConfig ... GptOssConfig). The training sequence length is not in a config.json
+(max_position_embeddings is the context limit): the scenario sets ``model.seq_length``. Keys in
+``_NO_WORK_KEYS`` change neither shapes nor kernels of training; keys neither read nor listed there
+are refused, so an unknown architecture detail is never silently dropped. Approximations, each
+below 0.01 % of parameters or of one kernel's bytes: partial rotary embeddings (the rope kernel is
+charged over whole heads), Gemma 2's logit soft-capping (a tanh inside the attention kernel and over
+the logits), GPT-OSS's attention sinks (one scalar per head).
 """
 
 from __future__ import annotations
@@ -13,93 +17,242 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-# model_type -> family. "llama" family: gated SiLU MLP (SwiGLU), RMSNorm, RoPE, untied embeddings
-# by default (tie_word_embeddings=False in LlamaConfig, MistralConfig, MixtralConfig, Qwen2Config).
-_FAMILY = {"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "llama",
-           "gpt2": "gpt2", "gpt_neox": "gpt_neox"}
+# model_type -> (MLP gated?, norm, tied embeddings by default). transformers: LlamaConfig,
+# MistralConfig, MixtralConfig, Qwen2/3(Moe)Config, Phi3Config, GptOssConfig default
+# tie_word_embeddings=False; Gemma2/3 tie (Gemma2Config tie_word_embeddings=True); Nemotron uses
+# LayerNorm1P, a LayerNorm with weight and bias (modeling_nemotron.py), and relu2 without a gate.
+_DECODERS = {
+    "llama": (True, "rmsnorm", False), "mistral": (True, "rmsnorm", False),
+    "mixtral": (True, "rmsnorm", False), "qwen2": (True, "rmsnorm", False),
+    "qwen3": (True, "rmsnorm", False), "qwen3_moe": (True, "rmsnorm", False),
+    "phi3": (True, "rmsnorm", False), "gemma2": (True, "rmsnorm", True),
+    "gemma3_text": (True, "rmsnorm", True), "nemotron": (False, "layernorm", False),
+    "gpt_oss": (True, "rmsnorm", False),
+}
+_MODEL_TYPES = tuple(_DECODERS) + ("gpt2", "gpt_neox")
 _ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                   "MixtralForCausalLM": "mixtral", "Qwen2ForCausalLM": "qwen2",
-                  "GPT2LMHeadModel": "gpt2", "GPTNeoXForCausalLM": "gpt_neox"}
+                  "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe",
+                  "Phi3ForCausalLM": "phi3", "Gemma2ForCausalLM": "gemma2",
+                  "Gemma3ForCausalLM": "gemma3_text", "NemotronForCausalLM": "nemotron",
+                  "GptOssForCausalLM": "gpt_oss", "GPT2LMHeadModel": "gpt2",
+                  "GPTNeoXForCausalLM": "gpt_neox"}
+# hidden_act -> MLP kind, for gated and plain MLPs (transformers ACT2FN names)
+_ACTIVATIONS = {True: {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu",
+                       "gelu_pytorch_tanh": "geglu", "gelu_new": "geglu"},
+                False: {"relu2": "squared-relu", "gelu": "gelu", "gelu_new": "gelu",
+                        "gelu_fast": "gelu", "gelu_pytorch_tanh": "gelu"}}
+# Residual / attention / embedding dropout probabilities (GPT2Config, GPTNeoXConfig, LlamaConfig).
+_DROPOUT_KEYS = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout", "hidden_dropout")
+# Keys that change neither a shape nor the work of a training step.
+_NO_WORK_KEYS = {
+    # identity, tokenizer ids, serialisation, inference-time caching
+    "architectures", "model_type", "_name_or_path", "transformers_version", "torch_dtype", "dtype",
+    "bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id", "use_cache",
+    "cache_implementation", "auto_map", "tokenizer_class", "return_dict", "is_decoder",
+    # the checkpoint's storage format (GPT-OSS ships MXFP4 experts); training uses the scenario dtype
+    "quantization_config",
+    # numerics only: epsilons, initialisation, scales, clamps, RoPE frequencies and their scaling
+    "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps", "initializer_range",
+    "rope_theta", "rope_scaling", "rope_parameters", "rope_local_base_freq", "rotary_emb_base",
+    "original_max_position_embeddings", "initial_context_length", "max_position_embeddings",
+    "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping", "swiglu_limit",
+    "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn",
+    "pretraining_tp", "layer_norm_type", "use_bfloat16",
+    # partial rotary embeddings: only the rope kernel's bytes, charged over whole heads
+    "rotary_pct", "partial_rotary_factor",
+    # MoE router numerics and its auxiliary loss (E scalars per token)
+    "norm_topk_prob", "router_aux_loss_coef", "output_router_logits", "router_jitter_noise",
+    # GPT-2 sequence-classification / double-heads extras, not part of the causal LM
+    "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
+    "summary_first_dropout", "classifier_dropout", "task_specific_params", "n_ctx",
+}
+
+
+class _Keys:
+    """A config dict that remembers which keys were read, so the rest can be refused by name."""
+
+    def __init__(self, cfg: dict, model_type: str) -> None:
+        self.cfg, self.model_type, self.read = cfg, model_type, set()
+
+    def get(self, *keys: str, default=None):
+        """The first of ``keys`` set (HF aliases: hidden_size / n_embd); required if no default."""
+        self.read.update(keys)
+        for k in keys:
+            if self.cfg.get(k) is not None:
+                return self.cfg[k]
+        if default is None:
+            raise ValueError(f"config.json is missing field {' / '.join(keys)}")
+        return default
+
+    def int(self, *keys: str, default: int | None = None) -> int:
+        v = self.get(*keys, default=default)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"config.json field {keys[0]} must be a non-negative integer, got {v!r}")
+        return v
+
+    def refuse(self, key: str, why: str) -> ValueError:
+        return ValueError(f"config.json {key} = {json.dumps(self.cfg.get(key))}: {why} "
+                          f"(model_type {self.model_type!r})")
+
+    def check_all_read(self) -> None:
+        for k in sorted(set(self.cfg) - self.read - _NO_WORK_KEYS):
+            raise ValueError(f"config.json key {k!r} (model_type {self.model_type!r}) is not understood "
+                             f"by the importer and may change the model, so it is refused")
 
 
 def _model_type(cfg: dict) -> str:
     mt = cfg.get("model_type")
     if mt is not None:
-        if mt not in _FAMILY:
-            raise ValueError(f"config.json model_type {mt!r} is not supported; known: "
-                             f"{', '.join(_FAMILY)}")
+        if mt not in _MODEL_TYPES:
+            raise ValueError(f"config.json model_type {mt!r} is not supported; known: {', '.join(_MODEL_TYPES)}")
         return mt
     archs = cfg.get("architectures") or []
     for a in archs:
         if a in _ARCHITECTURES:
             return _ARCHITECTURES[a]
-    raise ValueError(f"config.json architectures {archs!r} is not supported; known: "
-                     f"{', '.join(_ARCHITECTURES)}")
+    raise ValueError(f"config.json architectures {archs!r} is not supported; known: {', '.join(_ARCHITECTURES)}")
 
 
-def _get(cfg: dict, *keys: str, default=None):
-    """The first of ``keys`` present (HF aliases: hidden_size / n_embd); required if no default."""
-    for k in keys:
-        if cfg.get(k) is not None:
-            return cfg[k]
-    if default is None:
-        raise ValueError(f"config.json is missing field {' / '.join(keys)}")
-    return default
+def _mlp(k: _Keys, gated: bool) -> str:
+    act = str(k.get("hidden_activation", "hidden_act", "activation_function",
+                    default="silu" if gated else "gelu"))
+    kinds = _ACTIVATIONS[gated]
+    if act not in kinds:
+        raise k.refuse("hidden_act", f"only {', '.join(kinds)} are supported for a "
+                                     f"{'gated' if gated else 'plain'} MLP")
+    return kinds[act]
 
 
-def _int(cfg: dict, *keys: str, default: int | None = None) -> int:
-    v = _get(cfg, *keys, default=default)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise ValueError(f"config.json field {keys[0]} must be a non-negative integer, got {v!r}")
-    return v
+def _window(k: _Keys, layers: int) -> tuple[int, int]:
+    """(sliding_window, sliding_window_pattern) from the family's way of writing them."""
+    mt = k.model_type
+    if mt in ("qwen2", "qwen3", "qwen3_moe"):
+        k.get("sliding_window", "max_window_layers", default=0)  # read: apply only with the flag
+        if k.get("use_sliding_window", default=False):
+            raise k.refuse("use_sliding_window", "windowed layers after max_window_layers are not "
+                                                 "an every-N-th-layer-global pattern")
+        return 0, 0
+    window = k.int("sliding_window", "sliding_window_size", default=0) if mt not in (
+        "llama", "nemotron", "gpt2", "gpt_neox") else 0
+    types = k.get("layer_types", default=[])
+    pattern = k.int("sliding_window_pattern", default=0)
+    if types:
+        if len(types) != layers or set(types) - {"sliding_attention", "full_attention"}:
+            raise k.refuse("layer_types", f"needs {layers} entries of sliding_attention / full_attention")
+        full = [i for i, t in enumerate(types) if t == "full_attention"]
+        if len(full) == layers:
+            return 0, 0
+        n = full[0] + 1 if full else 0
+        if any((t == "full_attention") != (n > 0 and (i + 1) % n == 0) for i, t in enumerate(types)):
+            raise k.refuse("layer_types", "global layers are not every N-th layer")
+        return window, n
+    if mt == "gemma2":  # Gemma2DecoderLayer: is_sliding = not bool(layer_idx % 2)
+        pattern = 2
+    return window, pattern if window else 0
+
+
+def _bias(k: _Keys) -> tuple[bool, bool]:
+    """(bias of the output projection and the MLP, bias of Q, K, V)."""
+    mt = k.model_type
+    attn = bool(k.get("attention_bias", default=False))
+    if mt == "qwen2":  # Qwen2Attention: q/k/v_proj bias=True, o_proj bias=False, MLP without
+        return False, True
+    if mt == "gpt_oss":  # GptOssExperts and the router always carry biases
+        if not attn:
+            raise k.refuse("attention_bias", "GPT-OSS with a bias-free attention is not representable")
+        return True, True
+    mlp = bool(k.get("mlp_bias", default=False)) if mt in ("llama", "nemotron") else False
+    if attn != mlp:
+        raise k.refuse("attention_bias", f"attention biases without MLP biases (mlp_bias = {mlp}) are "
+                                         f"not representable")
+    return attn, attn
+
+
+def _moe(k: _Keys, ffn: int) -> dict:
+    mt = k.model_type
+    if mt == "mixtral":  # MixtralConfig defaults: 8 local experts, 2 per token
+        return {"ffn_hidden_size": ffn, "num_experts": k.int("num_local_experts", default=8),
+                "moe_top_k": k.int("num_experts_per_tok", default=2)}
+    if mt == "gpt_oss":
+        return {"ffn_hidden_size": ffn, "num_experts": k.int("num_local_experts"),
+                "moe_top_k": k.int("num_experts_per_tok", "experts_per_token")}
+    if mt == "qwen3_moe":
+        if k.int("decoder_sparse_step", default=1) != 1:
+            raise k.refuse("decoder_sparse_step", "only every layer sparse (1) is representable")
+        if k.get("mlp_only_layers", default=[]):
+            raise k.refuse("mlp_only_layers", "dense layers among the MoE layers are not representable")
+        k.get("intermediate_size")  # the dense MLP width, unused when every layer is sparse
+        return {"num_experts": k.int("num_experts"), "moe_top_k": k.int("num_experts_per_tok"),
+                "ffn_hidden_size": k.int("moe_intermediate_size")}
+    return {"ffn_hidden_size": ffn}
+
+
+def _dropout(k: _Keys) -> bool:
+    probs = [k.get(key, default=0.0) for key in _DROPOUT_KEYS]
+    return any(float(p) > 0 for p in probs)
+
+
+def _decoder_fields(k: _Keys) -> dict:
+    mt = k.model_type
+    gated, norm, tied = _DECODERS[mt]
+    heads = k.int("num_attention_heads")
+    layers = k.int("num_hidden_layers")
+    window, pattern = _window(k, layers)
+    bias, qkv_bias = _bias(k)
+    fields = {
+        "num_layers": layers, "hidden_size": k.int("hidden_size"), "num_attention_heads": heads,
+        "num_kv_heads": k.int("num_key_value_heads", default=heads),
+        "head_dim": k.int("head_dim", "kv_channels", default=0),
+        "vocab_size": k.int("vocab_size"), "mlp": _mlp(k, gated), "norm": norm,
+        "position_embedding": "rope", "tie_embeddings": bool(k.get("tie_word_embeddings", default=tied)),
+        "bias": bias, "qkv_bias": qkv_bias, "dropout": _dropout(k),
+        "qk_norm": mt in ("qwen3", "qwen3_moe", "gemma3_text"),  # Qwen3Attention / Gemma3Attention q_norm, k_norm
+        "sandwich_norm": mt in ("gemma2", "gemma3_text"),  # pre/post_feedforward_layernorm
+        "sliding_window": window, "sliding_window_pattern": pattern,
+    }
+    ffn = k.int("intermediate_size") if mt != "qwen3_moe" else 0
+    fields.update(_moe(k, ffn))
+    return fields
+
+
+def _gpt_fields(k: _Keys) -> dict:
+    mt = k.model_type
+    if mt == "gpt_neox" and k.get("use_parallel_residual", default=True):
+        raise k.refuse("use_parallel_residual", "parallel attention + MLP blocks (one TP all-reduce per "
+                                                "layer) are not modelled")
+    if mt == "gpt_neox" and not k.get("attention_bias", default=True):
+        raise k.refuse("attention_bias", "GPT-NeoX without attention biases is not representable")
+    heads = k.int("num_attention_heads", "n_head")
+    act = str(k.get("activation_function", "hidden_act", default="gelu_new"))
+    if act not in _ACTIVATIONS[False] or _ACTIVATIONS[False][act] != "gelu":
+        raise k.refuse("activation_function" if mt == "gpt2" else "hidden_act",
+                       "only GELU variants are supported")
+    fields = {
+        "num_layers": k.int("num_hidden_layers", "n_layer"), "hidden_size": k.int("hidden_size", "n_embd"),
+        "num_attention_heads": heads, "num_kv_heads": heads, "vocab_size": k.int("vocab_size"),
+        "mlp": "gelu", "norm": "layernorm", "bias": True, "dropout": _dropout(k),
+        # n_inner = None in GPT2Config means 4 * n_embd: 0 selects ModelSpec's 4·h default
+        "ffn_hidden_size": k.int("n_inner", default=0) if mt == "gpt2" else k.int("intermediate_size"),
+    }
+    if mt == "gpt2":  # GPT-2 always ties its LM head to wte and learns an n_positions x h table
+        fields.update(position_embedding="learned", tie_embeddings=True,
+                      max_position_embeddings=k.int("n_positions", "max_position_embeddings"))
+    else:  # GPT-NeoX: rotary, separate embed_out (GPTNeoXConfig tie_word_embeddings=False)
+        fields.update(position_embedding="rope", tie_embeddings=bool(k.get("tie_word_embeddings", default=False)))
+    return fields
 
 
 def hf_config_to_fields(cfg: dict, name: str = "hf-model") -> dict:
-    """ModelSpec keyword arguments from a parsed config.json."""
-    mt = _model_type(cfg)
-    family = _FAMILY[mt]
-    act = str(_get(cfg, "hidden_act", "activation_function", default="gelu_new" if family == "gpt2"
-                   else "silu"))
-    if family == "llama":
-        if act not in ("silu", "swish"):
-            raise ValueError(f"config.json hidden_act {act!r}: only 'silu' (SwiGLU) is supported "
-                             f"for model_type {mt!r}")
-        mlp, norm, pos = "swiglu", "rmsnorm", "rope"
-        bias = bool(cfg.get("attention_bias", False)) and bool(cfg.get("mlp_bias", False))
-        tie = bool(cfg.get("tie_word_embeddings", False))
-    else:
-        if not act.startswith("gelu"):
-            raise ValueError(f"config.json hidden_act {act!r}: only GELU variants are supported "
-                             f"for model_type {mt!r}")
-        mlp, norm, bias = "gelu", "layernorm", True
-        # GPT-2 always ties its LM head to wte; GPT-NeoX has a separate embed_out (default untied)
-        pos, tie = ("learned", True) if family == "gpt2" else (
-            "rope", bool(cfg.get("tie_word_embeddings", False)))
-    heads = _int(cfg, "num_attention_heads", "n_head")
-    fields = {
-        "name": name,
-        "num_layers": _int(cfg, "num_hidden_layers", "n_layer"),
-        "hidden_size": _int(cfg, "hidden_size", "n_embd"),
-        "num_attention_heads": heads,
-        "num_kv_heads": _int(cfg, "num_key_value_heads", default=heads),
-        # n_inner = None in GPT2Config means 4 * n_embd: 0 selects ModelSpec's 4·h default
-        "ffn_hidden_size": _int(cfg, "n_inner", default=0) if family == "gpt2"
-        else _int(cfg, "intermediate_size"),
-        "vocab_size": _int(cfg, "vocab_size"),
-        "seq_length": _int(cfg, "max_position_embeddings", "n_positions", "n_ctx"),
-        "mlp": mlp,
-        # MixtralConfig defaults: 8 local experts, 2 per token
-        "num_experts": _int(cfg, "num_local_experts", default=8) if mt == "mixtral" else 1,
-        "moe_top_k": _int(cfg, "num_experts_per_tok", default=2) if mt == "mixtral" else 1,
-        "norm": norm,
-        "position_embedding": pos,
-        "tie_embeddings": tie,
-        "bias": bias,
-    }
-    if fields["num_kv_heads"] == 0 or fields["hidden_size"] == 0 or heads == 0:
+    """ModelSpec keyword arguments (all but seq_length) from a parsed config.json."""
+    k = _Keys(cfg, _model_type(cfg))
+    fields = _gpt_fields(k) if k.model_type in ("gpt2", "gpt_neox") else _decoder_fields(k)
+    if fields["num_kv_heads"] == 0 or fields["hidden_size"] == 0 or fields["num_attention_heads"] == 0:
         raise ValueError(f"config.json: hidden_size {fields['hidden_size']}, num_attention_heads "
-                         f"{heads}, num_key_value_heads {fields['num_kv_heads']} must be positive")
-    return fields
+                         f"{fields['num_attention_heads']}, num_key_value_heads {fields['num_kv_heads']} "
+                         f"must be positive")
+    k.check_all_read()
+    return {"name": name, **fields}
 
 
 def load_hf_config(path: str | Path) -> dict:
@@ -111,8 +264,7 @@ def load_hf_config(path: str | Path) -> dict:
     except OSError as e:
         raise ValueError(f"hf_config {str(p)!r} cannot be read: {e.strerror}") from None
     except json.JSONDecodeError as e:
-        raise ValueError(f"hf_config {str(p)!r} is not valid JSON: {e.msg} at line "
-                         f"{e.lineno}") from None
+        raise ValueError(f"hf_config {str(p)!r} is not valid JSON: {e.msg} at line {e.lineno}") from None
     if not isinstance(cfg, dict):
         raise ValueError(f"hf_config {str(p)!r} must hold a JSON object")
     name = p.parent.name if p.stem == "config" and p.parent.name else p.stem

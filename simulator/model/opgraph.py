@@ -142,14 +142,15 @@ def _norm(name: str, block: str, m: ModelSpec, tokens: int, d: int) -> Op:
 
 
 def _residual(name: str, block: str, m: ModelSpec, tokens: int, d: int) -> Op:
-    """Megatron's fused bias-dropout-add for GPT-style models (hidden dropout 0.1, Brown et al. 2020
-    / Megatron defaults): reads x and the residual, writes out and the mask; backward reads dy and
+    """Megatron's fused bias-dropout-add when the model has dropout (``ModelSpec.dropout``; GPT
+    style: hidden dropout 0.1, Brown et al. 2020 / Megatron defaults): reads x and the residual,
+    writes out and the mask; backward reads dy and
     the mask, writes dx. Llama-style models train without dropout (Touvron et al. 2023): a plain
     add. Either way the residual stream feeds both the norm and this add, so autograd sums the two
     gradients of the block's input with one more kernel (torch.autograd's InputBuffer::accumulate:
     read both, write one, 3 elements per element), charged here."""
     grad_sum = 3 * d
-    if m.mlp == "gelu":
+    if m.dropout:
         return _vector(name, "elementwise", block, tokens, m.hidden_size, 3 * d + _MASK_BYTES,
                        2 * d + _MASK_BYTES + grad_sum, 0, "sequence", d)
     return _vector(name, "elementwise", block, tokens, m.hidden_size, 3 * d, grad_sum, 0, "sequence", d)

@@ -47,6 +47,7 @@ class ModelSpec:
     sliding_window: int = 0
     sliding_window_pattern: int = 0
     max_position_embeddings: int = 0  # rows of a learned position table; 0 -> seq_length
+    dropout: bool | None = None  # residual and attention dropout (GPT-2/3 0.1); None -> GPT style
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -63,6 +64,8 @@ class ModelSpec:
             object.__setattr__(self, "tie_embeddings", gpt_style)
         if self.bias is None:
             object.__setattr__(self, "bias", gpt_style)
+        if self.dropout is None:
+            object.__setattr__(self, "dropout", gpt_style)
         if self.qkv_bias is None:
             object.__setattr__(self, "qkv_bias", self.bias)
         if self.head_dim == 0 and self.num_attention_heads > 0:
@@ -153,7 +156,8 @@ class ModelSpec:
         return 2 * self.hidden_size if self.norm == "layernorm" else self.hidden_size
 
     def router_params_per_layer(self) -> int:
-        return self.hidden_size * self.num_experts if self.is_moe else 0
+        """The h x E gate, plus E biases when linear layers carry biases (GPT-OSS's router)."""
+        return (self.hidden_size + (1 if self.bias else 0)) * self.num_experts if self.is_moe else 0
 
     def mlp_params_per_layer(self) -> int:
         return self.num_experts * self.expert_params() + self.router_params_per_layer()

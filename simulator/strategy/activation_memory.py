@@ -38,10 +38,11 @@ def has_dropout(model: ModelSpec) -> bool:
     """GPT-style models (GELU MLP) train with dropout 0.1 after attention, the attention
     projection and the MLP (Brown et al. 2020; Megatron-LM defaults), so they store uint8 masks.
     Llama-style models (SwiGLU) train without dropout (Touvron et al. 2023), so no masks: PyTorch's
-    dropout with p = 0 returns its input. This follows ModelSpec's rule of deriving architecture
-    details from ``mlp``; ``model.extra["dropout"]`` (a bool) overrides it."""
+    dropout with p = 0 returns its input. ``ModelSpec.dropout`` says which (derived from ``mlp``
+    unless set, e.g. from a config.json's dropout probabilities); ``model.extra["dropout"]`` (a
+    bool) overrides it."""
     flag = model.extra.get("dropout") if model.extra else None
-    return bool(flag) if flag is not None else model.mlp == "gelu"
+    return bool(flag) if flag is not None else bool(model.dropout)
 
 
 def _check(model: ModelSpec, micro_batch_size: int, tp: int, cp: int, ep: int, dtype_bytes: int) -> None:
