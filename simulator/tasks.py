@@ -53,6 +53,9 @@ class Collective:
     size_bytes: float
     group: tuple[int, ...]
     axis: str  # tp | cp | ep | pp | dp | host
+    # TP collective overlapped with a GEMM (tp_comm_overlap): (site of cost/tp_overlap.UB_SITES, the
+    # GEMM's OpWork); the task then costs only what the overlap leaves exposed
+    overlap: tuple = ()
 
 
 class Task(NamedTuple):

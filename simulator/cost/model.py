@@ -1,7 +1,8 @@
 """CostModel: the one object the engine asks "how long?" for every task of a scenario.
 
 Compute and host work are static (roofline or calibrated tables); TP collectives inside a node are
-costed statically by their algorithm (they own the GPU's NVLink ports); every other transfer returns
+costed statically by their algorithm (they own the GPU's NVLink ports), those overlapped with a GEMM
+by what the overlap leaves exposed (cost/tp_overlap); every other transfer returns
 a CommPlan that the engine runs through the shared-bandwidth network, the ZeRO-Offload copies to and
 from host memory included: they cross the GPU's PCIe link that its NIC traffic crosses too.
 """
@@ -16,6 +17,7 @@ from .collectives import collective_time_s, plan_collective
 from .compute import RooflineCompute
 from .fairshare import isolated_time_s
 from .plan import CommPlan, CommStep, Flow
+from .tp_overlap import exposed_comm_s
 
 # ZeRO-Offload's CPU-Adam (Ren et al. 2021, §5.1 and Table 3): ~0.2 s per step for 1B parameters on
 # one DGX-2 node's CPU (2 x Xeon Platinum 8168); the node's GPUs share it.
@@ -47,10 +49,15 @@ class CostModel:
             return params / (CPU_ADAM_PARAMS_PER_S_PER_NODE / self.scn.cluster.gpus_per_node)
         c = task.comm
         if c.axis == "tp" and self._in_one_node(c.group):
-            key = (c.op, c.size_bytes, len(c.group))
+            key = (c.op, c.size_bytes, len(c.group), c.overlap)
             t = self._static_comm.get(key)
             if t is None:
-                t = self._static_comm[key] = collective_time_s(c, self.topo, self.algorithms.get(c.op))
+                t = collective_time_s(c, self.topo, self.algorithms.get(c.op))
+                if c.overlap:
+                    site, gemm = c.overlap
+                    t = exposed_comm_s(site, self._work_time_s((gemm,)), t, len(c.group),
+                                       self.roofline.eff.num_sms)
+                self._static_comm[key] = t
             return t
         return None
 

@@ -104,7 +104,7 @@ class LowerCtx:
                                 stage=self.stage(rank), **meta)
 
     def comm(self, rank: int, stream: str, name: str, op: str, size_bytes: float, group: tuple[int, ...],
-             axis: str, category: str, deps=(), **meta) -> int:
+             axis: str, category: str, deps=(), overlap: tuple = (), **meta) -> int:
         sync = -1
         if len(group) > 1 and op != "send_recv" and (self.full or axis == "pp"):
             # every simulated participant emits its copy in the same order: number them per group. In
@@ -113,7 +113,7 @@ class LowerCtx:
             seq = self._sync_seq.get((rank, group), 0)
             self._sync_seq[(rank, group)] = seq + 1
             sync = self._sync_keys.setdefault((group, seq), len(self._sync_keys))
-        key = (op, float(size_bytes), group, axis)
+        key = (op, float(size_bytes), group, axis, overlap)
         c = self._collectives.get(key)
         if c is None:
             c = self._collectives[key] = Collective(*key)
@@ -121,12 +121,14 @@ class LowerCtx:
                                 sync_key=sync, **meta)
 
     def tp_collective(self, rank: int, name: str, op: str, size_bytes: float, deps=(), stream: str = COMPUTE,
-                      **meta) -> int | None:
+                      overlap: tuple = (), **meta) -> int | None:
         """A TP/SP collective; blocking on the compute stream unless another ``stream`` is given
-        (Megatron runs the forward ones in the critical path). None when tp = 1."""
+        (Megatron runs the forward ones in the critical path). None when tp = 1. ``overlap``: (site,
+        GEMM work) when tp_comm_overlap chunks it under that GEMM (cost/tp_overlap)."""
         if self.par.tp == 1:
             return None
-        return self.comm(rank, stream, name, op, size_bytes, self.group("tp", rank), "tp", "comm_tp", deps, **meta)
+        return self.comm(rank, stream, name, op, size_bytes, self.group("tp", rank), "tp", "comm_tp", deps,
+                         overlap, **meta)
 
     def join(self, rank: int, name: str, deps, **meta) -> int | None:
         """One task id standing for all of ``deps`` (a zero-work wait on the compute stream when

@@ -42,10 +42,21 @@ def a2a_bytes(ctx: LowerCtx) -> float:
     return tokens * m.moe_top_k * m.moe_capacity_factor * m.hidden_size * ctx.dtype_bytes
 
 
-def tp_op(ctx: LowerCtx, rank: int, dep: int | None, name: str, op: str, meta: dict) -> int | None:
+def tp_op(ctx: LowerCtx, rank: int, dep: int | None, name: str, op: str, meta: dict,
+          overlap: tuple = ()) -> int | None:
     """A blocking TP collective of the activation after ``dep``; ``dep`` itself when tp = 1."""
-    tid = ctx.tp_collective(rank, f"{name}.{op}", op, ctx.full_activation_bytes(), _d(dep), **meta)
+    tid = ctx.tp_collective(rank, f"{name}.{op}", op, ctx.full_activation_bytes(), _d(dep), overlap=overlap,
+                            **meta)
     return dep if tid is None else tid
+
+
+def ub(ctx: LowerCtx, site: str, work, last: bool = False) -> tuple:
+    """(site, GEMM) of a TP collective overlapped with the first (or last) GEMM of ``work`` under
+    tp_comm_overlap (Transformer Engine userbuffers, cost/tp_overlap); () when not overlapped."""
+    if not (ctx.par.tp_comm_overlap and ctx.par.sequence_parallel):
+        return ()
+    gemms = [w for w in work if w.kind == "gemm"]
+    return (site, gemms[-1 if last else 0]) if gemms else ()
 
 
 def _core(ctx: LowerCtx, rank: int, part: str, dep: int | None, name: str, meta: dict, category: str) -> int:
@@ -122,23 +133,27 @@ def column_backward(ctx: LowerCtx, rank: int, seg: Segment, dep: int | None, nam
 def layer_forward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, category: str = "compute") -> int:
     """Emit one layer's forward after ``deps``; returns its last task."""
     b, sp = ctx.blocks, ctx.par.sequence_parallel
+    dense = b.experts is None
     x = ctx.join(rank, f"{name}.wait", deps, **meta)
     if sp:
-        x = tp_op(ctx, rank, x, f"{name}.attn", "all_gather", meta)
+        x = tp_op(ctx, rank, x, f"{name}.attn", "all_gather", meta, ub(ctx, "qkv_fprop", b.attn_pre.fwd))
     if ctx.par.cp == 1:
         x = ctx.compute(rank, f"{name}.attn", b.attn.fwd, _d(x), category, **meta)
     else:
         x = ctx.compute(rank, f"{name}.attn", b.attn_pre.fwd, _d(x), category, **meta)
         x = _core(ctx, rank, "F", x, name, meta, category)
         x = ctx.compute(rank, f"{name}.attn_out", b.attn_post.fwd, (x,), category, **meta)
-    x = tp_op(ctx, rank, x, f"{name}.attn", "reduce_scatter" if sp else "all_reduce", meta)
+    x = tp_op(ctx, rank, x, f"{name}.attn", "reduce_scatter" if sp else "all_reduce", meta,
+              ub(ctx, "proj_fprop", b.attn_post.fwd))
     if sp:
-        x = tp_op(ctx, rank, x, f"{name}.mlp", "all_gather", meta)
+        x = tp_op(ctx, rank, x, f"{name}.mlp", "all_gather", meta,
+                  ub(ctx, "fc1_fprop", b.mlp_pre.fwd) if dense else ())
     x = ctx.compute(rank, f"{name}.mlp", b.mlp_pre.fwd, (x,), category, **meta)
-    if b.experts is not None:
+    if not dense:
         x = _experts(ctx, rank, "F", x, name, meta, category)
         x = ctx.compute(rank, f"{name}.mlp_out", b.mlp_post.fwd, (x,), category, **meta)
-    return tp_op(ctx, rank, x, f"{name}.mlp", "reduce_scatter" if sp else "all_reduce", meta)
+    return tp_op(ctx, rank, x, f"{name}.mlp", "reduce_scatter" if sp else "all_reduce", meta,
+                 ub(ctx, "fc2_fprop", b.mlp_pre.fwd, last=True) if dense else ())
 
 
 def layer_backward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, split_w: bool, recompute: str,
@@ -156,14 +171,15 @@ def layer_backward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, split_
         ctx.alloc_next(rank, ctx.recompute_transient_bytes)
         x = layer_forward(ctx, rank, _d(x), f"{name}.R", rmeta, "recompute")
     if sp:  # conjugate of the MLP's exit reduce-scatter
-        x = tp_op(ctx, rank, x, f"{name}.mlp_grad", "all_gather", meta)
+        x = tp_op(ctx, rank, x, f"{name}.mlp_grad", "all_gather", meta,
+                  ub(ctx, "fc2_dgrad", b.mlp_pre.bwd_b) if b.experts is None else ())
     if b.experts is not None:
         x = ctx.compute(rank, f"{name}.mlp_out.grad", b.mlp_post.bwd_b if split_w else b.mlp_post.bwd, _d(x),
                         **meta)
         x = _experts(ctx, rank, part, x, name, meta, "compute")
     x = column_backward(ctx, rank, b.mlp_pre, x, f"{name}.mlp", meta, split_w)
     if sp:
-        x = tp_op(ctx, rank, x, f"{name}.attn_grad", "all_gather", meta)
+        x = tp_op(ctx, rank, x, f"{name}.attn_grad", "all_gather", meta, ub(ctx, "proj_dgrad", b.attn_post.bwd_b))
     if ctx.par.cp == 1 and recompute != "selective":
         x = column_backward(ctx, rank, b.attn, x, f"{name}.attn", meta, split_w, free_bytes + transient)
     else:

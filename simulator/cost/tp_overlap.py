@@ -1,0 +1,71 @@
+"""Tensor-parallel communication overlapped with its GEMM (``tp_comm_overlap``, TE userbuffers).
+
+With sequence parallelism, Megatron-Core + Transformer Engine split the all-gather in front of a
+column-parallel GEMM and the reduce-scatter behind a row-parallel GEMM into chunks that travel while
+the GEMM computes the chunks already there (Wang et al. 2022, "Overlap communication with dependent
+computation via decomposition", ASPLOS'23; TE ``comm_gemm_overlap``). NeMo's H100 configuration
+(``nemo/collections/llm/recipes/tp_overlap_configs/userbuffers.py``,
+``userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192`` and its FP8 twin) chooses per site:
+- ``ring_exchange`` for the forward all-gathers (qkv_fprop, fc1_fprop) and the backward all-gathers
+  of the output gradient (proj_dgrad, fc2_dgrad): tp steps; in each, the GEMM runs on the chunk at
+  hand while the next chunk moves peer to peer (1 SM, no SM margin: its SMs are not charged);
+- ``pipeline`` for the forward reduce-scatters (proj_fprop: 24 SMs, fc2_fprop: 16 SMs, 4 splits,
+  ``set_sm_margin``: the GEMM chunks run on the SMs the communication kernel leaves).
+The bulk overlaps of the backward (the input all-gather and the gradient reduce-scatter hidden
+behind the other backward GEMM) are the asynchronous collectives the lowering already overlaps.
+The chunked GEMMs are taken at the whole GEMM's rate (wave effects of the chunks neglected).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class OverlapSite:
+    method: str  # "ring_exchange" | "pipeline"
+    num_sm: int  # SMs the communication kernel holds (pipeline, with set_sm_margin) ; 0 for ring exchange
+    splits: int  # pipeline chunks; 0 for ring exchange (tp steps)
+
+
+# NeMo userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192 (the recipes of the shared H100 rows).
+UB_SITES: dict[str, OverlapSite] = {
+    "qkv_fprop": OverlapSite("ring_exchange", 0, 0),
+    "fc1_fprop": OverlapSite("ring_exchange", 0, 0),
+    "proj_dgrad": OverlapSite("ring_exchange", 0, 0),
+    "fc2_dgrad": OverlapSite("ring_exchange", 0, 0),
+    "proj_fprop": OverlapSite("pipeline", 24, 4),
+    "fc2_fprop": OverlapSite("pipeline", 16, 4),
+}
+
+
+def ring_exchange_s(gemm_s: float, comm_s: float, tp: int) -> float:
+    """GEMM + all-gather by ring exchange: tp steps; steps 1..tp-1 each wait for the slower of their
+    GEMM chunk and the chunk in flight (the collective's (tp-1) transfers), the last step computes."""
+    if tp <= 1:
+        return gemm_s
+    return (tp - 1) * max(gemm_s / tp, comm_s / (tp - 1)) + gemm_s / tp
+
+
+def pipelined_s(gemm_s: float, comm_s: float, splits: int, num_sm: int, total_sms: int) -> float:
+    """GEMM + reduce-scatter pipelined over ``splits`` chunks: chunk i's reduce-scatter (on ``num_sm``
+    SMs) runs under chunk i+1's GEMM (on the rest); the first GEMM chunk and the last transfer are
+    exposed. Never slower than the GEMM on the remaining SMs followed by the whole collective."""
+    g = gemm_s * total_sms / (total_sms - num_sm) / splits
+    c = comm_s / splits
+    return g + (splits - 1) * max(g, c) + c
+
+
+def overlapped_s(site: str, gemm_s: float, comm_s: float, tp: int, total_sms: int) -> float:
+    """Time of the GEMM and its TP collective together, at one of the UB_SITES."""
+    s = UB_SITES[site]
+    if s.method == "ring_exchange":
+        return ring_exchange_s(gemm_s, comm_s, tp)
+    return pipelined_s(gemm_s, comm_s, s.splits, s.num_sm, total_sms)
+
+
+def exposed_comm_s(site: str, gemm_s: float, comm_s: float, tp: int, total_sms: int) -> float:
+    """What the overlapped pair costs beyond the GEMM alone, capped at the unoverlapped collective: the
+    framework's overlap is an option a recipe enables where it pays (NeMo enables it per model), so a
+    site never costs more than running GEMM and collective back to back."""
+    return min(comm_s, max(0.0, overlapped_s(site, gemm_s, comm_s, tp, total_sms) - gemm_s))
