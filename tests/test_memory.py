@@ -232,3 +232,19 @@ def test_plot_memory_writes_a_png(tmp_path):
     out = plot_memory(estimate_memory(scn), scn, tmp_path)
     assert out == tmp_path / "memory.png"
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_fp8_training_keeps_bf16_weights_plus_the_te_fp8_weight_cache():
+    from simulator.analysis.memory import FP8_WEIGHT_COPY_BYTES, static_buffers
+    from simulator.scenario import scenario_from_dict
+
+    def scn(dtype):
+        return scenario_from_dict({"model": {"num_layers": 2, "hidden_size": 1024, "num_attention_heads": 8,
+                                             "vocab_size": 4096, "seq_length": 512, "mlp": "swiglu"},
+                                   "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+                                   "parallelism": {"tp": 1, "dp": 8, "zero_stage": 1},
+                                   "training": {"global_batch_size": 8, "dtype": dtype}})
+    counts = {"dense": 1_000_000, "expert": 0}
+    fp8, bf16 = static_buffers(scn("fp8"), counts), static_buffers(scn("bf16"), counts)
+    assert fp8["fp8_weight_cache"] == 1_000_000 * FP8_WEIGHT_COPY_BYTES and "fp8_weight_cache" not in bf16
+    assert scn("fp8").training.dtype_bytes == 2  # activations and weights stay BF16

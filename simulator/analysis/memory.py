@@ -22,6 +22,9 @@ OPTIMIZER_BYTES_PER_PARAM = {"adam": 12, "adamw": 12, "sgd": 8}
 # FP8 training (Transformer Engine) keeps the weights in bf16 and casts them to FP8 per GEMM
 # (Micikevicius et al. 2022, "FP8 Formats for Deep Learning", sec. 4; TE's fp8_autocast).
 MIN_PARAM_BYTES = DTYPE_BYTES["bf16"]
+# ...and keeps the FP8 copy of each linear layer's weight and of its transpose (TE Linear's
+# weight workspaces, cached across micro-batches): 2 bytes per parameter.
+FP8_WEIGHT_COPY_BYTES = 2
 # CUDA context with lazy module loading (CUDA >= 11.7, PyTorch's default): "around 400MB"
 # (PyTorch maintainers, pytorch/pytorch#109888; #86509 measured 287 MB for a minimal program).
 CUDA_CONTEXT_BYTES = 400 * MiB
@@ -84,20 +87,32 @@ def model_state_bytes(params: int, zero_stage: int, dp: int, dtype_bytes: int, g
     }
 
 
-def layer_param_counts(model: ModelSpec, tp: int, ep: int = 1) -> dict:
+def layer_param_counts(model: ModelSpec, tp: int, ep: int = 1, dense_mlp: bool = False) -> dict:
     """{"dense", "expert"} parameters of one transformer layer on one (tp, ep) rank; see
-    ``rank_param_counts`` for the layout."""
-    h, f = model.hidden_size, model.ffn_hidden_size
+    ``rank_param_counts`` for the layout. ``dense_mlp``: one of an MoE model's first dense layers."""
+    h = model.hidden_size
     kv_cols = model.head_dim * max(model.num_kv_heads // tp, 1)
-    q_cols = model.q_size // tp
-    attn = h * (q_cols + 2 * kv_cols) + q_cols * h + model.qk_norm_params()
-    attn += ((q_cols + 2 * kv_cols) if model.qkv_bias else 0) + (h if model.bias else 0)
-    fc1_cols = (model.mlp_matrices - 1) * f // tp
-    mlp = h * fc1_cols + (f // tp) * h + ((fc1_cols + h) if model.bias else 0)
-    dense = attn + model.norms_per_layer * model.norm_params() + model.router_params_per_layer()
-    if model.is_moe:
-        return {"dense": dense, "expert": (model.num_experts // ep) * mlp}
-    return {"dense": dense + mlp, "expert": 0}
+    q_cols, o_rows = model.q_size // tp, model.attn_out_size // tp
+    if model.is_mla:  # down projections and latent norms duplicated, up projections split by heads
+        full, heads = model.mla_params_per_layer(), model.num_attention_heads
+        nope = model.head_dim - model.qk_rope_head_dim
+        up = (model.q_lora_rank * model.q_size if model.q_lora_rank else h * model.q_size) + \
+            model.kv_lora_rank * heads * (nope + model.v_head_dim)
+        attn = full - up + up // tp + o_rows * h + (h if model.bias else 0)
+    else:
+        attn = h * (q_cols + 2 * kv_cols) + o_rows * h + model.qk_norm_params()
+        attn += ((q_cols + 2 * kv_cols) if model.qkv_bias else 0) + (h if model.bias else 0)
+
+    def mlp(width: int) -> int:
+        fc1_cols = (model.mlp_matrices - 1) * width // tp
+        return h * fc1_cols + (width // tp) * h + ((fc1_cols + h) if model.bias else 0)
+
+    dense = attn + model.norms_per_layer * model.norm_params()
+    if model.is_moe and not dense_mlp:
+        shared = mlp(model.moe_shared_expert_ffn_hidden_size) if model.moe_shared_expert_ffn_hidden_size else 0
+        return {"dense": dense + model.router_params_per_layer() + shared,
+                "expert": (model.num_experts // ep) * mlp(model.moe_ffn_hidden_size)}
+    return {"dense": dense + mlp(model.ffn_hidden_size), "expert": 0}
 
 
 def rank_param_counts(model: ModelSpec, parallel, stage: int) -> dict:
@@ -115,8 +130,13 @@ def rank_param_counts(model: ModelSpec, parallel, stage: int) -> dict:
     if not 0 <= stage < pp:
         raise ValueError(f"rank_param_counts: stage {stage} outside 0..{pp - 1}")
     layer = layer_param_counts(model, tp, parallel.ep)
-    layers = parallel.layers_per_stage[stage] if parallel.layers_per_stage else model.num_layers // pp
-    dense, experts = layers * layer["dense"], layers * layer["expert"]
+    per_stage = list(parallel.layers_per_stage) if parallel.layers_per_stage else [model.num_layers // pp] * pp
+    layers, first = per_stage[stage], sum(per_stage[:stage])
+    # an MoE model's first dense layers (DeepSeek first_k_dense_replace), counted in layer order
+    n_dense = max(0, min(model.moe_first_dense_layers, first + layers) - first) if model.is_moe else 0
+    dense_layer = layer_param_counts(model, tp, parallel.ep, dense_mlp=True)
+    dense = (layers - n_dense) * layer["dense"] + n_dense * dense_layer["dense"]
+    experts = (layers - n_dense) * layer["expert"]
     h = model.hidden_size
     word = model.vocab_size * h // tp
     if stage == 0:
@@ -182,6 +202,12 @@ def static_buffers(scn, counts: dict, trace_has_buffers: bool = False) -> dict:
     params = counts.get("dense", 0) + counts.get("expert", 0)
     if par.zero_stage >= 2 and par.dp * par.cp > 1:
         out["dp_bucket"] = min(ZERO_REDUCE_BUCKET_ELEMENTS, params) * tr.grad_dtype_bytes
+    if tr.dtype == "fp8" and par.zero_stage < 3:
+        # Transformer Engine caches each FP8 linear layer's weight cast and its transpose across the
+        # micro-batches of a step (``is_first_microbatch``): 1 + 1 B per parameter. An upper bound: the
+        # embedding and output layer rows a first or last stage holds stay BF16 but are counted. (ZeRO-3
+        # gathers a layer's weights per use: no persistent copy.)
+        out["fp8_weight_cache"] = params * FP8_WEIGHT_COPY_BYTES
     if par.zero_stage >= 3 and not trace_has_buffers and par.dp * par.cp > 1:
         layer = layer_param_counts(scn.model, par.tp, par.ep)
         per_layer = layer["dense"] + layer["expert"]
