@@ -213,3 +213,17 @@ def _csv(path):
             row[k] = float(row[k]) if row[k] else float("nan")
         out.append(row)
     return out
+
+
+@pytest.mark.parametrize("raw,plan", [(MEDIUM, Plan(4, 2, 1, micro_batch_size=8, sequence_parallel=True)),
+                                      (MOE, Plan(2, 2, 4, ep=2, sequence_parallel=True, zero_stage=1))],
+                         ids=["dense", "moe"])
+def test_estimate_with_tp_overlap_stays_a_bound_below_the_unoverlapped_one(raw, plan):
+    def scn(overlap):
+        raw2 = apply_plan(raw, plan)
+        raw2["parallelism"]["tp_comm_overlap"] = overlap
+        return scenario_from_dict(raw2, default_name="t")
+    over, plain = estimate(scn(True), EstimateCache()), estimate(scn(False), EstimateCache())
+    t = simulate(scn(True)).metrics["iteration_time_s"]
+    assert 0.5 * t < over.time_lower_bound_s <= t * (1 + 1e-9)
+    assert over.time_lower_bound_s < plain.time_lower_bound_s  # the same overlap rule as the lowering

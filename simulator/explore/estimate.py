@@ -27,6 +27,7 @@ from ..model.opgraph import build_op_graph
 from ..strategy import activation_memory as am
 from ..strategy.blocks import build_blocks
 from ..strategy.mesh import DeviceMesh
+from ..strategy.layer_emit import overlap_site
 from ..strategy.lower import chunk_sizes
 from ..strategy.schedules import schedule_actions, splits_backward
 from ..strategy.sharding import grad_accumulation_bytes_per_param
@@ -111,16 +112,20 @@ class EstimateCache:
             Collective(op, float(size_bytes), group, "pp" if op == "send_recv" else "dp"), cost.topo,
             cost.algorithms.get(op)))
 
-    def tp_s(self, scn, op: str) -> float:
-        """Uncontended time of one TP collective of the hidden-state tensor b·(s/cp)·h."""
+    def tp_s(self, scn, op: str, overlap: tuple = ()) -> float:
+        """Uncontended time of one TP collective of the hidden-state tensor b·(s/cp)·h; with ``overlap``
+        (strategy.layer_emit.overlap_site) what its GEMM overlap leaves exposed, as the engine costs it."""
         p, t, m = scn.parallel, scn.training, scn.model
         if p.tp == 1:
             return 0.0
         size = t.micro_batch_size * (m.seq_length // p.cp) * m.hidden_size * t.dtype_bytes
-        coll = Collective(op, float(size), tuple(range(p.tp)), "tp")
+        coll = Collective(op, float(size), tuple(range(p.tp)), "tp", overlap)
         cost = self.cost(scn)
-        return self._get(("tp", op, size, p.tp, self._cost_key(scn)),
-                         lambda: collective_time_s(coll, cost.topo, cost.algorithms.get(op)))
+
+        def build() -> float:
+            t_s = cost.duration_s(Task(0, "estimate", "comm", 0, "compute", "comm_tp", comm=coll))
+            return collective_time_s(coll, cost.topo, cost.algorithms.get(op)) if t_s is None else t_s
+        return self._get(("tp", op, size, p.tp, overlap, self._cost_key(scn)), build)
 
 
 # ---- per-rank profiles of an action list (shared by every plan with the same schedule shape) -----------
@@ -238,7 +243,7 @@ def memory_totals(scn, cache: EstimateCache | None = None) -> list[float]:
         raise ValueError(f"training.optimizer {tr.optimizer!r} has no memory rule; known: "
                          f"{', '.join(OPTIMIZER_BYTES_PER_PARAM)}")
     pbytes = max(DTYPE_BYTES[tr.dtype], MIN_PARAM_BYTES)
-    dense_dp = par.dp * par.cp
+    dense_dp = par.shard_group_size or par.dp * par.cp  # HSDP shards inside its shard group
     out = []
     for s, act in enumerate(activation_peaks(scn, cache)):
         counts = rank_param_counts(scn.model, par, s)
@@ -270,10 +275,17 @@ def _phase_times(scn, cache: EstimateCache) -> dict:
 
     segs = b.segments()
     f_c = sum(seg_s(s, "F") for s in segs)
-    f_tp = 2 * (cache.tp_s(scn, "all_gather") + cache.tp_s(scn, "reduce_scatter")) if sp \
+    dense = b.experts is None
+    # the MLP sites overlap only a dense MLP's fc1/fc2 (the lowering's rule: experts sit between)
+    site = lambda name, w, last=False: overlap_site(par, name, w, last) if dense or not name.startswith("fc") else ()  # noqa: E731
+    f_tp = (cache.tp_s(scn, "all_gather", site("qkv_fprop", b.attn_pre.fwd))
+            + cache.tp_s(scn, "reduce_scatter", site("proj_fprop", b.attn_post.fwd))
+            + cache.tp_s(scn, "all_gather", site("fc1_fprop", b.mlp_pre.fwd))
+            + cache.tp_s(scn, "reduce_scatter", site("fc2_fprop", b.mlp_pre.fwd, True))) if sp \
         else 2 * cache.tp_s(scn, "all_reduce")
     b_c = sum(seg_s(s, bpart) for s in segs)
-    b_tp = 2 * cache.tp_s(scn, "all_gather") if sp else 0.0
+    b_tp = (cache.tp_s(scn, "all_gather", site("fc2_dgrad", b.mlp_pre.bwd_b))
+            + cache.tp_s(scn, "all_gather", site("proj_dgrad", b.attn_post.bwd_b))) if sp else 0.0
     if par.recompute == "full":
         b_c, b_tp = b_c + f_c, b_tp + f_tp
     elif par.recompute == "selective":

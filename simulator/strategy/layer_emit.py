@@ -51,9 +51,14 @@ def tp_op(ctx: LowerCtx, rank: int, dep: int | None, name: str, op: str, meta: d
 
 
 def ub(ctx: LowerCtx, site: str, work, last: bool = False) -> tuple:
+    return overlap_site(ctx.par, site, work, last)
+
+
+def overlap_site(par, site: str, work, last: bool = False) -> tuple:
     """(site, GEMM) of a TP collective overlapped with the first (or last) GEMM of ``work`` under
-    tp_comm_overlap (Transformer Engine userbuffers, cost/tp_overlap); () when not overlapped."""
-    if not (ctx.par.tp_comm_overlap and ctx.par.sequence_parallel):
+    tp_comm_overlap (Transformer Engine userbuffers, cost/tp_overlap); () when not overlapped. The
+    lowering and the search estimator both place the overlap with this rule."""
+    if not (par.tp_comm_overlap and par.sequence_parallel and par.tp > 1):
         return ()
     gemms = [w for w in work if w.kind == "gemm"]
     return (site, gemms[-1 if last else 0]) if gemms else ()
