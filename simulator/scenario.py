@@ -210,6 +210,10 @@ def _model(table: dict, base_dir: Path) -> ModelSpec:
         spec = MODEL_PRESETS[preset]
         base = {f.name: getattr(spec, f.name) for f in dataclasses.fields(ModelSpec) if f.name != "extra"}
         # Sizes the preset derived (not set) are derived again from the file's overrides.
+        if base["v_head_dim"] == base["head_dim"]:
+            base["v_head_dim"] = 0
+        if base["moe_ffn_hidden_size"] == base["ffn_hidden_size"]:
+            base["moe_ffn_hidden_size"] = 0
         if base["head_dim"] * base["num_attention_heads"] == base["hidden_size"]:
             base["head_dim"] = 0
         if base["max_position_embeddings"] == base["seq_length"]:
@@ -241,7 +245,8 @@ def _model(table: dict, base_dir: Path) -> ModelSpec:
         if key in base and base[key] <= 0:
             raise ScenarioError(f"model.{key} must be positive, got {base[key]}")
     for key in ("num_kv_heads", "ffn_hidden_size", "head_dim", "sliding_window", "sliding_window_pattern",
-                "max_position_embeddings"):
+                "max_position_embeddings", "moe_ffn_hidden_size", "moe_shared_expert_ffn_hidden_size",
+                "moe_first_dense_layers", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim"):
         if base.get(key, 0) < 0:
             raise ScenarioError(f"model.{key} must be positive, got {base[key]}")
     if base.get("mlp", "gelu") not in MLP_KINDS:

@@ -216,7 +216,7 @@ def test_architecture_details_read():
     assert (oss.bias, oss.qkv_bias, oss.sliding_window, oss.sliding_window_pattern) == (True, True, 128, 2)
     assert (oss.num_experts, oss.moe_top_k) == (128, 4)
     q3 = spec_of("Qwen3-30B-A3B")
-    assert (q3.qk_norm, q3.ffn_hidden_size, q3.num_experts, q3.moe_top_k) == (True, 768, 128, 8)
+    assert (q3.qk_norm, q3.moe_ffn_hidden_size, q3.num_experts, q3.moe_top_k) == (True, 768, 128, 8)
     qwen2 = spec_of("Qwen2.5-7B")
     assert (qwen2.bias, qwen2.qkv_bias) == (False, True)  # Qwen2Attention: q/k/v biases only
     nemotron = spec_of("Nemotron-Mini-4B")
@@ -259,3 +259,20 @@ def test_qwen3_moe_dense_layers_refused():
 def test_dropout_read_from_config():
     assert hf_config_to_fields(dict(LLAMA3_8B, attention_dropout=0.1))["dropout"] is True
     assert hf_config_to_fields(LLAMA3_8B)["dropout"] is False
+
+
+def test_deepseek_v3_config():
+    """deepseek-ai/DeepSeek-V3 config.json: the multi-token-prediction module is refused by name; the
+    main model is 671B (DeepSeek-V3 report §1; the Hugging Face checkpoint's 685B adds the 14B MTP
+    module) and matches the preset."""
+    cfg = json.loads((DATA / "DeepSeek-V3" / "config.json").read_text())
+    with pytest.raises(ValueError, match="num_nextn_predict_layers = 1: multi-token-prediction"):
+        hf_config_to_fields(cfg)
+    spec = ModelSpec(**hf_config_to_fields(dict(cfg, num_nextn_predict_layers=0), "deepseek-v3"), seq_length=4096)
+    assert spec.num_params() == pytest.approx(671e9, rel=0.005)
+    assert without_name(spec) == without_name(MODEL_PRESETS["deepseek-v3"])
+
+
+def test_tied_small_qwen():
+    assert spec_of("Qwen2.5-0.5B").tie_embeddings is True  # Qwen2.5-0.5B ties, the 7B does not
+    assert spec_of("Qwen2.5-7B").tie_embeddings is False

@@ -154,3 +154,84 @@ def test_learned_position_table_rows():
     m = ModelSpec("gpt2", num_layers=1, hidden_size=64, num_attention_heads=4, vocab_size=10,
                   seq_length=8, max_position_embeddings=32)
     assert m.embedding_params() == (10 + 32) * 64
+
+
+@pytest.mark.parametrize("name, published, source", [
+    ("llama3.1-8b", 8.03e9, "Hugging Face meta-llama/Llama-3.1-8B: 8.03B params"),
+    ("llama3.1-70b", 70.6e9, "Hugging Face meta-llama/Llama-3.1-70B: 70.6B params"),
+    ("llama3.1-405b", 405e9, "Dubey et al. 2024, Table 3: 405B"),
+    ("mixtral-8x22b", 141e9, "Mistral AI, Mixtral 8x22B announcement (2024): 141B total"),
+    ("nemotron4-15b", 15.6e9, "Parmar et al. 2024 (Nemotron-4 15B), §2: 3.2B embedding + 12.5B non-embedding"),
+    ("nemotron4-340b", 341.0e9, "Adler et al. 2024 (Nemotron-4 340B), Table 1: 9.4B embedding + 331.6B non-embedding"),
+    ("qwen3-235b-a22b", 235e9, "Qwen/Qwen3-235B-A22B model card: 235B total"),
+    ("gpt-oss-120b", 116.83e9, "OpenAI gpt-oss model card (2025), Table 1: 116.83B total"),
+    ("deepseek-v3", 671e9, "DeepSeek-AI 2024 (DeepSeek-V3 Technical Report), §1: 671B total (MTP module excluded)"),
+])
+def test_todays_presets_published_counts(name, published, source):
+    assert MODEL_PRESETS[name].num_params() == pytest.approx(published, rel=0.005), source
+
+
+def test_grok1_count_matches_xai_figure_without_the_embedding():
+    """xAI's README: 314B parameters. The blocks hold 314.9B; the tied 131072 x 6144 embedding adds
+    0.8B (315.7B total, 0.54% above 314B), so xAI's figure is the non-embedding count."""
+    m = MODEL_PRESETS["grok-1"]
+    assert m.num_params() - m.embedding_params() == pytest.approx(314e9, rel=0.005)
+    assert m.num_layers * m.norms_per_layer == 64 * 4  # rms_norm .. rms_norm_3 per decoder layer
+
+
+@pytest.mark.parametrize("name, active, source", [
+    # OpenAI counts the activated parameters without the input embedding lookup
+    ("gpt-oss-120b", 5.13e9, "OpenAI gpt-oss model card, Table 1: 5.13B active"),
+    ("mixtral-8x22b", 39e9, "Mistral AI announcement: 39B active"),
+])
+def test_todays_presets_active_counts(name, active, source):
+    m = MODEL_PRESETS[name]
+    lookup = m.vocab_size * m.hidden_size if name.startswith("gpt-oss") else 0
+    assert m.num_active_params() - lookup == pytest.approx(active, rel=0.005), source
+
+
+def test_deepseek_v3_active_count_as_rounded_in_the_report():
+    """DeepSeek-V3 report §1: "37B activated for each token", a rounded figure: 36.63B without the
+    embedding lookup (the convention that also gives DeepSeek-V2's 21B below)."""
+    m = MODEL_PRESETS["deepseek-v3"]
+    assert round((m.num_active_params() - m.vocab_size * m.hidden_size) / 1e9) == 37
+
+
+def test_deepseek_v3_layer_structure():
+    m = MODEL_PRESETS["deepseek-v3"]
+    assert (m.num_moe_layers, m.moe_first_dense_layers, m.is_mla) == (58, 3, True)
+    # MLA (DeepSeek-V2 eq. 37-47): q 7168->1536->128x192, kv 7168->512+64, 512->128x(128+128), o 16384->7168
+    assert m.mla_params_per_layer() == 7168 * 1536 + 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 + 512 * 128 * 256
+    assert m.attention_params_per_layer() == m.mla_params_per_layer() + 128 * 128 * 7168
+    # routed 256 x 3 x 7168 x 2048, one shared expert of the same width, the 7168 x 256 router
+    assert m.mlp_params_per_layer() == 257 * 3 * 7168 * 2048 + 7168 * 256
+    assert m.dense_layer_params() - m.attention_params_per_layer() - 2 * 7168 == 3 * 7168 * 18432
+
+
+def test_mla_kv_cache_matches_deepseek_v2_table1():
+    """DeepSeek-V2 Table 1: MLA caches (d_c + d_h^R)·l elements per token, d_c = 4·d_h and
+    d_h^R = d_h/2, i.e. 4.5·d_h·l against MHA's 2·n_h·d_h·l."""
+    v2 = ModelSpec("deepseek-v2", num_layers=60, hidden_size=5120, num_attention_heads=128, vocab_size=102400,
+                   seq_length=4096, ffn_hidden_size=12288, mlp="swiglu", num_experts=160, moe_top_k=6,
+                   moe_ffn_hidden_size=1536, moe_shared_expert_ffn_hidden_size=2 * 1536, moe_first_dense_layers=1,
+                   q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64, head_dim=192, v_head_dim=128)
+    d_h = 128
+    assert v2.kv_cache_elements_per_token_per_layer() == 4.5 * d_h
+    mha = ModelSpec("mha", num_layers=60, hidden_size=5120, num_attention_heads=128, head_dim=d_h,
+                    vocab_size=10, seq_length=8)
+    assert mha.kv_cache_elements_per_token_per_layer() == 2 * 128 * d_h
+    # DeepSeek-V2 paper §1: 236B total, 21B activated per token (without the embedding lookup)
+    assert v2.num_params() == pytest.approx(236e9, rel=0.005)
+    assert round((v2.num_active_params() - v2.vocab_size * v2.hidden_size) / 1e9) == 21
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"moe_first_dense_layers": 3}, "moe_first_dense_layers 3 needs an MoE model"),
+    ({"kv_lora_rank": 64, "qk_rope_head_dim": 0}, "qk_rope_head_dim 0 must be in 1..head_dim-1"),
+    ({"kv_lora_rank": 64, "qk_rope_head_dim": 8, "num_kv_heads": 2}, "num_kv_heads 2 must equal num_attention_heads 4"),
+])
+def test_moe_and_mla_rejections(kw, message):
+    base = dict(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=10, seq_length=8)
+    with pytest.raises(ValueError) as err:
+        ModelSpec("t", **{**base, **kw}).check()
+    assert message in str(err.value)

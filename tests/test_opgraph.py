@@ -215,3 +215,40 @@ def test_head_dim_qk_norm_sandwich_and_window_ops():
     # 2 global layers + 2 windowed: keys per query min(8, i) sum to 36 + 24·8 = 228 of 528
     assert core.fwd_flops == pytest.approx(4 * 4 * 32 * 32 * 32 * (2 + 2 * 228 / 528) / 4)
     assert g.num_params() == m.num_params()
+
+
+TINY_DEEPSEEK = ModelSpec("tiny-ds", num_layers=4, hidden_size=64, num_attention_heads=4, vocab_size=500,
+                          seq_length=32, ffn_hidden_size=128, mlp="swiglu", num_experts=8, moe_top_k=2,
+                          moe_ffn_hidden_size=32, moe_shared_expert_ffn_hidden_size=32, moe_first_dense_layers=1,
+                          q_lora_rank=48, kv_lora_rank=16, qk_rope_head_dim=8, head_dim=24, v_head_dim=16)
+
+
+def test_mla_ops_shapes_and_flops():
+    g = build_op_graph(TINY_DEEPSEEK, 1)
+    assert op(g.layer, "q_down").shape == (32, 48, 64) and op(g.layer, "q_down").tp_split == "none"
+    assert op(g.layer, "q_up").shape == (32, 4 * 24, 48)
+    assert op(g.layer, "kv_down").shape == (32, 16 + 8, 64)
+    assert op(g.layer, "kv_up").shape == (32, 4 * (16 + 16), 16)  # K without RoPE part, and V
+    assert op(g.layer, "attn_out").shape == (32, 64, 4 * 16)
+    core = op(g.layer, "attn_core")
+    # QK^T over 24 dims, AV over 16: 2·b·heads·s²·(24 + 16)
+    assert core.fwd_flops == 2 * 4 * 32 * 32 * (24 + 16)
+    assert "qkv" not in {o.name for o in g.layer}
+
+
+def test_dense_first_layers_and_shared_experts():
+    m = TINY_DEEPSEEK
+    g = build_op_graph(m, 1)
+    names = [o.name for o in g.layer]
+    assert names.index("shared_fc1") > names.index("expert_fc2")  # Megatron-core adds them after the routed ones
+    assert op(g.layer, "expert_fc1").shape[1:] == (2 * 32, 64) and op(g.layer, "shared_fc1").shape == (32, 64, 64)
+    assert op(g.dense_layer, "fc1").shape == (32, 2 * 128, 64) and "router" not in {o.name for o in g.dense_layer}
+    assert g.layer_ops(0) is g.dense_layer and g.layer_ops(1) is g.layer
+    assert g.num_params() == m.num_params()
+    per = lambda ops: sum(o.fwd_flops for o in ops)
+    assert g.fwd_flops() == pytest.approx(per(g.embed) + per(g.dense_layer) + 3 * per(g.layer) + per(g.head))
+
+
+def test_deepseek_v3_preset_graph_params():
+    m = MODEL_PRESETS["deepseek-v3"]
+    assert build_op_graph(m, 1).num_params() == m.num_params()

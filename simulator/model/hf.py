@@ -1,6 +1,6 @@
 """Hugging Face ``config.json`` import: the ModelSpec field values of a checkpoint's configuration
-(llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma2, gemma3, phi3, nemotron, gpt_oss, gpt2,
-gpt_neox); every key that could change the trained model is read or refused by name.
+(llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma2, gemma3, phi3, nemotron, gpt_oss,
+deepseek_v2/v3, gpt2, gpt_neox); every key that could change the trained model is read or refused by name.
 
 Key names and per-architecture defaults follow the transformers configuration and modeling classes
 (LlamaConfig ... GptOssConfig). The training sequence length is not in a config.json
@@ -9,7 +9,8 @@ Key names and per-architecture defaults follow the transformers configuration an
 are refused, so an unknown architecture detail is never silently dropped. Approximations, each
 below 0.01 % of parameters or of one kernel's bytes: partial rotary embeddings (the rope kernel is
 charged over whole heads), Gemma 2's logit soft-capping (a tanh inside the attention kernel and over
-the logits), GPT-OSS's attention sinks (one scalar per head).
+the logits), GPT-OSS's attention sinks (one scalar per head), DeepSeek-V3's router score-correction
+bias (one scalar per expert).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ _DECODERS = {
     "qwen3": (True, "rmsnorm", False), "qwen3_moe": (True, "rmsnorm", False),
     "phi3": (True, "rmsnorm", False), "gemma2": (True, "rmsnorm", True),
     "gemma3_text": (True, "rmsnorm", True), "nemotron": (False, "layernorm", False),
-    "gpt_oss": (True, "rmsnorm", False),
+    "gpt_oss": (True, "rmsnorm", False), "deepseek_v2": (True, "rmsnorm", False),
+    "deepseek_v3": (True, "rmsnorm", False),
 }
 _MODEL_TYPES = tuple(_DECODERS) + ("gpt2", "gpt_neox")
 _ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
@@ -35,7 +37,8 @@ _ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                   "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe",
                   "Phi3ForCausalLM": "phi3", "Gemma2ForCausalLM": "gemma2",
                   "Gemma3ForCausalLM": "gemma3_text", "NemotronForCausalLM": "nemotron",
-                  "GptOssForCausalLM": "gpt_oss", "GPT2LMHeadModel": "gpt2",
+                  "GptOssForCausalLM": "gpt_oss", "DeepseekV2ForCausalLM": "deepseek_v2",
+                  "DeepseekV3ForCausalLM": "deepseek_v3", "GPT2LMHeadModel": "gpt2",
                   "GPTNeoXForCausalLM": "gpt_neox"}
 # hidden_act -> MLP kind, for gated and plain MLPs (transformers ACT2FN names)
 _ACTIVATIONS = {True: {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu",
@@ -61,8 +64,12 @@ _NO_WORK_KEYS = {
     "pretraining_tp", "layer_norm_type", "use_bfloat16",
     # partial rotary embeddings: only the rope kernel's bytes, charged over whole heads
     "rotary_pct", "partial_rotary_factor",
-    # MoE router numerics and its auxiliary loss (E scalars per token)
+    # MoE router numerics and its auxiliary loss (E scalars per token); DeepSeek's group-limited
+    # routing (n_group, topk_group) bounds the nodes a token reaches, which the all-to-all model
+    # does not use; ep_size is the reference code's inference parallelism, not the model
     "norm_topk_prob", "router_aux_loss_coef", "output_router_logits", "router_jitter_noise",
+    "aux_loss_alpha", "seq_aux", "scoring_func", "topk_method", "n_group", "topk_group",
+    "routed_scaling_factor", "ep_size",
     # GPT-2 sequence-classification / double-heads extras, not part of the causal LM
     "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
     "summary_first_dropout", "classifier_dropout", "task_specific_params", "n_ctx",
@@ -134,7 +141,7 @@ def _window(k: _Keys, layers: int) -> tuple[int, int]:
                                                  "an every-N-th-layer-global pattern")
         return 0, 0
     window = k.int("sliding_window", "sliding_window_size", default=0) if mt not in (
-        "llama", "nemotron", "gpt2", "gpt_neox") else 0
+        "llama", "nemotron", "deepseek_v2", "deepseek_v3") else 0
     types = k.get("layer_types", default=[])
     pattern = k.int("sliding_window_pattern", default=0)
     if types:
@@ -144,6 +151,8 @@ def _window(k: _Keys, layers: int) -> tuple[int, int]:
         if len(full) == layers:
             return 0, 0
         n = full[0] + 1 if full else 0
+        if not window:
+            raise k.refuse("layer_types", "sliding_attention layers need a sliding_window")
         if any((t == "full_attention") != (n > 0 and (i + 1) % n == 0) for i, t in enumerate(types)):
             raise k.refuse("layer_types", "global layers are not every N-th layer")
         return window, n
@@ -182,10 +191,28 @@ def _moe(k: _Keys, ffn: int) -> dict:
             raise k.refuse("decoder_sparse_step", "only every layer sparse (1) is representable")
         if k.get("mlp_only_layers", default=[]):
             raise k.refuse("mlp_only_layers", "dense layers among the MoE layers are not representable")
-        k.get("intermediate_size")  # the dense MLP width, unused when every layer is sparse
         return {"num_experts": k.int("num_experts"), "moe_top_k": k.int("num_experts_per_tok"),
-                "ffn_hidden_size": k.int("moe_intermediate_size")}
+                "ffn_hidden_size": ffn, "moe_ffn_hidden_size": k.int("moe_intermediate_size")}
+    if mt in ("deepseek_v2", "deepseek_v3"):  # DeepseekV3MoE: routed experts + shared experts
+        if k.int("moe_layer_freq", default=1) != 1:
+            raise k.refuse("moe_layer_freq", "only every layer after the first dense ones sparse (1) is representable")
+        if k.int("num_nextn_predict_layers", default=0):
+            raise k.refuse("num_nextn_predict_layers", "multi-token-prediction modules are not modelled "
+                                                       "(set it to 0 to simulate the main model)")
+        moe_ffn = k.int("moe_intermediate_size")
+        return {"num_experts": k.int("n_routed_experts"), "moe_top_k": k.int("num_experts_per_tok"),
+                "ffn_hidden_size": ffn, "moe_ffn_hidden_size": moe_ffn,
+                "moe_shared_expert_ffn_hidden_size": k.int("n_shared_experts", default=0) * moe_ffn,
+                "moe_first_dense_layers": k.int("first_k_dense_replace", default=0)}
     return {"ffn_hidden_size": ffn}
+
+
+def _mla(k: _Keys) -> dict:
+    """DeepSeek's multi-head latent attention: head_dim is the query/key head, nope + rope."""
+    rope = k.int("qk_rope_head_dim")
+    return {"head_dim": k.int("qk_nope_head_dim") + rope, "qk_rope_head_dim": rope,
+            "v_head_dim": k.int("v_head_dim"), "kv_lora_rank": k.int("kv_lora_rank"),
+            "q_lora_rank": k.int("q_lora_rank", default=0)}
 
 
 def _dropout(k: _Keys) -> bool:
@@ -203,7 +230,7 @@ def _decoder_fields(k: _Keys) -> dict:
     fields = {
         "num_layers": layers, "hidden_size": k.int("hidden_size"), "num_attention_heads": heads,
         "num_kv_heads": k.int("num_key_value_heads", default=heads),
-        "head_dim": k.int("head_dim", "kv_channels", default=0),
+        "head_dim": 0 if mt.startswith("deepseek") else k.int("head_dim", "kv_channels", default=0),
         "vocab_size": k.int("vocab_size"), "mlp": _mlp(k, gated), "norm": norm,
         "position_embedding": "rope", "tie_embeddings": bool(k.get("tie_word_embeddings", default=tied)),
         "bias": bias, "qkv_bias": qkv_bias, "dropout": _dropout(k),
@@ -211,8 +238,9 @@ def _decoder_fields(k: _Keys) -> dict:
         "sandwich_norm": mt in ("gemma2", "gemma3_text"),  # pre/post_feedforward_layernorm
         "sliding_window": window, "sliding_window_pattern": pattern,
     }
-    ffn = k.int("intermediate_size") if mt != "qwen3_moe" else 0
-    fields.update(_moe(k, ffn))
+    fields.update(_moe(k, k.int("intermediate_size")))
+    if mt in ("deepseek_v2", "deepseek_v3"):
+        fields.update(_mla(k))
     return fields
 
 

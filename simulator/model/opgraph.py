@@ -63,8 +63,9 @@ class OpGraph:
     micro_batch_size: int
     dtype_bytes: int
     embed: tuple[Op, ...]
-    layer: tuple[Op, ...]  # one transformer layer; every layer is identical
+    layer: tuple[Op, ...]  # one transformer layer (an MoE layer for MoE models)
     head: tuple[Op, ...]
+    dense_layer: tuple[Op, ...] = ()  # the first model.moe_first_dense_layers layers (dense MLP)
 
     @property
     def tokens(self) -> int:
@@ -80,10 +81,15 @@ class OpGraph:
     def num_params(self) -> int:
         return int(self._total(lambda op: op.params))
 
+    def layer_ops(self, index: int) -> tuple[Op, ...]:
+        """The ops of layer ``index`` (0-based): the dense template for the first dense layers."""
+        return self.dense_layer if index < self.model.moe_first_dense_layers else self.layer
+
     def _total(self, f) -> float:
-        layer = sum(f(op) for op in self.layer)
-        return (sum(f(op) for op in self.embed) + self.model.num_layers * layer
-                + sum(f(op) for op in self.head))
+        dense = self.model.moe_first_dense_layers
+        layer = sum(f(op) for op in self.layer) * (self.model.num_layers - dense)
+        layer += sum(f(op) for op in self.dense_layer) * dense
+        return sum(f(op) for op in self.embed) + layer + sum(f(op) for op in self.head)
 
 
 # ---- work formulas shared with strategy/sharding --------------------------------------------
@@ -159,8 +165,9 @@ def _residual(name: str, block: str, m: ModelSpec, tokens: int, d: int) -> Op:
 def _attention_ops(m: ModelSpec, b: int, d: int) -> list[Op]:
     h, q, kv, s, t = m.hidden_size, m.q_size, m.kv_hidden_size, m.seq_length, b * m.seq_length
     n_qkv = q + 2 * kv  # GQA: Q is h x heads·head_dim, K and V h x kv_heads·head_dim (Ainslie 2023)
-    ops = [_norm("ln1", "attn", m, t, d),
-           _gemm("qkv", "attn", t, n_qkv, h, h * n_qkv + (n_qkv if m.qkv_bias else 0), "column", d)]
+    ops = [_norm("ln1", "attn", m, t, d)]
+    ops += _mla_ops(m, t, d) if m.is_mla else [
+        _gemm("qkv", "attn", t, n_qkv, h, h * n_qkv + (n_qkv if m.qkv_bias else 0), "column", d)]
     if m.qk_norm:
         # Qwen3 / Gemma 3: per-head norm of q and k (head_dim weights each); reads and writes q
         # and k forward, reads dy and x and writes dx backward, like the other norms
@@ -168,8 +175,14 @@ def _attention_ops(m: ModelSpec, b: int, d: int) -> list[Op]:
                            "column", d))
     if m.position_embedding == "rope":
         # rotary embedding of q and k (Su et al. 2021): read and write both, either direction
-        ops.append(_vector("rope", "elementwise", "attn", t, q + kv, 2 * d, 2 * d, 0, "column", d))
-    heads, kvh, hd = m.num_attention_heads, m.num_kv_heads, m.head_dim
+        # (MLA: the decoupled RoPE part of every query head; the one shared RoPE key, 1/heads of
+        # that, is neglected)
+        width = m.num_attention_heads * m.qk_rope_head_dim if m.is_mla else q + kv
+        ops.append(_vector("rope", "elementwise", "attn", t, width, 2 * d, 2 * d, 0, "column", d))
+    heads, kvh = m.num_attention_heads, m.num_kv_heads
+    # MLA's QK^T runs over head_dim and AV over v_head_dim: the shape carries their mean, so that
+    # 4·b·heads·s²·mean and the Q+O, K+V bytes are exact.
+    hd = (m.head_dim + m.v_head_dim) // 2
     # Sliding windows scale the score FLOPs (ModelSpec.attention_flops_fraction, averaged over the
     # layers); the kernel still reads every K and V once, so the bytes do not change.
     f = attention_flops(b, heads, s, s, hd) * m.attention_flops_fraction()
@@ -177,11 +190,29 @@ def _attention_ops(m: ModelSpec, b: int, d: int) -> list[Op]:
                   attention_bytes(b, heads, kvh, s, s, hd, d),
                   attention_bytes(b, heads, kvh, s, s, hd, d, backward=True),
                   0, (b, heads, s, s, hd), "heads", d, 1, kvh))
-    ops.append(_gemm("attn_out", "attn", t, h, q, q * h + (h if m.bias else 0), "row", d))
+    o = m.attn_out_size
+    ops.append(_gemm("attn_out", "attn", t, h, o, o * h + (h if m.bias else 0), "row", d))
     if m.sandwich_norm:
         ops.append(_norm("post_attn_norm", "attn", m, t, d))
     ops.append(_residual("attn_residual", "attn", m, t, d))
     return ops
+
+
+def _mla_ops(m: ModelSpec, t: int, d: int) -> list[Op]:
+    """MLA's projections (DeepSeek-V2 §2.1.2-2.1.3; Megatron-core MLASelfAttention): the down
+    projections to the latents and the latents' norms are duplicated on every TP rank ("none"), the
+    up projections are column-parallel over heads. Parameters sum to ModelSpec.mla_params_per_layer."""
+    h, heads, r_q, r_kv, rope = (m.hidden_size, m.num_attention_heads, m.q_lora_rank, m.kv_lora_rank,
+                                 m.qk_rope_head_dim)
+    norm = 2 if m.norm == "layernorm" else 1
+    ops = [_gemm("q_down", "attn", t, r_q, h, h * r_q, "none", d),
+           _vector("q_norm", "norm", "attn", t, r_q, 2 * d, 3 * d, norm * r_q, "none", d),
+           _gemm("q_up", "attn", t, m.q_size, r_q, r_q * m.q_size, "column", d)] if r_q else [
+        _gemm("q_proj", "attn", t, m.q_size, h, h * m.q_size, "column", d)]
+    n_up = heads * (m.head_dim - rope + m.v_head_dim)  # K without its RoPE part, and V, per head
+    return ops + [_gemm("kv_down", "attn", t, r_kv + rope, h, h * (r_kv + rope), "none", d),
+                  _vector("kv_norm", "norm", "attn", t, r_kv, 2 * d, 3 * d, norm * r_kv, "none", d),
+                  _gemm("kv_up", "attn", t, n_up, r_kv, r_kv * n_up, "column", d)]
 
 
 def _act_bytes(m: ModelSpec, d: int) -> tuple[int, int]:
@@ -192,21 +223,31 @@ def _act_bytes(m: ModelSpec, d: int) -> tuple[int, int]:
     return (3 * d, 5 * d) if m.gated_mlp else (2 * d, 3 * d)
 
 
-def _mlp_ops(m: ModelSpec, b: int, d: int) -> list[Op]:
-    h, f, t = m.hidden_size, m.ffn_hidden_size, b * m.seq_length
-    # Gated MLPs' gate and up projections are one fused fc1 GEMM of width 2·f, as Megatron-core's
-    # linear_fc1 with gated_linear_unit; plain MLPs have one h -> f GEMM.
-    n1 = (m.mlp_matrices - 1) * f
-    fc1_params = h * n1 + (n1 if m.bias else 0)
-    fc2_params = f * h + (h if m.bias else 0)
+def _dense_mlp(m: ModelSpec, t: int, width: int, d: int, prefix: str = "") -> list[Op]:
+    """fc1, activation, fc2 of one MLP ``width`` wide. Gated MLPs' gate and up projections are one
+    fused fc1 GEMM of width 2·f, as Megatron-core's linear_fc1 with gated_linear_unit; plain MLPs
+    have one h -> f GEMM."""
+    h, n1 = m.hidden_size, (m.mlp_matrices - 1) * width
     act_fwd, act_bwd = _act_bytes(m, d)
+    return [_gemm(prefix + "fc1", "mlp", t, n1, h, h * n1 + (n1 if m.bias else 0), "column", d),
+            _vector(prefix + "act", "elementwise", "mlp", t, width, act_fwd, act_bwd, 0, "column", d),
+            _gemm(prefix + "fc2", "mlp", t, h, width, width * h + (h if m.bias else 0), "row", d)]
+
+
+def _mlp_ops(m: ModelSpec, b: int, d: int, dense: bool = False) -> list[Op]:
+    """The MLP block: a dense MLP (``dense``: also an MoE model's first dense layers), or the router,
+    the routed experts and the shared experts, which Megatron-core's MoELayer adds after the routed
+    ones (moe_shared_expert_overlap off)."""
+    h, t = m.hidden_size, b * m.seq_length
     ops = [_norm("ln2", "mlp", m, t, d)]
-    if not m.is_moe:
-        ops += [_gemm("fc1", "mlp", t, n1, h, fc1_params, "column", d),
-                _vector("act", "elementwise", "mlp", t, f, act_fwd, act_bwd, 0, "column", d),
-                _gemm("fc2", "mlp", t, h, f, fc2_params, "row", d)]
+    if not m.is_moe or dense:
+        ops += _dense_mlp(m, t, m.ffn_hidden_size, d)
     else:
-        e = m.num_experts
+        e, f = m.num_experts, m.moe_ffn_hidden_size
+        n1 = (m.mlp_matrices - 1) * f
+        fc1_params = h * n1 + (n1 if m.bias else 0)
+        fc2_params = f * h + (h if m.bias else 0)
+        act_fwd, act_bwd = _act_bytes(m, d)
         rows = expert_rows(t, m.moe_top_k, m.moe_capacity_factor)
         ops += [
             # router: a replicated h x E linear layer (Megatron-core TopKRouter); under sequence
@@ -216,6 +257,8 @@ def _mlp_ops(m: ModelSpec, b: int, d: int) -> list[Op]:
             _vector("expert_act", "elementwise", "mlp", rows, f, act_fwd, act_bwd, 0, "expert", d),
             _gemm("expert_fc2", "mlp", rows, h, f, e * fc2_params, "expert", d, e),
         ]
+        if m.moe_shared_expert_ffn_hidden_size:
+            ops += _dense_mlp(m, t, m.moe_shared_expert_ffn_hidden_size, d, "shared_")
     if m.sandwich_norm:
         ops.append(_norm("post_mlp_norm", "mlp", m, t, d))
     ops.append(_residual("mlp_residual", "mlp", m, t, d))
@@ -256,8 +299,10 @@ def build_op_graph(model: ModelSpec, micro_batch_size: int, dtype: str = "bf16")
     model.check()
     d = _dtype_bytes("bf16" if dtype == "fp8" else dtype)
     b = micro_batch_size
-    layer = tuple(_attention_ops(model, b, d) + _mlp_ops(model, b, d))
+    attn = _attention_ops(model, b, d)
+    layer = tuple(attn + _mlp_ops(model, b, d))
+    dense = tuple(attn + _mlp_ops(model, b, d, dense=True)) if model.moe_first_dense_layers else ()
     if dtype == "fp8":
         from .fp8 import fp8_layer  # fp8 builds on this module's Op
-        layer = fp8_layer(layer)
-    return OpGraph(model, b, d, tuple(_embed_ops(model, b, d)), layer, tuple(_head_ops(model, b, d)))
+        layer, dense = fp8_layer(layer), fp8_layer(dense) if dense else ()
+    return OpGraph(model, b, d, tuple(_embed_ops(model, b, d)), layer, tuple(_head_ops(model, b, d)), dense)

@@ -4,6 +4,14 @@ Sources: GPT-3 (Brown et al. 2020, Table 2.1); Megatron GPT sizes (Narayanan et 
 Table 1); Llama 2 (Touvron et al. 2023, Table 1 and the released config.json files);
 Llama 3 / 3.1 (Dubey et al. 2024, Table 3 and config.json); Mixtral 8x7B (Jiang et al. 2024,
 Table 1 and config.json). Megatron GPT models use vocabulary 51200 (GPT-2 BPE padded).
+Today's models: Llama 3.1 (Dubey et al. 2024, Table 3; same shapes as Llama 3, pretrained at 8192
+tokens, §3.4.1), Mixtral 8x22B (mistralai/Mixtral-8x22B-v0.1 config.json), Nemotron-4 15B (Parmar
+et al. 2024, Table 1: squared ReLU, LayerNorm, no bias, no dropout, untied, seq 4096) and 340B
+(Adler et al. 2024, Table 1), Grok-1 (xai-org/grok-1 model.py and README: GeGLU, four RMSNorms per
+layer, tied embeddings, 8192 context), Qwen3-235B-A22B (Qwen/Qwen3-235B-A22B config.json; Qwen3
+report: pretraining stages at 4096 tokens), GPT-OSS-120B (openai/gpt-oss-120b config.json,
+initial_context_length 4096) and DeepSeek-V3 (deepseek-ai/DeepSeek-V3 config.json without its
+multi-token-prediction module; DeepSeek-V3 report §4.2: pretraining at 4K tokens).
 """
 
 from __future__ import annotations
@@ -50,5 +58,22 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192),
         # Mixtral trains with 32k context; 4096 is the sequence length of its scenario default.
         _llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 4096, num_experts=8, moe_top_k=2),
+        _llama("llama3.1-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
+        _llama("llama3.1-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
+        _llama("llama3.1-405b", 126, 16384, 128, 8, 53248, 128256, 8192),
+        _llama("mixtral-8x22b", 56, 6144, 48, 8, 16384, 32000, 4096, num_experts=8, moe_top_k=2),
+        ModelSpec("nemotron4-15b", 32, 6144, 48, 256000, 4096, num_kv_heads=8, ffn_hidden_size=24576,
+                  mlp="squared-relu", norm="layernorm"),
+        ModelSpec("nemotron4-340b", 96, 18432, 96, 256000, 4096, num_kv_heads=8, ffn_hidden_size=73728,
+                  mlp="squared-relu", norm="layernorm"),
+        ModelSpec("grok-1", 64, 6144, 48, 131072, 8192, num_kv_heads=8, ffn_hidden_size=32768,
+                  mlp="geglu", num_experts=8, moe_top_k=2, sandwich_norm=True, tie_embeddings=True),
+        _llama("qwen3-235b-a22b", 94, 4096, 64, 4, 12288, 151936, 4096, head_dim=128, qk_norm=True,
+               num_experts=128, moe_top_k=8, moe_ffn_hidden_size=1536),
+        _llama("gpt-oss-120b", 36, 2880, 64, 8, 2880, 201088, 4096, head_dim=64, bias=True,
+               num_experts=128, moe_top_k=4, sliding_window=128, sliding_window_pattern=2),
+        _llama("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, 4096, num_experts=256, moe_top_k=8,
+               moe_ffn_hidden_size=2048, moe_shared_expert_ffn_hidden_size=2048, moe_first_dense_layers=3,
+               q_lora_rank=1536, kv_lora_rank=512, head_dim=192, qk_rope_head_dim=64, v_head_dim=128),
     )
 }

@@ -29,6 +29,21 @@ class ModelSpec:
     num_experts: int = 1  # MoE when > 1: every layer's MLP is replaced by num_experts experts
     moe_top_k: int = 1
     moe_capacity_factor: float = 1.0  # GShard/Switch capacity factor: tokens per expert = cf·T·k/E
+    # Fine-grained MoE (DeepSeekMoE, Dai et al. 2024; Qwen3-MoE): experts narrower than the dense
+    # MLP (0 -> ffn_hidden_size), shared experts every token passes through (their total width, as
+    # Megatron-core's moe_shared_expert_intermediate_size), and dense MLPs in the first layers
+    # (DeepSeek-V3 first_k_dense_replace = 3; Megatron-core moe_layer_freq).
+    moe_ffn_hidden_size: int = 0
+    moe_shared_expert_ffn_hidden_size: int = 0
+    moe_first_dense_layers: int = 0
+    # Multi-head latent attention (MLA, DeepSeek-V2 §2.1, Liu et al. 2024), on when kv_lora_rank > 0:
+    # K and V come up from a kv_lora_rank latent, Q from a q_lora_rank latent (0: a plain projection);
+    # head_dim is the query/key head (qk_nope + qk_rope_head_dim, the decoupled RoPE part) and
+    # v_head_dim the value head (0 -> head_dim).
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
     # Architecture details; "" -> derived from mlp (gelu: GPT-2/3 style; every other kind: Llama
     # style, so a Nemotron-4 scenario sets norm = "layernorm" itself).
     norm: str = ""  # "layernorm" (weight + bias) | "rmsnorm" (weight only)
@@ -70,6 +85,10 @@ class ModelSpec:
             object.__setattr__(self, "qkv_bias", self.bias)
         if self.head_dim == 0 and self.num_attention_heads > 0:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        if self.v_head_dim == 0:
+            object.__setattr__(self, "v_head_dim", self.head_dim)
+        if self.moe_ffn_hidden_size == 0:
+            object.__setattr__(self, "moe_ffn_hidden_size", self.ffn_hidden_size)
         if self.max_position_embeddings == 0:
             object.__setattr__(self, "max_position_embeddings", self.seq_length)
 
@@ -95,6 +114,15 @@ class ModelSpec:
                              f"num_kv_heads {self.num_kv_heads}")
         if self.is_moe and not 1 <= self.moe_top_k <= self.num_experts:
             raise ValueError(f"moe_top_k {self.moe_top_k} must be in 1..num_experts {self.num_experts}")
+        if self.moe_first_dense_layers > (self.num_layers if self.is_moe else 0):
+            raise ValueError(f"moe_first_dense_layers {self.moe_first_dense_layers} needs an MoE model "
+                             f"with that many layers (num_layers {self.num_layers}, num_experts {self.num_experts})")
+        if self.is_mla and not 0 < self.qk_rope_head_dim < self.head_dim:
+            raise ValueError(f"qk_rope_head_dim {self.qk_rope_head_dim} must be in 1..head_dim-1 "
+                             f"(head_dim {self.head_dim} = qk_nope + qk_rope) with kv_lora_rank {self.kv_lora_rank}")
+        if self.is_mla and self.num_kv_heads != self.num_attention_heads:
+            raise ValueError(f"MLA (kv_lora_rank {self.kv_lora_rank}) up-projects K and V per head: "
+                             f"num_kv_heads {self.num_kv_heads} must equal num_attention_heads {self.num_attention_heads}")
 
     # ---- derived sizes -------------------------------------------------------------------
     @property
@@ -105,6 +133,19 @@ class ModelSpec:
     @property
     def kv_hidden_size(self) -> int:
         return self.num_kv_heads * self.head_dim
+
+    @property
+    def attn_out_size(self) -> int:
+        """Input width of the output projection: heads·v_head_dim (q_size unless MLA sets v_head_dim)."""
+        return self.num_attention_heads * self.v_head_dim
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.moe_first_dense_layers if self.is_moe else 0
 
     @property
     def is_moe(self) -> bool:
@@ -128,10 +169,31 @@ class ModelSpec:
         return 2 * self.head_dim * (2 if self.norm == "layernorm" else 1) if self.qk_norm else 0
 
     def attention_params_per_layer(self) -> int:
-        h, q, kv = self.hidden_size, self.q_size, self.kv_hidden_size
-        weights = h * (q + 2 * kv) + q * h  # QKV projection + output projection
+        h, q, kv, o = self.hidden_size, self.q_size, self.kv_hidden_size, self.attn_out_size
+        if self.is_mla:
+            return self.mla_params_per_layer() + o * h + (h if self.bias else 0)
+        weights = h * (q + 2 * kv) + o * h  # QKV projection + output projection
         biases = ((q + 2 * kv) if self.qkv_bias else 0) + (h if self.bias else 0)
         return weights + biases + self.qk_norm_params()
+
+    def mla_params_per_layer(self) -> int:
+        """MLA's projections before the output one (DeepSeek-V2 eq. 9-13, 37-40; DeepseekV3Attention):
+        q: h -> q_lora_rank, its norm, -> heads·head_dim (or h -> heads·head_dim directly); kv: h ->
+        kv_lora_rank + qk_rope_head_dim (the shared RoPE key), the latent's norm, latent -> heads·
+        (qk_nope + v_head_dim)."""
+        h, heads, r_q, r_kv = self.hidden_size, self.num_attention_heads, self.q_lora_rank, self.kv_lora_rank
+        norm = 2 if self.norm == "layernorm" else 1
+        q = h * r_q + norm * r_q + r_q * self.q_size if r_q else h * self.q_size
+        nope = self.head_dim - self.qk_rope_head_dim
+        kv = h * (r_kv + self.qk_rope_head_dim) + norm * r_kv + r_kv * heads * (nope + self.v_head_dim)
+        return q + kv
+
+    def kv_cache_elements_per_token_per_layer(self) -> int:
+        """Key/value elements one token leaves per layer (DeepSeek-V2 Table 1): 2·n_kv·d_h for
+        MHA/GQA, (d_c + d_h^R) for MLA, the latent and the shared RoPE key."""
+        if self.is_mla:
+            return self.kv_lora_rank + self.qk_rope_head_dim
+        return 2 * self.kv_hidden_size
 
     def attention_flops_fraction(self) -> float:
         """Score FLOPs relative to full causal attention, averaged over the layers (the op graph
@@ -145,12 +207,18 @@ class ModelSpec:
         global_layers = self.num_layers // n if n else 0
         return (global_layers + (self.num_layers - global_layers) * windowed) / self.num_layers
 
+    def _mlp_params(self, width: int) -> int:
+        h = self.hidden_size
+        biases = ((self.mlp_matrices - 1) * width + h) if self.bias else 0
+        return self.mlp_matrices * h * width + biases
+
     def expert_params(self) -> int:
-        """Parameters of one MLP (one expert for MoE)."""
-        h, f = self.hidden_size, self.ffn_hidden_size
-        weights = self.mlp_matrices * h * f
-        biases = ((self.mlp_matrices - 1) * f + h) if self.bias else 0
-        return weights + biases
+        """Parameters of one MLP (one routed expert for MoE, moe_ffn_hidden_size wide)."""
+        return self._mlp_params(self.moe_ffn_hidden_size if self.is_moe else self.ffn_hidden_size)
+
+    def shared_expert_params(self) -> int:
+        return self._mlp_params(self.moe_shared_expert_ffn_hidden_size) if (
+            self.is_moe and self.moe_shared_expert_ffn_hidden_size) else 0
 
     def norm_params(self) -> int:
         return 2 * self.hidden_size if self.norm == "layernorm" else self.hidden_size
@@ -160,16 +228,24 @@ class ModelSpec:
         return (self.hidden_size + (1 if self.bias else 0)) * self.num_experts if self.is_moe else 0
 
     def mlp_params_per_layer(self) -> int:
-        return self.num_experts * self.expert_params() + self.router_params_per_layer()
+        """The MLP block of an MoE layer (routed and shared experts, router), or the dense MLP."""
+        return (self.num_experts * self.expert_params() + self.shared_expert_params()
+                + self.router_params_per_layer()) if self.is_moe else self.expert_params()
 
     def dense_params_per_layer(self) -> int:
-        """Per-layer parameters outside the experts (attention, norms, router)."""
+        """Per-layer parameters outside the routed experts (attention, norms, router, shared experts)."""
         return (self.attention_params_per_layer() + self.norms_per_layer * self.norm_params()
-                + self.router_params_per_layer())
+                + self.router_params_per_layer() + self.shared_expert_params())
 
     def params_per_layer(self) -> int:
+        """Parameters of one MoE layer (of every layer for a dense model)."""
         return (self.attention_params_per_layer() + self.norms_per_layer * self.norm_params()
                 + self.mlp_params_per_layer())
+
+    def dense_layer_params(self) -> int:
+        """Parameters of one of the first moe_first_dense_layers layers: a dense ffn_hidden_size MLP."""
+        return (self.attention_params_per_layer() + self.norms_per_layer * self.norm_params()
+                + self._mlp_params(self.ffn_hidden_size))
 
     def embedding_params(self) -> int:
         pos = self.max_position_embeddings * self.hidden_size if self.position_embedding == "learned" else 0
@@ -181,9 +257,11 @@ class ModelSpec:
         return self.norm_params() + head
 
     def num_params(self) -> int:
-        return self.embedding_params() + self.num_layers * self.params_per_layer() + self.head_params()
+        dense = self.moe_first_dense_layers * self.dense_layer_params()
+        return (self.embedding_params() + (self.num_layers - self.moe_first_dense_layers)
+                * self.params_per_layer() + dense + self.head_params())
 
     def num_active_params(self) -> int:
-        """Parameters touched per token (MoE: top_k of num_experts experts)."""
+        """Parameters touched per token (MoE: top_k of num_experts routed experts)."""
         inactive = (self.num_experts - self.moe_top_k) * self.expert_params() if self.is_moe else 0
-        return self.num_params() - self.num_layers * inactive
+        return self.num_params() - self.num_moe_layers * inactive

@@ -82,6 +82,8 @@ def activation_terms(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool,
     dense rule (expert tensor parallelism = tp, Megatron-Core's default). The router adds its logits.
     CP: the sequence is split over cp ranks, and ring attention scores local queries against the
     whole sequence: (s/cp) x s scores per head.
+    Layers are taken as the model's MoE layer; an MoE model's first dense layers
+    (ModelSpec.moe_first_dense_layers) are not distinguished.
     """
     _check(model, micro_batch_size, tp, cp, ep, dtype_bytes)
     d = dtype_bytes
@@ -91,6 +93,7 @@ def activation_terms(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool,
     r = t if sp else 1
     heads = model.num_attention_heads // t
     kv_cols = model.head_dim * max(model.num_kv_heads // t, 1)
+    v_cols = model.v_head_dim * max(model.num_kv_heads // t, 1)
     drop = has_dropout(model)
     gated = model.gated_mlp
     scores = heads * s_local * model.seq_length * micro_batch_size  # elements, per rank
@@ -101,13 +104,19 @@ def activation_terms(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool,
         T("qkv_input", d * tokens * h / r, weight_grad=True),  # norm output, X of the QKV GEMM
         T("q", d * tokens * model.q_size / t),
         T("k", d * tokens * kv_cols),
-        T("v", d * tokens * kv_cols),
+        T("v", d * tokens * v_cols),
         T("softmax_output", d * scores, core=True),
     ]
+    if model.is_mla:
+        # MLA (DeepSeek-V2 §2.1.2): the duplicated down projections' outputs (norm inputs) and the
+        # normed latents (inputs of the up projections), on every TP rank for the gathered tokens;
+        # the KV latent carries the shared RoPE key too
+        latent = 2 * (model.q_lora_rank + model.kv_lora_rank) + model.qk_rope_head_dim
+        terms.append(T("mla_latents", d * tokens * latent, weight_grad=True))
     if drop:
         terms += [T("attn_dropout_mask", MASK_BYTES * scores, core=True),
                   T("attn_dropout_output", d * scores, core=True)]
-    terms += [T("proj_input", d * tokens * model.q_size / t, weight_grad=True)]
+    terms += [T("proj_input", d * tokens * model.attn_out_size / t, weight_grad=True)]
     if drop:
         terms.append(T("attn_residual_dropout_mask", MASK_BYTES * tokens * h / r))
     terms += [T("mlp_norm_input", d * tokens * h / r),
@@ -122,8 +131,11 @@ def activation_terms(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool,
         terms += [T("router_logits", d * tokens * model.num_experts / r),
                   T("router_logits_grad", d * tokens * model.num_experts / r, weight_grad=True,
                     stored_at_f=False)]
-        terms += _mlp_terms("expert_", d, slots, h, f, t, r, gated)
+        terms += _mlp_terms("expert_", d, slots, h, model.moe_ffn_hidden_size, t, r, gated)
         terms.append(T("expert_output", d * slots * h / r))  # kept to weight the combine by the router probs
+        if model.moe_shared_expert_ffn_hidden_size:  # shared experts read fc1_input like a dense MLP
+            terms += [x for x in _mlp_terms("shared_", d, tokens, h, model.moe_shared_expert_ffn_hidden_size,
+                                            t, r, gated) if x.name != "shared_fc1_input"]
     else:
         terms += _mlp_terms("", d, tokens, h, f, t, r, gated)
     if drop:
