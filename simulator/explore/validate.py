@@ -25,7 +25,7 @@ DEFAULT_CSVS = (DEFAULT_CSV, DATA / "training_runs_extra.csv", DATA / "training_
 MODEL_COLUMNS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size",
                  "vocab_size", "seq_length", "num_experts", "moe_top_k")
 PARALLEL_INT = ("tp", "pp", "dp", "cp", "ep", "zero_stage", "virtual_stages")
-PARALLEL_STR = ("schedule", "recompute")
+PARALLEL_STR = ("schedule", "recompute", "sharding")
 BOOL = {"true": True, "false": False}
 
 
@@ -54,7 +54,7 @@ def row_to_raw(row: dict) -> dict:
         if k in given:
             par[k] = BOOL.get(given[k].lower(), given[k])
     training: dict = {k: _int(given, k) for k in ("global_batch_size", "micro_batch_size") if k in given}
-    for k in ("dtype", "attention"):
+    for k in ("dtype", "attention", "grad_dtype"):
         if k in given:
             training[k] = given[k]
     if "grad_accumulation_fusion" in given:
@@ -113,9 +113,11 @@ def validate_rows(rows: list[dict], jobs: int = 0) -> list[dict]:
 
 
 def _errors(results: list[dict]) -> dict:
-    errs = [abs(r["error"]) for r in results if r["status"] == "ok"]
+    signed = [r["error"] for r in results if r["status"] == "ok"]
+    errs = [abs(e) for e in signed]
     return {"rows": len(results), "ok": len(errs), "failed": len(results) - len(errs),
-            "mape": sum(errs) / len(errs) if errs else None, "max_abs_error": max(errs) if errs else None}
+            "mape": sum(errs) / len(errs) if errs else None, "max_abs_error": max(errs) if errs else None,
+            "mean_error": sum(signed) / len(signed) if signed else None}
 
 
 def summary(results: list[dict]) -> dict:
@@ -144,7 +146,7 @@ def markdown_table(results: list[dict]) -> str:
                      + ". Breakdown columns: exposed seconds on the critical rank.")
         if len(s["by_source"]) > 1:
             lines += [f"- {src or 'unnamed source'}: MAPE {100 * e['mape']:.1f}%, max |error| "
-                      f"{100 * e['max_abs_error']:.1f}% over {e['ok']} rows"
+                      f"{100 * e['max_abs_error']:.1f}%, mean error {100 * e['mean_error']:+.1f}% over {e['ok']} rows"
                       for src, e in s["by_source"].items() if e["mape"] is not None]
     return "\n".join(lines)
 
