@@ -252,3 +252,18 @@ def test_dense_first_layers_and_shared_experts():
 def test_deepseek_v3_preset_graph_params():
     m = MODEL_PRESETS["deepseek-v3"]
     assert build_op_graph(m, 1).num_params() == m.num_params()
+
+
+def test_moe_permute_and_unpermute_kernels():
+    """Megatron-core moe_utils.permute / unpermute around the experts: T tokens in, cf·k·T copies out
+    (and back), so their bytes grow with top_k; they sit before and after the expert ops, outside
+    the expert segment the all-to-all surrounds."""
+    m, b = SMALL_MOE, 2
+    g = build_op_graph(m, b)
+    t, h, k, d = b * m.seq_length, m.hidden_size, m.moe_top_k, 2
+    perm, unperm = op(g.layer, "moe_permute"), op(g.layer, "moe_unpermute")
+    assert perm.shape == unperm.shape == (t, h) and perm.tp_split == "sequence"
+    assert perm.fwd_bytes == d * (t * h + k * t * h) and unperm.bwd_bytes == d * (t * h + 2 * k * t * h)
+    names = [o.name for o in g.layer]
+    assert names.index("router") < names.index("moe_permute") < names.index("expert_fc1")
+    assert names.index("expert_fc2") < names.index("moe_unpermute") < names.index("mlp_residual")

@@ -249,13 +249,24 @@ def _mlp_ops(m: ModelSpec, b: int, d: int, dense: bool = False) -> list[Op]:
         fc2_params = f * h + (h if m.bias else 0)
         act_fwd, act_bwd = _act_bytes(m, d)
         rows = expert_rows(t, m.moe_top_k, m.moe_capacity_factor)
+        copies = rows / t  # token copies the experts see per token: cf·k
         ops += [
             # router: a replicated h x E linear layer (Megatron-core TopKRouter); under sequence
             # parallelism each rank routes its own s/t tokens
             _gemm("router", "mlp", t, e, h, m.router_params_per_layer(), "sequence", d),
+            # Megatron-core moe_utils.permute: index_select of each token's cf·k copies, grouped by
+            # expert (read the tokens, write the copies); its backward scatter-adds the copies'
+            # gradients back (read the copies, write the tokens)
+            _vector("moe_permute", "elementwise", "mlp", t, h, d * (1 + copies), d * (copies + 1), 0,
+                    "sequence", d),
             _gemm("expert_fc1", "mlp", rows, n1, h, e * fc1_params, "expert", d, e),
             _vector("expert_act", "elementwise", "mlp", rows, f, act_fwd, act_bwd, 0, "expert", d),
             _gemm("expert_fc2", "mlp", rows, h, f, e * fc2_params, "expert", d, e),
+            # moe_utils.unpermute: weight the copies by their router probabilities and scatter-add
+            # them into the tokens (read the copies, write the tokens); backward writes the copies'
+            # gradients and reads the copies again for the probabilities' gradient
+            _vector("moe_unpermute", "elementwise", "mlp", t, h, d * (copies + 1), d * (1 + 2 * copies), 0,
+                    "sequence", d),
         ]
         if m.moe_shared_expert_ffn_hidden_size:
             ops += _dense_mlp(m, t, m.moe_shared_expert_ffn_hidden_size, d, "shared_")
