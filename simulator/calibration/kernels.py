@@ -121,15 +121,16 @@ def _elementwise(model, name: str, tokens: int, width: int, p: str, device: str,
     import torch
     import torch.nn.functional as F
 
-    gelu = model is None or model.mlp == "gelu"
-    if name.endswith("act"):
-        if gelu:
-            return _backward_or_forward(F.gelu, [_rand((tokens, width), device, dt)], p)
-        return _backward_or_forward(lambda g, u: F.silu(g) * u,
+    mlp = model.mlp if model is not None else "gelu"
+    if name.endswith("act"):  # the MLP kinds of model/spec.py; gated kinds read gate and up
+        fn = {"gelu": F.gelu, "squared-relu": lambda x: F.relu(x) ** 2, "swiglu": F.silu, "geglu": F.gelu}[mlp]
+        if mlp not in ("swiglu", "geglu"):
+            return _backward_or_forward(fn, [_rand((tokens, width), device, dt)], p)
+        return _backward_or_forward(lambda g, u: fn(g) * u,
                                     [_rand((tokens, width), device, dt), _rand((tokens, width), device, dt)], p)
     if name.endswith("residual"):
         x, a = _rand((tokens, width), device, dt), _rand((tokens, width), device, dt)
-        if gelu:  # GPT: dropout on the branch, then the residual add
+        if model is None or model.dropout:  # GPT: dropout on the branch, then the residual add
             return _backward_or_forward(lambda x, a: x + F.dropout(a, GPT_HIDDEN_DROPOUT, True), [x, a], p)
         return _backward_or_forward(lambda x, a: x + a, [x, a], p)
     if name == "rope":

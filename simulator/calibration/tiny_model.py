@@ -44,9 +44,16 @@ def build_model(spec: ModelSpec, device: str):
 
     if spec.is_moe:
         raise ValueError(f"model {spec.name}: the tiny model has no MoE layers (num_experts = {spec.num_experts})")
+    for key, value, plain in (("head_dim", spec.q_size, spec.hidden_size), ("qk_norm", spec.qk_norm, False),
+                              ("sandwich_norm", spec.sandwich_norm, False), ("sliding_window", spec.sliding_window, 0),
+                              ("kv_lora_rank", spec.kv_lora_rank, 0), ("qkv_bias", spec.qkv_bias, spec.bias)):
+        if value != plain:
+            raise ValueError(f"model {spec.name}: the tiny model does not build model.{key} = "
+                             f"{getattr(spec, key)!r}")
     h, heads, kv, hd = spec.hidden_size, spec.num_attention_heads, spec.num_kv_heads, spec.head_dim
-    gelu = spec.mlp == "gelu"
-    p_drop = GPT_HIDDEN_DROPOUT if gelu else 0.0
+    p_drop = GPT_HIDDEN_DROPOUT if spec.dropout else 0.0
+    # the MLP kinds of model/spec.py: plain kinds act on fc1's output, gated ones on its gate half
+    act = {"gelu": F.gelu, "squared-relu": lambda x: F.relu(x) ** 2, "swiglu": F.silu, "geglu": F.gelu}[spec.mlp]
 
     def norm() -> nn.Module:
         return nn.LayerNorm(h, eps=NORM_EPS) if spec.norm == "layernorm" else nn.RMSNorm(h, eps=NORM_EPS)
@@ -95,11 +102,11 @@ def build_model(spec: ModelSpec, device: str):
             with op("fc1"):
                 y = self.fc1(y)
             with op("act"):
-                if gelu:
-                    y = F.gelu(y)
-                else:
+                if spec.gated_mlp:
                     gate, up = y.chunk(2, dim=-1)
-                    y = F.silu(gate) * up
+                    y = act(gate) * up
+                else:
+                    y = act(y)
             with op("fc2"):
                 y = self.fc2(y)
             with op("mlp_residual"):
