@@ -33,6 +33,9 @@ def validate(scn) -> None:  # scn: scenario.Scenario (duck-typed to keep this mo
     if m.ffn_hidden_size % p.tp:
         raise ScenarioError(f"parallelism.tp = {p.tp} does not divide model.ffn_hidden_size = "
                             f"{m.ffn_hidden_size}")
+    for key in ("moe_ffn_hidden_size", "moe_shared_expert_ffn_hidden_size"):
+        if m.is_moe and getattr(m, key) % p.tp:  # expert tensor parallelism = tp (sharding.py)
+            raise ScenarioError(f"parallelism.tp = {p.tp} does not divide model.{key} = {getattr(m, key)}")
     if p.ep > 1 and m.num_experts % p.ep:
         raise ScenarioError(f"parallelism.ep = {p.ep} does not divide model.num_experts = {m.num_experts}")
     if p.ep > 1 and (p.dp * p.cp) % p.ep:
