@@ -267,3 +267,20 @@ def test_moe_permute_and_unpermute_kernels():
     names = [o.name for o in g.layer]
     assert names.index("router") < names.index("moe_permute") < names.index("expert_fc1")
     assert names.index("expert_fc2") < names.index("moe_unpermute") < names.index("mlp_residual")
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "qwen3-235b-a22b", "gpt-oss-120b", "mixtral-8x22b", "grok-1"])
+def test_moe_forward_gemm_flops_are_two_per_active_weight(name):
+    """Outside the attention core a token costs 2 FLOPs per active matmul weight (Kaplan et al. 2020
+    C ≈ 2N forward): every weight but the embedding lookup, norms and biases, with the MLA, shared
+    expert and dense-first-layer GEMMs included. For GPT-OSS-120B that is the model card's 5.13B
+    active parameters (OpenAI gpt-oss model card, Table 1)."""
+    m = MODEL_PRESETS[name]
+    g = build_op_graph(m, 1)
+    core = sum(o.fwd_flops for o in g.layer if o.kind == "attention") * (m.num_layers - m.moe_first_dense_layers) + \
+        sum(o.fwd_flops for o in g.dense_layer if o.kind == "attention") * m.moe_first_dense_layers
+    lookup = 0 if m.tie_embeddings else m.vocab_size * m.hidden_size
+    per_token = (g.fwd_flops() - core) / (2 * m.seq_length)
+    assert per_token == pytest.approx(m.num_active_params() - lookup, rel=1e-3)
+    if name == "gpt-oss-120b":
+        assert per_token == pytest.approx(5.13e9, rel=0.005)
