@@ -33,6 +33,10 @@ def validate(scn) -> None:  # scn: scenario.Scenario (duck-typed to keep this mo
     if m.ffn_hidden_size % p.tp:
         raise ScenarioError(f"parallelism.tp = {p.tp} does not divide model.ffn_hidden_size = "
                             f"{m.ffn_hidden_size}")
+    if m.sliding_window and m.sliding_window < m.seq_length and t.attention == "unfused":
+        # the unfused path materialises the full s x s scores; windows are a FlashAttention feature
+        raise ScenarioError(f"model.sliding_window = {m.sliding_window} needs training.attention = 'flash' "
+                            f"(the unfused path computes all {m.seq_length} x {m.seq_length} scores)")
     for key in ("moe_ffn_hidden_size", "moe_shared_expert_ffn_hidden_size"):
         if m.is_moe and getattr(m, key) % p.tp:  # expert tensor parallelism = tp (sharding.py)
             raise ScenarioError(f"parallelism.tp = {p.tp} does not divide model.{key} = {getattr(m, key)}")

@@ -58,6 +58,8 @@ def test_default_virtual_stages_rule():
     ({"model": {"hidden_size": -5}}, "model.hidden_size must be positive, got -5"),
     ({"model": {"colour": 1}}, "[model] unknown key(s) ['colour']"),
     ({"model": {"mlp": "relu"}}, "model.mlp must be one of gelu, squared-relu, swiglu, geglu; got 'relu'"),
+    ({"model": {"sliding_window": 512}, "training": {"attention": "unfused"}},
+     "model.sliding_window = 512 needs training.attention = 'flash'"),
     ({"model": {"num_experts": 8, "moe_top_k": 2, "moe_ffn_hidden_size": 1540}},
      "parallelism.tp = 8 does not divide model.moe_ffn_hidden_size = 1540"),
     ({"parallelism": {"tp": "8"}}, "parallelism.tp must be int, got '8'"),
