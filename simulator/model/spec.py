@@ -1,4 +1,5 @@
-"""ModelSpec: what is trained, a decoder-only transformer (GPT or Llama style, dense or MoE).
+"""ModelSpec: what is trained, a decoder-only transformer (GPT or Llama style, dense or MoE with
+shared experts, MHA/GQA or multi-head latent attention).
 
 Parameter counts follow the layer structure exactly; for GPT they reduce to Narayanan et al.
 2021 eq. 2: P = 12·l·h²·(1 + 13/(12h) + (V + s)/(12·l·h)).
