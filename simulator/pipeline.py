@@ -9,12 +9,14 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from .analysis.memory import MemoryReport, memory_report
 from .analysis.metrics import critical_rank, exposed_breakdown, summarize
 from .cost.model import CostModel
+from .cost.siblings import fast_mode_cost
 from .engine.sim import SimResult, simulate_graph
 from .hardware.topology import Topology, build_topology
 from .model.opgraph import build_op_graph
@@ -55,7 +57,13 @@ def simulate(scn: Scenario, full: bool = False) -> RunResult:
         from .cost.calibrated import CalibrationTables
         tables = CalibrationTables.load(scn.cost.tables)
     cost = CostModel(scn, topo, tables)
-    sim = simulate_graph(plan.graph, cost, topo.capacity_Bps, plan.rank_labels, dict(plan.graph.meta))
+    engine_cost = cost
+    if not full:  # the network also carries the sibling groups' copies of the representatives' transfers
+        engine_cost, why = fast_mode_cost(cost, plan.mesh, plan.graph, topo)
+        if engine_cost is None:
+            print(f"notice: simulating every rank (--full): {why}", file=sys.stderr)
+            return simulate(scn, full=True)
+    sim = simulate_graph(plan.graph, engine_cost, topo.capacity_Bps, plan.rank_labels, dict(plan.graph.meta))
     cost.warn_missing()
     trace = sim.trace
     rank = critical_rank(trace)

@@ -125,3 +125,13 @@ def test_dp_all_reduce_slows_a_pp_send_on_the_same_nic():
     assert ends["dp"] > simulate_plan(dp, topo.capacity_Bps)
     busy = net.link_stats()[("nic0.0", "leaf0.0")]
     assert busy[0] == pytest.approx(2 * 3 / 4 * 200e6 + 50e6, rel=1e-9)
+
+
+def test_concurrent_plans_start_together_and_the_run_waits_for_the_last():
+    # the main plan waits 1 s of latency, then sends 20 B on a; its concurrent plan sends 40 B on a at once
+    other = _one(["a"], 40.0)
+    main = CommPlan("test", (CommStep(1.0, (Flow(("a",), 20.0),)),), (other,))
+    ends, _ = _run([(0.0, main)])
+    # 0-1: other alone, 10 B left of 40 -> 30; 1-5: both at 5 B/s, main done (20 B), other 10 left;
+    # 5-6: other alone at 10 B/s
+    assert ends[0] == pytest.approx(6.0)

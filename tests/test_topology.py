@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from simulator.hardware.clusters import CLUSTER_PRESETS
-from simulator.hardware.topology import (IB_EFFICIENCY, NVLINK_EFFICIENCY, PCIE_EFFICIENCY,
+from simulator.hardware.topology import (IB_EFFICIENCY, NVLINK_EFFICIENCY, PCIE_EFFICIENCY, SPINE,
                                          build_topology)
 
 A100 = CLUSTER_PRESETS["dgx-a100-80gb"]
@@ -55,8 +55,15 @@ def test_routes_are_cached_and_deterministic():
     b = build_topology(A100.with_nodes(64))
     assert a.route(5, 300) is a.route(5, 300)
     assert a.route(5, 300) == b.route(5, 300)
-    spines = {a.route(0, d)[3][1] for d in range(21 * 8, 64 * 8, 8)}
-    assert len(spines) > 1  # ECMP spreads flows over the spine planes
+
+
+def test_adaptive_routing_trunks_a_leafs_uplinks():
+    # every flow leaving leaf0.0 shares its one trunk to the spine layer: planes x the port rate
+    a = build_topology(A100.with_nodes(64))
+    ups = {a.route(0, d)[3] for d in range(21 * 8, 64 * 8, 8)}
+    assert ups == {("leaf0.0", SPINE)}
+    assert a.capacity_Bps[("leaf0.0", SPINE)] == pytest.approx(20 * 25e9 * IB_EFFICIENCY)
+    assert a.capacity_Bps[(SPINE, "leaf0.2")] == a.capacity_Bps[("leaf0.0", SPINE)]
 
 
 def test_capacities_are_line_rate_times_link_efficiency():
@@ -77,9 +84,7 @@ def test_oversubscription_removes_leaf_uplinks():
     full = build_topology(A100.with_nodes(4))
     half = build_topology(replace(A100.with_nodes(4), oversubscription=2.0))
     assert full.spine_planes == 20 and half.spine_planes == 10
-    up = [link for link in half.capacity_Bps if link[0] == "leaf0.0"
-          and link[1].startswith("spine")]
-    assert len(up) == 10
+    assert half.capacity_Bps[("leaf0.0", SPINE)] == pytest.approx(full.capacity_Bps[("leaf0.0", SPINE)] / 2)
     assert build_topology(H100.with_nodes(2)).leaf_down_ports == 32  # NDR: 64-port leaves
 
 
@@ -99,9 +104,9 @@ def test_host_route_goes_over_pcie():
 def test_single_node_has_no_fabric_and_large_clusters_build():
     assert not any(u.startswith("leaf") for u, _ in build_topology(A100).capacity_Bps)
     topo = build_topology(H100.with_nodes(256))
-    # per GPU: NVLink, GPU-PCIe, PCIe-host, PCIe-NIC (both ways); per NIC 2; leaf uplinks 2 each
+    # per GPU: NVLink, GPU-PCIe, PCIe-host, PCIe-NIC (both ways); per NIC 2; per leaf one trunk, 2 ways
     leaves = 8 * 256 // 32
-    assert len(topo.capacity_Bps) == 2048 * 8 + 2048 * 2 + leaves * 32 * 2
+    assert len(topo.capacity_Bps) == 2048 * 8 + 2048 * 2 + leaves * 2
     assert topo.graph.number_of_edges() == len(topo.capacity_Bps)
 
 

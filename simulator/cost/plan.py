@@ -33,3 +33,6 @@ class CommStep:
 class CommPlan:
     algorithm: str
     steps: tuple[CommStep, ...]
+    # Plans started together with this one and awaited with it (the representative-rank mode's sibling
+    # copies whose steps do not line up with these); the run ends when the last of them ends.
+    concurrent: tuple["CommPlan", ...] = ()

@@ -54,9 +54,11 @@ class FlowNetwork:
         ends, with the seconds it took (compare with the uncontended time for contention).
 
         A step repeated r times runs once with r x latency and r x bytes: exact alone, and
-        the fluid limit of r identical steps under contention."""
+        the fluid limit of r identical steps under contention. ``plan.concurrent`` plans start with
+        it and the run waits for them too."""
         env = self.env
         begin = env.now
+        others = [env.process(self.run(p)) for p in plan.concurrent]
         for step in plan.steps:
             latency = step.latency_s * step.repeat
             if latency > 0:
@@ -66,6 +68,8 @@ class FlowNetwork:
                 done = env.event()
                 self._start(flows, step.repeat, done)
                 yield done
+        if others:
+            yield env.all_of(others)
         return env.now - begin
 
     def _start(self, flows: list[Flow], repeat: int, done: simpy.Event) -> None:

@@ -7,6 +7,7 @@ efficiency of its link type) and a latency; ``cost/collectives`` routes flows ov
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -46,14 +47,14 @@ HDR_LEAF_PORTS = 40
 NDR_LEAF_PORTS = 64
 NDR_GBPS = 400
 
-
-def _ecmp_hash(src: int, dst: int, buckets: int) -> int:
-    """Deterministic integer hash of a flow's endpoints (as switches hash flow headers)."""
-    h = (src * 0x9E3779B1 + dst * 0x85EBCA77 + 0x165667B1) & 0xFFFFFFFF
-    h ^= h >> 15
-    h = (h * 0x2C1B3C6D) & 0xFFFFFFFF
-    h ^= h >> 12
-    return h % buckets
+# The spine layer under adaptive routing. InfiniBand switches pick, per packet, the least loaded of
+# the uplinks that lead to the destination (NVIDIA, "InfiniBand Cluster Bring-up Procedure":
+# adaptive routing is enabled by default in opensm.conf, TREE algorithm for fat trees), and NCCL
+# uses adaptive-routing-capable transfers on InfiniBand by default (NCCL 2.6.4 release notes;
+# NCCL_IB_ADAPTIVE_ROUTING, default 1 on IB). In the fluid limit a leaf's uplinks then act as one
+# trunk of ``spine_planes`` x the port rate in each direction, shared max-min by every flow that
+# leaves (or enters) the leaf, instead of one statically hashed plane per flow.
+SPINE = "spine"
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -64,7 +65,7 @@ class Topology:
     capacity_Bps: dict  # LinkId -> application-level bytes/s in the link's direction
     latency_s: dict  # LinkId -> seconds
     leaf_down_ports: int = 0  # NIC-facing ports per leaf switch
-    spine_planes: int = 0  # uplinks per leaf, one to each spine plane (ECMP choices)
+    spine_planes: int = 0  # uplinks per leaf, one to each spine plane, trunked by adaptive routing
     _routes: dict = field(default_factory=dict, repr=False)
     # Scratch space for values derived from this topology by the layers above (collective plans
     # and times), so they live and die with it instead of in a global cache.
@@ -131,28 +132,22 @@ class Topology:
             ld = self.leaf_name(b, self.rail_of(dst_rank))
             hops = [(gs, ps), (ps, ns), (ns, ls)]
             if ls != ld:
-                spine = f"spine{self._spine_plane(src_rank, dst_rank)}"
-                hops += [(ls, spine), (spine, ld)]
+                hops += [(ls, SPINE), (SPINE, ld)]
             hops += [(ld, nd), (nd, pd), (pd, gd)]
             links = tuple(hops)
         self._routes[key] = links
         return links
 
     def translation_period_ranks(self) -> int:
-        """Ranks in one scalable unit (the nodes under one leaf per rail) when shifting a group by a
-        whole number of units maps the fabric onto itself, routes and ECMP choices included; 0 when
-        no such symmetry holds (fat tree). Collective costs are memoised per unit-shifted group."""
-        if self.cluster.topology != "rail-optimized" or self.leaf_down_ports <= 0:
+        """Ranks in the smallest block of whole nodes whose NICs fill whole leaves: shifting a group by
+        a multiple of it maps its links onto links of the same capacities (every leaf trunk is alike),
+        so collective costs are memoised per shifted group; 0 when there are no leaves."""
+        c = self.cluster
+        if self.leaf_down_ports <= 0:
             return 0
-        return self.leaf_down_ports * self.cluster.gpus_per_node
-
-    def _spine_plane(self, src_rank: int, dst_rank: int) -> int:
-        """ECMP choice: a hash of the endpoints' positions inside their scalable units and of the
-        units' distance, so a flow and its copy shifted by whole units take the same plane."""
-        period = self.translation_period_ranks() or self.cluster.num_gpus
-        s_unit, s_pos = divmod(src_rank, period)
-        d_unit, d_pos = divmod(dst_rank, period)
-        return _ecmp_hash(s_pos, d_pos * 4099 + (d_unit - s_unit), self.spine_planes)
+        if c.topology == "rail-optimized":
+            return self.leaf_down_ports * c.gpus_per_node
+        return self.leaf_down_ports // math.gcd(self.leaf_down_ports, c.nics_per_node) * c.gpus_per_node
 
     def host_route(self, rank: int, to_host: bool = True) -> tuple[LinkId, ...]:
         """GPU <-> host memory over PCIe (ZeRO-Offload traffic), through the GPU's PCIe switch."""
@@ -226,8 +221,8 @@ def build_topology(cluster: ClusterSpec) -> Topology:
                 leaves.add(leaf)
                 add(f"nic{node}.{rail}", leaf, nic, "nic")
         if len(leaves) > 1:
-            # Each leaf has `planes` uplinks at the NIC port rate; oversubscription = down / up.
+            # Each leaf has `planes` uplinks at the NIC port rate (oversubscription = down / up),
+            # trunked by adaptive routing (SPINE).
             for leaf in sorted(leaves):
-                for p in range(planes):
-                    add(leaf, f"spine{p}", nic, "leaf-spine")
+                add(leaf, SPINE, nic * planes, "leaf-spine")
     return topo

@@ -1,0 +1,171 @@
+"""Sibling traffic of the representative-rank ("fast") mode: the flows of every concurrent copy of a collective.
+
+The fast mode lowers one rank per pipeline stage (``DeviceMesh.representative``). Each of its collectives
+has siblings: the same collective run at the same time by the other TP/CP/DP/EP groups of the stage
+(DESIGN.md §5: symmetry is exploited, never assumed silently). Their flows cross the NICs, leaf uplinks
+and spine links that the representative's flows cross, so ``SiblingCost`` gives the engine a plan that
+carries every sibling's flows too: the representative's transfer ends when the last sibling's does, as
+the slowest group sets the pace of a symmetric step. Sibling flows are explicit, never folded into
+weights, because ECMP hashing and leaves that split a node's rails make sibling routes unequal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..hardware.topology import SPINE, Topology
+from ..strategy.mesh import DeviceMesh
+from ..tasks import Collective, Task, TaskGraph
+from .collectives import plan_collective
+from .plan import CommPlan, CommStep
+
+# Mesh axes whose groups partition each stage's ranks (strategy/mesh.py DeviceMesh.group).
+MESH_AXES = ("tp", "cp", "dp", "dp_cp", "ep", "edp", "pp")
+
+
+def _stage_ranks(mesh: DeviceMesh, stage: int) -> range:
+    per_stage = mesh.dp * mesh.cp * mesh.tp
+    return range(stage * per_stage, (stage + 1) * per_stage)
+
+
+def _mesh_axis(mesh: DeviceMesh, group: tuple[int, ...]) -> str | None:
+    """The mesh axis whose group through ``group[0]`` holds exactly these ranks, if any."""
+    members = set(group)
+    for axis in MESH_AXES:
+        g = mesh.group(axis, group[0])
+        if len(g) == len(members) and set(g) == members:
+            return axis
+    return None
+
+
+def _translated(mesh: DeviceMesh, group: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Images of ``group`` under every shift of the (dp, cp, tp) coordinates, pipeline stage kept:
+    a send/recv pair or a tied-embedding pair of one stage maps onto its copy in every replica."""
+    coords = [mesh.coords(r) for r in group]
+    out = []
+    for d in range(mesh.dp):
+        for c in range(mesh.cp):
+            for t in range(mesh.tp):
+                out.append(tuple(mesh.rank(p, (dd + d) % mesh.dp, (cc + c) % mesh.cp, (tt + t) % mesh.tp)
+                                 for p, dd, cc, tt in coords))
+    return out
+
+
+def sibling_groups(mesh: DeviceMesh, group: tuple[int, ...], op: str) -> tuple[tuple[int, ...], ...]:
+    """Every distinct group that runs this collective concurrently with ``group`` (which comes first):
+    for a collective over a mesh axis, the axis groups of the other ranks of the stage; for a send/recv
+    (direction matters) or any other group, its copies in every (dp, cp, tp) replica. Raises when a
+    collective's copies overlap without being equal (then they are not a symmetric set)."""
+    axis = None if op == "send_recv" else _mesh_axis(mesh, group)
+    if axis is not None:
+        stage = 0 if axis == "pp" else mesh.stage_of(group[0])
+        candidates = [mesh.group(axis, r) for r in _stage_ranks(mesh, stage)]
+    else:
+        candidates = _translated(mesh, group)
+    ordered = op == "send_recv"
+    seen = {tuple(group) if ordered else frozenset(group)}
+    out = [tuple(group)]
+    used = set(group)
+    for g in candidates:
+        key = g if ordered else frozenset(g)
+        if key in seen:
+            continue
+        if not ordered and used & key:
+            raise ValueError(f"sibling groups of {group[:4]}... overlap: the collective has no symmetric copies")
+        seen.add(key)
+        used |= set(g)
+        out.append(g)
+    return tuple(out)
+
+
+def _signature(plan: CommPlan) -> tuple:
+    return tuple((s.latency_s, s.repeat) for s in plan.steps)
+
+
+def merge_plans(plans: list[CommPlan]) -> CommPlan:
+    """One plan running ``plans`` together: step k carries every plan's step-k flows when their steps
+    line up (same latencies and repeats, the usual case: the tuner picks one algorithm for all copies),
+    else the plans run side by side as concurrent sub-plans (``CommPlan.concurrent``)."""
+    first = plans[0]
+    live = [p for p in plans if p.steps]
+    if not live:
+        return first
+    sig = _signature(live[0])
+    if all(_signature(p) == sig for p in live[1:]):
+        steps = tuple(CommStep(s.latency_s, tuple(f for p in live for f in p.steps[k].flows), s.repeat)
+                      for k, s in enumerate(live[0].steps))
+        return CommPlan(first.algorithm, steps)
+    return CommPlan(first.algorithm, first.steps, tuple(p for p in plans[1:] if p.steps))
+
+
+def shared_binding_links(topo: Topology) -> str:
+    """Why a link that carries several GPUs' traffic can limit a flow, or '' when none can: then each
+    GPU's transfers only meet their own group's and the representative alone is exact. Such links are
+    a NIC serving several GPUs and a leaf trunk narrower than the NICs under it (oversubscription)."""
+    c = topo.cluster
+    if c.nics_per_node < c.gpus_per_node:
+        return f"{c.gpus_per_node // c.nics_per_node} GPUs share each NIC"
+    nic_Bps: dict = {}
+    for (u, v), cap in topo.capacity_Bps.items():
+        if u.startswith("nic") and v.startswith("leaf"):
+            nic_Bps[v] = nic_Bps.get(v, 0.0) + cap
+    for leaf, total in nic_Bps.items():
+        trunk = topo.capacity_Bps.get((leaf, SPINE))
+        if trunk is not None and trunk < total * (1 - 1e-9):
+            return f"leaf uplinks oversubscribed {c.oversubscription:g}:1"
+    return ""
+
+
+def fast_mode_cost(cost, mesh: DeviceMesh, graph: TaskGraph, topo: Topology) -> tuple[object | None, str]:
+    """(TaskCost, '') for the representative-rank mode: ``cost`` itself when no shared link can bind,
+    else a SiblingCost; (None, why) when some transfer has no symmetric set of copies: then only the
+    full mode is exact and the caller falls back to it."""
+    if not shared_binding_links(topo):
+        return cost, ""
+    sc = SiblingCost(cost, mesh, topo)
+    try:
+        for t in graph.tasks:
+            if t.kind == "comm" and cost.duration_s(t) is None:
+                sc.comm_plan(t)
+    except ValueError as err:
+        return None, str(err)
+    return sc, ""
+
+
+class SiblingCost:
+    """A TaskCost (``engine/sim``) for the fast mode: ``cost``'s static durations, and network plans
+    that carry the flows of every sibling group of the representative's transfers."""
+
+    def __init__(self, cost, mesh: DeviceMesh, topo: Topology) -> None:
+        self.cost, self.mesh, self.topo = cost, mesh, topo
+        self.algorithms = dict(getattr(cost, "algorithms", {}))
+        self._plans: dict = {}  # id(Collective) -> (Collective, merged plan)
+
+    def duration_s(self, task: Task) -> float | None:
+        return self.cost.duration_s(task)
+
+    def isolated_s(self, task: Task) -> float:
+        return self.cost.isolated_s(task)
+
+    def comm_plan(self, task: Task) -> CommPlan:
+        c = task.comm
+        hit = self._plans.get(id(c))
+        if hit is None:
+            hit = self._plans[id(c)] = (c, self._build(task))
+        return hit[1]
+
+    def _build(self, task: Task) -> CommPlan:
+        c = task.comm
+        if c.axis == "host":
+            siblings = [(r,) for r in _stage_ranks(self.mesh, self.mesh.stage_of(c.group[0]))]
+            own = self.cost.comm_plan(task)
+            others = [self.cost.comm_plan(_with_group(task, g)) for g in siblings if g != c.group]
+            return merge_plans([own] + others)
+        alg = self.algorithms.get(c.op)
+        plans = [plan_collective(Collective(c.op, c.size_bytes, g, c.axis), self.topo, alg)
+                 for g in sibling_groups(self.mesh, c.group, c.op)]
+        return merge_plans(plans)
+
+
+def _with_group(task: Task, group: tuple[int, ...]) -> Task:
+    return replace(task, comm=Collective(task.comm.op, task.comm.size_bytes, group, task.comm.axis))
