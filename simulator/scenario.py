@@ -7,6 +7,7 @@ whose message names the key and the numbers; the CLI prints it on one line and e
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -179,6 +180,8 @@ def _typed(section: str, key: str, value, kind: type):
         return float(value)
     if kind is int and isinstance(value, bool) or not isinstance(value, kind):
         raise ScenarioError(f"{section}.{key} must be {kind.__name__}, got {value!r}")
+    if kind is float and not math.isfinite(value):  # TOML accepts nan and inf
+        raise ScenarioError(f"{section}.{key} must be a finite number, got {value!r}")
     return value
 
 

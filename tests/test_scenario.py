@@ -125,3 +125,12 @@ def test_hf_config_needs_the_training_sequence_length():
     scn = scenario_from_dict(raw, base_dir=data)
     assert scn.model.seq_length == 8192 and scn.model.name == "Llama-3.1-8B"
     assert scn.model.num_params() == 8_030_261_248
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_non_finite_numbers_are_refused_by_name(tmp_path, value):
+    f = tmp_path / "s.toml"
+    f.write_text('[model]\npreset = "gpt3-1.3b"\n[cluster]\npreset = "dgx-a100-80gb"\nnum_nodes = 1\n'
+                 f'nic_bandwidth_Gbps = {value}\n[training]\nglobal_batch_size = 8\n')
+    with pytest.raises(ScenarioError, match="cluster.nic_bandwidth_Gbps must be a finite number"):
+        load_scenario(f)
