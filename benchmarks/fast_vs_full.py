@@ -82,7 +82,7 @@ def main() -> None:
         print(json.dumps(rows))
         return
     print(f"{'case':<36} {'GPUs':>5} {'fast s':>9} {'full s':>9} {'diff':>9} {'fast wall':>9} {'full wall':>9}"
-          "  sibling flows charged because")
+          "  shared links that can bind")
     for r in rows:
         print(f"{r['case']:<36} {r['gpus']:>5} {r['fast_s']:>9.5f} {r['full_s']:>9.5f} {r['diff']:>+9.4%} "
               f"{r['fast_wall_s']:>8.2f}s {r['full_wall_s']:>8.2f}s  {r['siblings']}")

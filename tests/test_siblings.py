@@ -119,12 +119,16 @@ def test_a_collective_without_symmetric_copies_falls_back_to_full():
     topo = build_topology(scn(ONE_GPU_NODES, {"tp": 2, "pp": 1, "dp": 20}, 20).cluster)
     mesh = DeviceMesh(pp=1, dp=20, cp=1, tp=2)
     b = TaskGraphBuilder()
-    b.add("odd", "comm", 0, "comm_dp", "comm_dp", (), comm=Collective("all_reduce", 1e6, (0, 1, 2), "dp"))
+    # ranks 0, 1 under leaf0 and 25 under leaf1: its copy shifted by one TP rank, (1, 0, 24), overlaps it
+    b.add("odd", "comm", 0, "comm_dp", "comm_dp", (), comm=Collective("all_reduce", 1e6, (0, 1, 25), "dp"))
     graph = b.build((0,), False, {})
 
     class Net:
         def duration_s(self, task):
             return None
+
+        def comm_plan(self, task):
+            return plan_collective(task.comm, topo)
 
     cost, why = fast_mode_cost(Net(), mesh, graph, topo)
     assert cost is None and "overlap" in why

@@ -11,8 +11,6 @@ weights, because ECMP hashing and leaves that split a node's rails make sibling 
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from ..hardware.topology import SPINE, Topology
 from ..strategy.mesh import DeviceMesh
 from ..tasks import Collective, Task, TaskGraph
@@ -83,28 +81,32 @@ def _signature(plan: CommPlan) -> tuple:
 
 
 def merge_plans(plans: list[CommPlan]) -> CommPlan:
-    """One plan running ``plans`` together: step k carries every plan's step-k flows when their steps
-    line up (same latencies and repeats, the usual case: the tuner picks one algorithm for all copies),
-    else the plans run side by side as concurrent sub-plans (``CommPlan.concurrent``)."""
+    """One plan running ``plans`` together (the first is the representative's): step k carries every
+    plan's step-k flows when their steps line up (same latencies and repeats, the usual case: the
+    tuner picks one algorithm for all copies), else the others run beside it as concurrent sub-plans
+    (``CommPlan.concurrent``). Plans without flows add nothing and are dropped."""
     first = plans[0]
-    live = [p for p in plans if p.steps]
-    if not live:
+    others = [p for p in plans[1:] if p.concurrent or any(s.flows for s in p.steps)]
+    if not others:
         return first
-    sig = _signature(live[0])
-    if all(_signature(p) == sig for p in live[1:]):
-        steps = tuple(CommStep(s.latency_s, tuple(f for p in live for f in p.steps[k].flows), s.repeat)
-                      for k, s in enumerate(live[0].steps))
-        return CommPlan(first.algorithm, steps)
-    return CommPlan(first.algorithm, first.steps, tuple(p for p in plans[1:] if p.steps))
+    sig = _signature(first)
+    if all(_signature(p) == sig and not p.concurrent for p in others):
+        steps = tuple(CommStep(s.latency_s, s.flows + tuple(f for p in others for f in p.steps[k].flows), s.repeat)
+                      for k, s in enumerate(first.steps))
+        return CommPlan(first.algorithm, steps, first.concurrent)
+    return CommPlan(first.algorithm, first.steps, first.concurrent + tuple(others))
 
 
-def shared_binding_links(topo: Topology) -> str:
-    """Why a link that carries several GPUs' traffic can limit a flow, or '' when none can: then each
-    GPU's transfers only meet their own group's and the representative alone is exact. Such links are
-    a NIC serving several GPUs and a leaf trunk narrower than the NICs under it (oversubscription)."""
+def _shared_links(topo: Topology) -> tuple[set, str]:
+    """The links that carry several GPUs' traffic and can limit a flow, and why ('' when none can):
+    the links of a NIC serving several GPUs, and the trunks of a leaf whose uplinks are narrower than
+    the NICs under it (oversubscription)."""
     c = topo.cluster
+    links: set = set()
+    reasons = []
     if c.nics_per_node < c.gpus_per_node:
-        return f"{c.gpus_per_node // c.nics_per_node} GPUs share each NIC"
+        links |= {k for k in topo.capacity_Bps if k[0].startswith("nic") or k[1].startswith("nic")}
+        reasons.append(f"{c.gpus_per_node // c.nics_per_node} GPUs share each NIC")
     nic_Bps: dict = {}
     for (u, v), cap in topo.capacity_Bps.items():
         if u.startswith("nic") and v.startswith("leaf"):
@@ -112,32 +114,59 @@ def shared_binding_links(topo: Topology) -> str:
     for leaf, total in nic_Bps.items():
         trunk = topo.capacity_Bps.get((leaf, SPINE))
         if trunk is not None and trunk < total * (1 - 1e-9):
-            return f"leaf uplinks oversubscribed {c.oversubscription:g}:1"
-    return ""
+            links |= {(leaf, SPINE), (SPINE, leaf)}
+    if any(k[0] == SPINE for k in links):
+        reasons.append(f"leaf uplinks oversubscribed {c.oversubscription:g}:1")
+    return links, ", ".join(reasons)
+
+
+def shared_binding_links(topo: Topology) -> str:
+    """Why a link that carries several GPUs' traffic can limit a flow, or '' when none can: then each
+    GPU's transfers only meet their own groups' and the representative alone is exact."""
+    return _shared_links(topo)[1]
 
 
 def fast_mode_cost(cost, mesh: DeviceMesh, graph: TaskGraph, topo: Topology) -> tuple[object | None, str]:
-    """(TaskCost, '') for the representative-rank mode: ``cost`` itself when no shared link can bind,
-    else a SiblingCost; (None, why) when some transfer has no symmetric set of copies: then only the
-    full mode is exact and the caller falls back to it."""
-    if not shared_binding_links(topo):
+    """(TaskCost, '') for the representative-rank mode: ``cost`` itself when none of the
+    representatives' flows crosses a shared link that can bind, else a SiblingCost charging the
+    sibling flows that cross such links; (None, why) when some transfer has no symmetric set of
+    copies: then only the full mode is exact and the caller falls back to it."""
+    shared, _ = _shared_links(topo)
+    if not shared:
         return cost, ""
-    sc = SiblingCost(cost, mesh, topo)
+    network = [t for t in graph.tasks if t.kind == "comm" and cost.duration_s(t) is None]
+    contact = set()
+    for t in network:
+        for step in cost.comm_plan(t).steps:
+            for f in step.flows:
+                contact.update(link for link in f.links if link in shared)
+    if not contact:
+        return cost, ""
+    sc = SiblingCost(cost, mesh, topo, frozenset(contact))
     try:
-        for t in graph.tasks:
-            if t.kind == "comm" and cost.duration_s(t) is None:
-                sc.comm_plan(t)
+        for t in network:
+            sc.comm_plan(t)
     except ValueError as err:
         return None, str(err)
     return sc, ""
 
 
+def _touching(plan: CommPlan, links: frozenset) -> CommPlan:
+    """``plan`` with only the flows that cross one of ``links`` (latencies kept)."""
+    steps = tuple(CommStep(s.latency_s, tuple(f for f in s.flows if not links.isdisjoint(f.links)), s.repeat)
+                  for s in plan.steps)
+    return CommPlan(plan.algorithm, steps, tuple(_touching(p, links) for p in plan.concurrent))
+
+
 class SiblingCost:
     """A TaskCost (``engine/sim``) for the fast mode: ``cost``'s static durations, and network plans
-    that carry the flows of every sibling group of the representative's transfers."""
+    that carry, besides the representative's flows, every sibling group's flows that cross one of the
+    ``contact`` links (shared links that can bind and that the representatives' own flows cross).
+    A sibling flow elsewhere meets only its own GPUs' traffic, the mirror image of the
+    representative's, and is left out: it would change no time."""
 
-    def __init__(self, cost, mesh: DeviceMesh, topo: Topology) -> None:
-        self.cost, self.mesh, self.topo = cost, mesh, topo
+    def __init__(self, cost, mesh: DeviceMesh, topo: Topology, contact: frozenset) -> None:
+        self.cost, self.mesh, self.topo, self.contact = cost, mesh, topo, contact
         self.algorithms = dict(getattr(cost, "algorithms", {}))
         self._plans: dict = {}  # id(Collective) -> (Collective, merged plan)
 
@@ -156,16 +185,10 @@ class SiblingCost:
 
     def _build(self, task: Task) -> CommPlan:
         c = task.comm
-        if c.axis == "host":
-            siblings = [(r,) for r in _stage_ranks(self.mesh, self.mesh.stage_of(c.group[0]))]
-            own = self.cost.comm_plan(task)
-            others = [self.cost.comm_plan(_with_group(task, g)) for g in siblings if g != c.group]
-            return merge_plans([own] + others)
+        own = self.cost.comm_plan(task)
+        if c.axis == "host":  # GPU <-> host copies cross only the GPU's own PCIe links
+            return own
         alg = self.algorithms.get(c.op)
-        plans = [plan_collective(Collective(c.op, c.size_bytes, g, c.axis), self.topo, alg)
-                 for g in sibling_groups(self.mesh, c.group, c.op)]
-        return merge_plans(plans)
-
-
-def _with_group(task: Task, group: tuple[int, ...]) -> Task:
-    return replace(task, comm=Collective(task.comm.op, task.comm.size_bytes, group, task.comm.axis))
+        others = [_touching(plan_collective(Collective(c.op, c.size_bytes, g, c.axis), self.topo, alg), self.contact)
+                  for g in sibling_groups(self.mesh, c.group, c.op)[1:]]
+        return merge_plans([own] + others)
