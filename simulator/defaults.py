@@ -60,3 +60,16 @@ def default_grad_dtype(zero_stage: int, dtype: str) -> str:
     if zero_stage < 2:
         return "fp32"
     return "bf16" if dtype == "fp8" else dtype  # FP8 training (TE) produces BF16 weight gradients
+
+
+def default_sharding(zero_stage: int) -> str:
+    """The framework whose ZeRO implementation a ``zero_stage`` means when ``parallelism.sharding`` is
+    not given (``strategy/zero_impl``).
+
+    Stage 0/1: Megatron-core's DDP and distributed optimizer (the simulator's Megatron-LM baseline).
+    Stage 2: DeepSpeed, the framework that defines ZeRO-2 (gradients partitioned as produced,
+    reduce_bucket_size buckets); Megatron-core has no stage 2. Stage 3: PyTorch FSDP2
+    (``fully_shard``), PyTorch's current sharded data parallelism (torchtitan's default) and the
+    idealised ZeRO-3 of Rajbhandari et al. 2020: one all-gather per block and pass, one-block prefetch.
+    """
+    return "megatron-distopt" if zero_stage <= 1 else "deepspeed" if zero_stage == 2 else "fsdp2"

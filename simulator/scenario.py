@@ -17,7 +17,7 @@ from .hardware.gpus import GPU_PRESETS
 from .model.presets import MODEL_PRESETS
 from .model.spec import MLP_KINDS, ModelSpec
 from .units import DTYPE_BYTES, GB, gbit_per_s_to_bytes_per_s
-from .defaults import default_grad_dtype, default_virtual_stages, split_layers
+from .defaults import default_grad_dtype, default_sharding, default_virtual_stages, split_layers
 from .scenario_checks import ScenarioError, validate
 
 SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
@@ -42,6 +42,8 @@ class ParallelSpec:
     overlap_param_gather: bool = True  # distributed optimizer / ZeRO all-gather overlapped with forward
     offload_optimizer: bool = False
     cp_algorithm: str = "ring"  # "ring" (ring attention P2P) | "all-gather" (Llama 3's K/V all-gather)
+    sharding: str = ""  # "megatron-distopt" | "deepspeed" | "fsdp1" | "fsdp2"; "" -> defaults.default_sharding
+    shard_group_size: int = 0  # HSDP: FSDP shards inside groups of this many DP ranks, replicates across; 0 = all
     tp_comm_overlap: bool = False  # SP all-gather / reduce-scatter chunked and overlapped with their GEMMs
     layers_per_stage: tuple[int, ...] = ()
 
@@ -330,6 +332,8 @@ def _parallel(table: dict, model: ModelSpec, cluster: ClusterSpec, training: Tra
         vals["dp"] = cluster.num_gpus // (tp * pp * cp)
     if vals.get("schedule") == "interleaved-1f1b" and "virtual_stages" not in vals and vals.get("pp", 1) > 1:
         vals["virtual_stages"] = default_virtual_stages(model.num_layers, vals["pp"])
+    if not vals.get("sharding"):
+        vals["sharding"] = default_sharding(vals.get("zero_stage", 0))
     par = ParallelSpec(**vals)
     if par.tp_comm_overlap and par.tp > 1 and not par.sequence_parallel:
         # Megatron-LM arguments.py: "Tensor parallel communication/GEMM overlap can happen only when

@@ -61,6 +61,7 @@ def validate(scn) -> None:  # scn: scenario.Scenario (duck-typed to keep this mo
         raise ScenarioError(f"parallelism.recompute {p.recompute!r} is unknown; known: {', '.join(_RECOMPUTE)}")
     if p.cp_algorithm not in ("ring", "all-gather"):
         raise ScenarioError(f"parallelism.cp_algorithm must be 'ring' or 'all-gather', got {p.cp_algorithm!r}")
+    _check_sharding(p)
     if p.offload_optimizer and p.zero_stage == 0:
         raise ScenarioError("parallelism.offload_optimizer needs zero_stage >= 1 (ZeRO-Offload shards the "
                             "optimizer state), got zero_stage = 0")
@@ -85,3 +86,31 @@ def validate(scn) -> None:  # scn: scenario.Scenario (duck-typed to keep this mo
                             f"'interleaved-1f1b', got {p.schedule!r}")
     if p.schedule != "gpipe" and p.pp > 1 and m_count < 1:
         raise ScenarioError(f"no micro-batches: global_batch_size {t.global_batch_size} < micro_batch_size*dp")
+
+
+_SHARDING = ("megatron-distopt", "deepspeed", "fsdp1", "fsdp2")  # strategy/zero_impl.IMPLEMENTATIONS
+
+
+def _check_sharding(p) -> None:
+    """The implementation must run the stage: Megatron-core's distributed optimizer is ZeRO-1, FSDP
+    shards gradients (SHARD_GRAD_OP = 2) or everything (FULL_SHARD = 3); HSDP is FSDP's."""
+    if p.sharding not in _SHARDING:
+        raise ScenarioError(f"parallelism.sharding {p.sharding!r} is unknown; known: {', '.join(_SHARDING)}")
+    if p.sharding == "megatron-distopt" and p.zero_stage > 1:
+        raise ScenarioError(f"parallelism.sharding = 'megatron-distopt' runs zero_stage 0 or 1, got "
+                            f"zero_stage = {p.zero_stage}")
+    if p.sharding in ("fsdp1", "fsdp2") and p.zero_stage not in (2, 3):
+        raise ScenarioError(f"parallelism.sharding = {p.sharding!r} needs zero_stage 2 (SHARD_GRAD_OP) or 3 "
+                            f"(FULL_SHARD), got zero_stage = {p.zero_stage}")
+    if p.shard_group_size < 0:
+        raise ScenarioError(f"parallelism.shard_group_size must be >= 0, got {p.shard_group_size}")
+    if p.shard_group_size:
+        n = p.dp * p.cp
+        if p.sharding not in ("fsdp1", "fsdp2"):
+            raise ScenarioError(f"parallelism.shard_group_size (HSDP) needs sharding fsdp1 or fsdp2, got "
+                                f"{p.sharding!r}")
+        if n % p.shard_group_size:
+            raise ScenarioError(f"parallelism.shard_group_size = {p.shard_group_size} does not divide dp*cp = "
+                                f"{p.dp}*{p.cp} = {n}")
+        if p.ep > 1:
+            raise ScenarioError(f"parallelism.shard_group_size (HSDP) with ep = {p.ep} is not modelled")

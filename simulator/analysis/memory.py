@@ -238,7 +238,7 @@ def memory_report(scn, stage_params: dict, trace: Trace) -> MemoryReport:
     by_rank: dict[int, list[TraceEvent]] = {}
     for e in trace.events:
         by_rank.setdefault(e.rank, []).append(e)
-    dense_dp = par.dp * par.cp
+    dense_dp = par.shard_group_size or par.dp * par.cp  # HSDP shards inside its shard group
     expert_dp = max(1, dense_dp // par.ep)
     per_rank, timeline, act_timeline, detail = {}, {}, {}, {}
     for rank, counts in stage_params.items():

@@ -30,7 +30,8 @@ from ..strategy.mesh import DeviceMesh
 from ..strategy.layer_emit import overlap_site
 from ..strategy.lower import chunk_sizes
 from ..strategy.schedules import schedule_actions, splits_backward
-from ..strategy.sharding import grad_accumulation_bytes_per_param
+from ..strategy.sharding import grad_accumulation_bytes_per_param, linear_params, params_per_rank
+from ..strategy.zero_impl import FSDP, chunk_fetches, hsdp_groups, submodule_params
 from ..tasks import Collective, Task
 from ..units import DTYPE_BYTES
 
@@ -309,8 +310,9 @@ def _phase_times(scn, cache: EstimateCache) -> dict:
 def _dp_stream_s(scn, cache: EstimateCache, stage: int) -> float:
     """The busier of the rank's two data-parallel streams, each serial (grad_sync): gradient
     reduction once (ZeRO-0/1) or per micro-batch (ZeRO-2), the distributed optimizer's parameter
-    all-gather (ZeRO-1/2); ZeRO-3's two all-gathers per micro-batch (forward, backward) and one
-    reduce-scatter per micro-batch on its own stream. Dense parameters only, each stream's traffic as
+    all-gather (ZeRO-1/2); ZeRO-3's / FSDP's per-unit all-gathers of every micro-batch as the framework
+    issues them (``zero_impl.chunk_fetches``) and one reduce-scatter per micro-batch on its own stream,
+    over the HSDP shard group. Dense parameters only, each stream's traffic as
     one collective of its total size (never slower than the buckets or units it is cut into)."""
     par, tr = scn.parallel, scn.training
     if par.dp * par.cp == 1:
@@ -323,9 +325,33 @@ def _dp_stream_s(scn, cache: EstimateCache, stage: int) -> float:
     coll = lambda op, size: cache.collective_s(scn, op, size, group)  # noqa: E731
     if par.zero_stage == 0:
         return coll("all_reduce", grads)
-    if par.zero_stage in (1, 2):
-        return coll("reduce_scatter", grads * (m if par.zero_stage == 2 else 1)) + coll("all_gather", weights)
-    return max(coll("all_gather", 2 * m * weights), coll("reduce_scatter", m * grads))
+    shard = hsdp_groups(group, group[0], par.shard_group_size)[0]
+    if par.zero_stage == 3 or (par.zero_stage == 2 and par.sharding in FSDP):
+        gathered = m * _gathered_params(scn, stage) * tr.dtype_bytes
+        return max(cache.collective_s(scn, "all_gather", gathered, shard),
+                   cache.collective_s(scn, "reduce_scatter", m * grads, shard))
+    return coll("reduce_scatter", grads * (m if par.zero_stage == 2 else 1)) + coll("all_gather", weights)
+
+
+def _gathered_params(scn, stage: int) -> float:
+    """Dense parameters a rank of ``stage`` all-gathers per micro-batch: every pass's fetches of every
+    chunk it holds, by the framework's rule (``zero_impl.chunk_fetches``, as the lowering issues them)."""
+    par, tp, ep = scn.parallel, scn.parallel.tp, scn.parallel.ep
+    graph = build_op_graph(scn.model, scn.training.micro_batch_size, scn.training.dtype)
+    layer = params_per_rank(graph, tp, ep, 1, False, False)["dense"]
+    embed = params_per_rank(graph, tp, ep, 0, True, False)["dense"]
+    head = (params_per_rank(graph, tp, ep, 0, True, True)["dense"] - embed if par.pp == 1
+            else params_per_rank(graph, tp, ep, 0, False, True)["dense"])
+    subs = submodule_params(linear_params(graph, tp, ep))
+    sizes = chunk_sizes(par.layers_per_stage, _schedule(scn)[1])
+    total = 0.0
+    for vs in range(stage, len(sizes), par.pp):
+        units = (["embed"] if vs == 0 else []) + [str(i) for i in range(sizes[vs])] + (
+            ["head"] if vs == len(sizes) - 1 else [])
+        dense = [embed if u == "embed" else head if u == "head" else layer for u in units]
+        fetches = chunk_fetches(par.sharding, par.zero_stage, par.recompute, units, dense, subs)
+        total += sum(f.params for v in fetches.values() for f in v)
+    return total
 
 
 def _pp_stream_s(scn, cache: EstimateCache, rank: int, prof: RankProfile) -> float:

@@ -9,9 +9,10 @@
   backward reduce-scatters its buckets (DeepSpeed engine.backward calls
   overlapping_partition_gradients_reduce_epilogue on every micro-step, stage 1 only at the
   gradient-accumulation boundary).
-- ZeRO-3 / FSDP: one all-gather of a unit's (layer's, embedding's, head's) parameters before each
-  forward and backward use and one reduce-scatter of its gradients per micro-batch (``lower`` places
-  them, prefetching one unit ahead).
+- ZeRO-3 / FSDP: all-gathers of a unit's (layer's, embedding's, head's) parameters before its uses,
+  as the framework issues them (``zero_impl``; ``lower`` places them, prefetching one unit ahead),
+  gradients reduce-scattered per unit and micro-batch (FSDP) or in reduce_bucket_size buckets
+  (DeepSpeed); HSDP all-reduces the reduced shards across replicas.
 - ZeRO-Offload (Ren et al. 2021 §4.2): each reduced gradient shard is copied to the host over PCIe
   as soon as it is reduced, Adam runs on the CPU, the updated 16-bit shard comes back over PCIe.
 Expert parameters are reduced and gathered over the expert-data-parallel group (dp·cp/ep ranks).
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 from ..tasks import OpWork
 from .context import COMPUTE, LowerCtx
+from .zero_impl import FSDP2_COPY_PASSES, hsdp_groups
 
 # Megatron-core DistributedDataParallelConfig: bucket_size = max(40M, 1M x dp) parameters.
 BUCKET_MIN_PARAMS = 40_000_000
@@ -69,8 +71,10 @@ def _to_host(ctx: LowerCtx, rank: int, name: str, params: float, group_size: int
     return ctx.comm(rank, STREAM_OFFLOAD, name, "d2h", size, (rank,), "host", "offload", (dep,))
 
 
-def reduce_gradients(ctx: LowerCtx, rank: int, ready: list[Ready], end_dep: int, tag: str = "") -> list[int]:
-    """Bucketed gradient reduction (with its offload copies); returns the tasks the step waits for."""
+def reduce_gradients(ctx: LowerCtx, rank: int, ready: list[Ready], end_dep: int, tag: str = "",
+                     stream: str = STREAM_DP) -> list[int]:
+    """Bucketed gradient reduction (with its offload copies) on ``stream``; returns the tasks the step
+    waits for. DeepSpeed ZeRO-3 reduces on its own reduction stream (stage3.py reduction_stream)."""
     par = ctx.par
     gbytes = ctx.scn.training.grad_dtype_bytes
     op = "all_reduce" if par.zero_stage == 0 else "reduce_scatter"
@@ -79,7 +83,7 @@ def reduce_gradients(ctx: LowerCtx, rank: int, ready: list[Ready], end_dep: int,
         dep = tid if par.overlap_grad_reduce else end_dep
         for params, group, kind in zip((dense, expert), _groups(ctx, rank), ("dense", "expert")):
             if params > 0 and len(group) > 1:
-                t = ctx.comm(rank, STREAM_DP, f"grad_{op}.{tag}{kind}{k}", op, params * gbytes, group, "dp",
+                t = ctx.comm(rank, stream, f"grad_{op}.{tag}{kind}{k}", op, params * gbytes, group, "dp",
                              "comm_dp", (dep,))
                 out.append(_to_host(ctx, rank, f"grads_to_host.{tag}{kind}{k}", params, len(group), t)
                            if par.offload_optimizer else t)
@@ -88,10 +92,17 @@ def reduce_gradients(ctx: LowerCtx, rank: int, ready: list[Ready], end_dep: int,
     return out
 
 
+def shard_groups(ctx: LowerCtx, rank: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(dense shard group, dense replicate group): HSDP shards inside ``shard_group_size`` ranks."""
+    return hsdp_groups(ctx.group("dp_cp", rank), rank, ctx.par.shard_group_size)
+
+
 def zero3_gather(ctx: LowerCtx, rank: int, name: str, dense: float, expert: float, dep: int | None) -> list[int]:
-    """ZeRO-3 / FSDP: all-gather one unit's 16-bit parameters before its use."""
+    """ZeRO-3 / FSDP: all-gather 16-bit parameters (a unit's, or DeepSpeed's coalesced submodules')
+    over the shard group before their use."""
     out = []
-    for params, group, kind in zip((dense, expert), _groups(ctx, rank), ("", ".expert")):
+    groups = (shard_groups(ctx, rank)[0], _groups(ctx, rank)[1])
+    for params, group, kind in zip((dense, expert), groups, ("", ".expert")):
         if params > 0 and len(group) > 1:
             out.append(ctx.comm(rank, STREAM_DP, f"{name}.param_all_gather{kind}", "all_gather",
                                 params * ctx.dtype_bytes, group, "dp", "comm_dp", () if dep is None else (dep,)))
@@ -99,13 +110,23 @@ def zero3_gather(ctx: LowerCtx, rank: int, name: str, dense: float, expert: floa
 
 
 def zero3_reduce(ctx: LowerCtx, rank: int, name: str, dense: float, expert: float, dep: int) -> list[int]:
-    """ZeRO-3 / FSDP: reduce-scatter one unit's gradients of one micro-batch (plus the offload copy)."""
+    """ZeRO-3 / FSDP: reduce-scatter one unit's gradients of one micro-batch over the shard group (FSDP2
+    first copies them into the reduce-scatter input, ``zero_impl.FSDP2_COPY_PASSES``), HSDP then
+    all-reduces the reduced shard across the replicas; plus the offload copy."""
     out = []
     gbytes = ctx.scn.training.grad_dtype_bytes
-    for params, group, kind in zip((dense, expert), _groups(ctx, rank), ("", ".expert")):
+    shard, replicas = shard_groups(ctx, rank)
+    if ctx.par.sharding == "fsdp2" and dense + expert > 0:
+        nbytes = FSDP2_COPY_PASSES * (dense + expert) * gbytes
+        dep = ctx.compute(rank, f"{name}.fsdp2_chunk_cat", (OpWork("fsdp2_chunk_cat", "elementwise", 0.0, nbytes,
+                                                                   (int(dense + expert), 1)),), (dep,))
+    for params, group, kind in zip((dense, expert), (shard, _groups(ctx, rank)[1]), ("", ".expert")):
         if params > 0 and len(group) > 1:
             t = ctx.comm(rank, STREAM_DP_RS, f"{name}.grad_reduce_scatter{kind}", "reduce_scatter",
                          params * gbytes, group, "dp", "comm_dp", (dep,))
+            if kind == "" and len(replicas) > 1:  # HSDP: the shard's all-reduce across replicas
+                t = ctx.comm(rank, STREAM_DP_RS, f"{name}.grad_all_reduce_replicas", "all_reduce",
+                             params / len(group) * gbytes, replicas, "dp", "comm_dp", (t,))
             out.append(_to_host(ctx, rank, f"{name}.grads_to_host{kind}", params, len(group), t)
                        if ctx.par.offload_optimizer else t)
     return out
@@ -115,7 +136,7 @@ def optimizer_step(ctx: LowerCtx, rank: int, deps: list[int], dense: float, expe
     """Adam over this rank's shard (ZeRO >= 1 shards it over the data-parallel group), on the GPU or,
     with offload, on the host CPU followed by the copy of the updated 16-bit shard back to the GPU."""
     par = ctx.par
-    dense_n, expert_n = par.dp * par.cp, max(1, par.dp * par.cp // par.ep)
+    dense_n, expert_n = par.shard_group_size or par.dp * par.cp, max(1, par.dp * par.cp // par.ep)
     shard = dense / dense_n + expert / expert_n if par.zero_stage else dense + expert
     gbytes = ctx.scn.training.grad_dtype_bytes
     if not par.offload_optimizer:

@@ -19,12 +19,14 @@ from .activation_memory import (embedding_activation_bytes, head_activation_byte
                                 layer_activation_split)
 from .blocks import build_blocks
 from .context import LowerCtx
-from .grad_sync import (gather_parameters, last_compute, optimizer_step, reduce_gradients, zero3_gather,
-                        zero3_reduce)
+from ..tasks import OpWork
+from .grad_sync import (STREAM_DP_RS, gather_parameters, last_compute, optimizer_step, reduce_gradients,
+                        zero3_gather, zero3_reduce)
 from .layer_emit import column_backward, layer_backward, layer_forward, layer_weight_grad, tp_op
 from .mesh import DeviceMesh
 from .schedules import Action, schedule_actions, splits_backward
-from .sharding import grad_accumulation_bytes_per_param, params_per_rank
+from .sharding import grad_accumulation_bytes_per_param, linear_params, params_per_rank
+from .zero_impl import FSDP, FSDP2_COPY_PASSES, chunk_fetches, submodule_params
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,9 @@ class _Emitter:
         self.seen: dict = {}  # (rank, virtual stage, phase) -> backward passes emitted
         self.gathers: dict = {}  # (rank, virtual stage, unit) -> param all-gathers its first forward waits for
         self.grad_waits: dict = {r: [] for r in ranks}  # rank -> reductions the optimizer waits for
-        self.zero3 = par.zero_stage == 3 and par.dp * par.cp > 1
+        # parameters gathered per unit: ZeRO-3, and FSDP's SHARD_GRAD_OP (zero_stage 2)
+        self.zero3 = par.dp * par.cp > 1 and (par.zero_stage == 3 or (par.zero_stage == 2 and par.sharding in FSDP))
+        self.plans: dict = {}  # virtual stage -> zero_impl.pass_fetches
         self.act = self._activation_terms()
         g, tp, ep = ctx.graph, par.tp, par.ep
         layer = params_per_rank(g, tp, ep, 1, False, False)
@@ -116,6 +120,8 @@ class _Emitter:
         self.unit_params = {"layer": (layer["dense"], layer["expert"]), "embed": (embed, 0.0),
                             "head": (head_tied_pp1 if p == 1 else head_alone, 0.0)}
         self.tied_pp = ctx.scn.model.tie_embeddings and p > 1
+        # DeepSpeed fetches per submodule: one (weight, bias) pair per op holding dense parameters
+        self.layer_subs = submodule_params(linear_params(g, tp, ep))
 
     # ---- memory terms -----------------------------------------------------------------------
     def _activation_terms(self) -> dict:
@@ -136,7 +142,7 @@ class _Emitter:
     # ---- driver ------------------------------------------------------------------------------
     def run(self) -> None:
         ctx = self.ctx
-        if ctx.par.zero_stage in (1, 2) and ctx.par.overlap_param_gather:
+        if ctx.par.zero_stage in (1, 2) and ctx.par.overlap_param_gather and not self.zero3:
             for r in self.ranks:
                 self._early_param_gather(r)
         pos = {r: 0 for r in self.ranks}
@@ -196,27 +202,60 @@ class _Emitter:
             r, "comm_pp", f"send.{vs}{phase}{mb}", "send_recv", size, (r, peer), "pp", "comm_pp", (last,),
             **self._meta(vs, mb, phase))
 
-    def _prefetching(self, r: int, units: list[str], prefix: str):
-        """ZeRO-3 / FSDP: yields, per unit, the all-gathers it waits for. The gather of unit i+1 is
-        issued when unit i starts (after unit i-1's compute, whose parameters are then freed), so at
-        most two units are gathered at once (FSDP's one-unit prefetch)."""
+    def _plan(self, vs: int) -> dict:
+        """The chunk's all-gathers per pass (``zero_impl.pass_fetches``), units by forward index."""
+        plan = self.plans.get(vs)
+        if plan is None:
+            par, units = self.ctx.par, self._units(vs)
+            plan = self.plans[vs] = chunk_fetches(par.sharding, par.zero_stage, par.recompute, units,
+                                                  [self._params(u)[0] for u in units], self.layer_subs)
+        return plan
+
+    def _prefetching(self, r: int, vs: int, phase: str, prefix: str):
+        """ZeRO-3 / FSDP: yields, per unit of the pass (forward order for "F", reverse for "B"), the
+        tasks it waits for. A fetch is issued when the unit before its first unit starts (after that
+        unit's predecessor's compute, whose parameters are then freed), so at most two units'
+        parameters are gathered at once (FSDP's one-unit prefetch and limit_all_gathers; DeepSpeed's
+        prefetch of the next submodules); a DeepSpeed fetch that stage3_max_live_parameters keeps
+        from being prefetched is issued when its unit starts, after the unit before has run. FSDP2 copies each gathered unit out into its parameters on
+        the compute stream."""
+        units = self._units(vs) if phase == "F" else self._units(vs)[::-1]
+        if not self.zero3:
+            yield from (() for _ in units)
+            return
+        fwd_index = {u: i for i, u in enumerate(self._units(vs))}
+        pos = [fwd_index[u] for u in units]
+        fetches = self._plan(vs)[phase]
+        first = {}
+        for k, f in enumerate(fetches):
+            first.setdefault(pos.index(f.units[0]), []).append(k)
         issued: dict = {}
+        expert_done: set = set()
+        fsdp2 = self.ctx.par.sharding == "fsdp2"
         for i, unit in enumerate(units):
-            if not self.zero3:
-                yield ()
-                continue
             before = self.ctx.builder.last_on(r, "compute")
             for j in (i, i + 1):
-                if j < len(units) and j not in issued:
-                    u = units[j] if units[j] in ("embed", "head") else "L" + units[j]
-                    issued[j] = zero3_gather(self.ctx, r, f"{prefix}.{u}", *self._params(units[j]), before)
-            yield tuple(issued.pop(i))
+                for k in first.get(j, ()):
+                    if k in issued or (j > i and not fetches[k].prefetch):
+                        continue
+                    f = fetches[k]
+                    expert = sum(self._params(self._units(vs)[u])[1] for u in f.units if u not in expert_done)
+                    expert_done |= set(f.units)
+                    name = units[j] if units[j] in ("embed", "head") else "L" + units[j]
+                    issued[k] = zero3_gather(self.ctx, r, f"{prefix}.{name}.g{k}", f.params, expert, before)
+            waits = tuple(t for k, f in enumerate(fetches) if pos[i] in f.units for t in issued.get(k, ()))
+            if fsdp2 and waits:
+                d, e = self._params(unit)
+                work = (OpWork("fsdp2_copy_out", "elementwise", 0.0, FSDP2_COPY_PASSES * (d + e) * self.ctx.dtype_bytes,
+                               (int(d + e), 1)),)
+                waits = (self.ctx.compute(r, f"{prefix}.{unit}.fsdp2_copy_out", work, waits),)
+            yield waits
 
     def _forward(self, r: int, vs: int, mb: int, dep: int | None) -> None:
         ctx, b = self.ctx, self.ctx.blocks
         x = ctx.join(r, f"F{mb}.wait", (dep,), **self._meta(vs, mb, "F"))
         units = self._units(vs)
-        for unit, waits in zip(units, self._prefetching(r, units, f"F{mb}")):
+        for unit, waits in zip(units, self._prefetching(r, vs, "F", f"F{mb}")):
             waits += tuple(self.gathers.pop((r, vs, unit), ()))
             deps = (x,) + waits if x is not None else waits
             if unit == "embed":
@@ -250,7 +289,7 @@ class _Emitter:
         ready: list = []
         x = dep
         units = self._units(vs)[::-1]
-        for unit, waits in zip(units, self._prefetching(r, units, f"B{mb}")):
+        for unit, waits in zip(units, self._prefetching(r, vs, "B", f"B{mb}")):
             deps = (x,) + waits if x is not None else waits
             if unit == "head":
                 meta = self._meta(vs, mb, "B")
@@ -300,6 +339,10 @@ class _Emitter:
         ZeRO-3 reduce-scatters each unit, ZeRO-2 buckets this micro-batch, ZeRO-0/1 wait for the last
         micro-batch (reduced in ``_finish``)."""
         ctx, stage = self.ctx, self.ctx.par.zero_stage
+        if self.zero3 and ctx.par.sharding == "deepspeed":  # reduce_bucket_size buckets, own stream
+            ready = [(tid,) + self._params(unit) for unit, tid in units]
+            self.grad_waits[r] += reduce_gradients(ctx, r, ready, end, f"{action}.vs{vs}.", STREAM_DP_RS)
+            return
         if self.zero3:
             for unit, tid in units:
                 name = f"{action}.{unit if unit in ('embed', 'head') else 'L' + unit}"
@@ -345,6 +388,6 @@ class _Emitter:
                                   group, "pp", "comm_dp", (end,)))
         params = self.stage_params[r]
         step = optimizer_step(ctx, r, [end] + waits, params["dense"], params["expert"])
-        if ctx.par.zero_stage in (1, 2) and not ctx.par.overlap_param_gather:
+        if ctx.par.zero_stage in (1, 2) and not ctx.par.overlap_param_gather and not self.zero3:
             ready = [(-1,) + self._params(u) for vs in range(s, self.nv, self.p) for u in self._units(vs)[::-1]]
             gather_parameters(ctx, r, ready, [step])

@@ -186,6 +186,23 @@ def _op_params_per_rank(op: Op, tp: int, ep: int) -> int:
     return op.params
 
 
+def linear_params(graph: OpGraph, tp: int, ep: int) -> list[tuple[int, int]]:
+    """(weight, bias) parameters one rank holds of each dense op of a layer that has parameters, in
+    program order: a GEMM's weight matrix and the rest of its parameters (its bias), a norm's
+    parameters as one entry. DeepSpeed ZeRO-3 fetches and persists them per parameter tensor."""
+    out = []
+    for op in graph.layer:
+        if not op.params or op.tp_split == "expert":
+            continue
+        p = _op_params_per_rank(op, tp, ep)
+        if op.kind == "gemm":
+            _, n, k = sharded_shape(op, tp, False, 1)
+            out.append((n * k, p - n * k))
+        else:
+            out.append((p, 0))
+    return out
+
+
 def _embedding_params_per_rank(graph: OpGraph, tp: int) -> int:
     """Vocab-parallel word embedding; learned position embeddings are replicated across TP."""
     m = graph.model

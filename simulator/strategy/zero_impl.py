@@ -1,0 +1,187 @@
+"""How each framework runs ZeRO-3 / FSDP sharding: what it all-gathers, how often, in what buckets.
+
+``parallelism.sharding`` names the implementation; the same ``zero_stage`` is a different pattern of
+collectives in each (one rule per framework, used by the lowering, the static estimate and the tests):
+
+- "deepspeed" (DeepSpeed ZeRO-3, ``PartitionedParameterCoordinator``): parameters are fetched per
+  submodule (each Linear) just before its forward or backward, the next submodules' parameters
+  prefetched in one coalesced all-gather of at least ``stage3_prefetch_bucket_size`` elements, and
+  only while fewer than ``stage3_max_live_parameters`` are gathered; a parameter smaller than
+  ``stage3_param_persistence_threshold`` is never partitioned; one whose next use comes within
+  ``stage3_max_reuse_distance`` elements is not released. Activation checkpointing re-runs the
+  forward inside the backward, whose pre-forward hooks fetch the parameters again: with full
+  recompute a layer is gathered in the forward, in the recompute and (what the reuse rule does not
+  keep) again for its backward (Rajbhandari et al. 2021, ZeRO-Infinity §5; DeepSpeed stage3.py).
+- "fsdp1" / "fsdp2" (PyTorch FSDP, Zhao et al. 2023 §3-4): one flat all-gather per wrapped unit (a
+  transformer block; embedding and head in the root unit, gathered once per micro-batch and kept for
+  the backward); FULL_SHARD (zero_stage 3) reshards after the forward and gathers again in the
+  backward, SHARD_GRAD_OP (zero_stage 2) keeps the forward's gathered parameters until the unit's
+  backward ends. Activation checkpointing wraps the block inside its FSDP unit, so the recompute
+  runs on the parameters the backward pre-hook gathered: no extra all-gather. Gradients are
+  reduce-scattered per unit per micro-batch in ``grad_dtype`` (MixedPrecision.reduce_dtype). HSDP
+  (``shard_group_size``) shards inside a group of ranks and all-reduces the reduced shard across
+  the groups. FSDP2 (per-parameter DTensor sharding) copies the gathered buffer out into the
+  parameters (``foreach_all_gather_copy_out``) and the gradients into the reduce-scatter input
+  (``torch._chunk_cat``): two extra HBM passes over the unit's bytes each.
+- "megatron-distopt": Megatron-core's distributed optimizer (ZeRO-1; see ``grad_sync``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+IMPLEMENTATIONS = ("megatron-distopt", "deepspeed", "fsdp1", "fsdp2")
+FSDP = ("fsdp1", "fsdp2")
+
+# DeepSpeed ZeRO-3 defaults, deepspeed/runtime/zero/constants.py (v0.3.13, March 2021, unchanged in
+# later releases' zero/config.py): ZERO_OPTIMIZATION_PREFETCH_BUCKET_SIZE_DEFAULT = 50000000,
+# ..._MAX_LIVE_PARAMETERS_DEFAULT = 1000000000, ..._MAX_REUSE_DISTANCE_DEFAULT = 1000000000,
+# ..._PARAM_PERSISTENCE_THRESHOLD_DEFAULT = 100000 (elements).
+DS_PREFETCH_BUCKET = 50_000_000
+DS_MAX_LIVE = 1_000_000_000
+DS_MAX_REUSE_DISTANCE = 1_000_000_000
+DS_PERSISTENCE_THRESHOLD = 100_000
+# FSDP2 copy kernels: copy-out reads the gathered buffer and writes the parameters, chunk_cat reads
+# the gradients and writes the reduce-scatter input (torch/distributed/_composable/fsdp/
+# _fsdp_collectives.py, foreach_all_gather_copy_out / foreach_reduce): 2 bytes moved per byte.
+FSDP2_COPY_PASSES = 2
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """One all-gather: the units that wait for it, the elements it gathers, and whether it may be
+    prefetched while the unit before runs (else it is issued when its first unit starts)."""
+
+    units: tuple[int, ...]
+    params: float
+    prefetch: bool = True
+
+
+def submodule_params(linears: list[tuple[float, float]]) -> list[float]:
+    """Elements DeepSpeed gathers per submodule: each (weight, bias) pair's parameters at or above
+    the persistence threshold (smaller ones, biases and norms, stay whole on every rank)."""
+    return [sum(p for p in pair if p >= DS_PERSISTENCE_THRESHOLD) for pair in linears]
+
+
+def coalesce(sizes: list[float], owners: list[int], bucket: float = DS_PREFETCH_BUCKET) -> list[Fetch]:
+    """DeepSpeed's prefetch rule (get_params_to_prefetch): consecutive submodules' parameters join one
+    all-gather until it holds at least ``bucket`` elements. ``owners`` maps each submodule to the unit
+    (layer) it belongs to; empty submodules are skipped. A fetch is prefetched only if the one before
+    it (the parameters live while it would be issued, the earlier ones released) holds fewer than
+    stage3_max_live_parameters (``deepspeed_prefetch_allowed``)."""
+    out: list[Fetch] = []
+    units: list[int] = []
+    total = 0.0
+
+    def close() -> None:
+        out.append(Fetch(tuple(units), total, not out or deepspeed_prefetch_allowed(out[-1].params)))
+
+    for size, unit in zip(sizes, owners):
+        if size <= 0:
+            continue
+        if not units or units[-1] != unit:
+            units.append(unit)
+        total += size
+        if total >= bucket:
+            close()
+            units, total = [], 0.0
+    if units:
+        close()
+    return out
+
+
+def deepspeed_prefetch_allowed(live_params: float) -> bool:
+    """prefetch_next_sub_modules issues a prefetch only while fewer than stage3_max_live_parameters
+    elements are gathered."""
+    return live_params < DS_MAX_LIVE
+
+
+def fsdp_gathers_per_microbatch(zero_stage: int) -> int:
+    """All-gathers of one FSDP unit per micro-batch: FULL_SHARD forward + backward, SHARD_GRAD_OP the
+    forward only (its parameters stay gathered until the unit's backward)."""
+    return 2 if zero_stage == 3 else 1
+
+
+def hsdp_groups(group: tuple[int, ...], rank: int, shard: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(shard group, replicate group) of ``rank`` in a data-parallel ``group`` cut into consecutive
+    blocks of ``shard`` ranks (HSDP's 2-D device mesh: shard on the inner dimension, replicate on
+    the outer); ``shard`` = len(group) or 0 is plain FSDP."""
+    if not shard or shard >= len(group):
+        return group, (rank,)
+    i = group.index(rank)
+    first = i - i % shard
+    return group[first:first + shard], tuple(group[i % shard::shard])
+
+
+def pass_fetches(impl: str, zero_stage: int, unit_subs: list[list[float]], recomputed: set[int],
+                 kept: set[int]) -> dict[str, list[Fetch]]:
+    """The all-gathers of one micro-batch, per pass ("F" forward, "B" backward with its recompute), in
+    the order they are issued. ``unit_subs``: per unit (forward order) the elements of each submodule
+    it gathers; ``recomputed``: units whose forward the backward re-runs; ``kept``: units FSDP keeps
+    gathered from forward to backward (the root unit, not resharded after its forward).
+
+    FSDP: one all-gather per unit and pass (``fsdp_gathers_per_microbatch``). DeepSpeed: the forward's
+    submodules coalesced (``coalesce``); the backward of each unit in reverse order re-gathers a
+    recomputed unit's submodules for the recompute, then every submodule whose reuse distance (the
+    elements used between its last forward-side use and its backward) reaches
+    stage3_max_reuse_distance: the rest of the chunk after it without recompute, the rest of its own
+    layer twice (recompute, then backward) with it."""
+    n = len(unit_subs)
+    totals = [sum(s) for s in unit_subs]
+    if impl in FSDP:
+        fwd = [Fetch((i,), totals[i]) for i in range(n) if totals[i] > 0]
+        bwd = [Fetch((i,), totals[i]) for i in range(n - 1, -1, -1)
+               if totals[i] > 0 and zero_stage == 3 and i not in kept]
+        return {"F": fwd, "B": bwd}
+    if impl != "deepspeed":
+        raise ValueError(f"pass_fetches: sharding {impl!r} has no per-unit parameter gathers")
+    fwd = coalesce([s for sub in unit_subs for s in sub], [i for i, sub in enumerate(unit_subs) for _ in sub])
+    sizes, owners = [], []
+    for i in range(n - 1, -1, -1):
+        sub = unit_subs[i]
+        if i in recomputed:
+            sizes += sub
+            owners += [i] * len(sub)
+        for j in range(len(sub) - 1, -1, -1):
+            after = sum(sub[j + 1:]) + (0.0 if i in recomputed else sum(totals[i + 1:]))
+            sizes.append(sub[j] if 2 * after >= DS_MAX_REUSE_DISTANCE else 0.0)
+            owners.append(i)
+    return {"F": fwd, "B": coalesce(sizes, owners)}
+
+
+def chunk_fetches(sharding: str, zero_stage: int, recompute: str, units: list[str], unit_dense: list[float],
+                  layer_subs: list[float]) -> dict[str, list[Fetch]]:
+    """``pass_fetches`` of one model chunk: ``units`` its units in forward order ("embed", layer
+    indices, "head"), ``unit_dense`` their dense parameters on the rank, ``layer_subs`` one layer's
+    DeepSpeed submodule sizes (``submodule_params``). One rule for the lowering and the estimate."""
+    ds = sharding == "deepspeed"
+    layers = {i for i, u in enumerate(units) if u not in ("embed", "head")}
+    subs = [layer_subs if ds and i in layers else submodule_params([(unit_dense[i], 0.0)]) if ds
+            else [unit_dense[i]] for i in range(len(units))]
+    return pass_fetches(sharding, zero_stage, subs, layers if recompute == "full" else set(),
+                        set(range(len(units))) - layers)
+
+
+def step_gather_count(fetches: dict[str, list[Fetch]], microbatches: int) -> int:
+    """All-gathers one rank issues per step: its passes' fetches, every micro-batch."""
+    return microbatches * sum(len(v) for v in fetches.values())
+
+
+def step_bytes_per_rank(impl: str, zero_stage: int, params: float, dp: int, dtype_bytes: int,
+                        grad_bytes: int, microbatches: int = 1, root_params: float = 0.0) -> dict:
+    """Bytes one rank sends per step for ``params`` parameters over ``dp`` ranks, by collective kind,
+    in nccl-tests terms (a ring all-gather or reduce-scatter sends (dp-1)/dp of the buffer, an
+    all-reduce twice that). ZeRO paper (Rajbhandari et al. 2020 §7): DDP all-reduces 2 Phi, ZeRO-3
+    moves 3 Phi: an all-gather in the forward and in the backward, a reduce-scatter. FSDP's root unit
+    (``root_params``: embedding, final norm, head) is gathered once per micro-batch; SHARD_GRAD_OP
+    gathers once per micro-batch; the distributed optimizer (ZeRO-1/2) once per step after the update."""
+    f = (dp - 1) / dp
+    w, g = dtype_bytes * f, grad_bytes * f
+    if zero_stage == 0:
+        return {"all_gather": 0.0, "reduce_scatter": 0.0, "all_reduce": 2 * params * g}
+    if zero_stage == 3 or (zero_stage == 2 and impl in FSDP):
+        gathered = params + (params - root_params if zero_stage == 3 else 0.0)
+        return {"all_gather": gathered * w * microbatches, "reduce_scatter": params * g * microbatches,
+                "all_reduce": 0.0}
+    return {"all_gather": params * w, "reduce_scatter": params * g * (microbatches if zero_stage == 2 else 1),
+            "all_reduce": 0.0}
