@@ -47,6 +47,13 @@ def test_bundled_today_rows_are_the_shared_rows_with_only_published_settings():
         # the only added setting is TP overlap, and only where the recipe's YAML (quoted in notes) sets it
         if r["tp_comm_overlap"]:
             assert f"ub_tp_comm_overlap {r['tp_comm_overlap']}" in r["notes"].lower()
+        # the framework the source names, and the reduction dtype of its published mixed-precision mode
+        if r["sharding"]:
+            assert r["sharding"] == ("deepspeed" if "DeepSpeed ZeRO-3" in r["notes"] else "fsdp1")
+            assert r["sharding"] == "deepspeed" or "Composer/PyTorch FSDP" in r["notes"]
+        if r["grad_dtype"]:
+            mode = "DEFAULT" if "mixed-precision mode DEFAULT" in r["notes"] else "PURE"
+            assert mode in r["notes"] and r["grad_dtype"] == ("fp32" if mode == "DEFAULT" else "bf16")
     if SHARED_2.is_file():
         shared = read_rows([SHARED_2])
         assert [r["name"] for r in today] == [r["name"] for r in shared]
