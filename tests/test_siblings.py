@@ -39,6 +39,10 @@ def test_sibling_groups_of_each_axis():
     assert sibling_groups(ring, (0, 1), "send_recv") == ((0, 1), (1, 0))  # both ring directions
     moe = DeviceMesh(pp=1, dp=8, cp=1, tp=1, ep=4)
     assert sibling_groups(moe, moe.group("ep", 0), "all_to_all") == ((0, 1, 2, 3), (4, 5, 6, 7))
+    # a block of the DP axis (hybrid sharding inside blocks of 4 replicas): the other blocks
+    blocks = DeviceMesh(pp=1, dp=8, cp=1, tp=2)
+    assert sibling_groups(blocks, (0, 2, 4, 6), "all_reduce") == ((0, 2, 4, 6), (1, 3, 5, 7), (8, 10, 12, 14),
+                                                                  (9, 11, 13, 15))
     with pytest.raises(ValueError, match="overlap"):
         sibling_groups(mesh, (0, 1, 2), "all_reduce")
 

@@ -52,8 +52,9 @@ def _translated(mesh: DeviceMesh, group: tuple[int, ...]) -> list[tuple[int, ...
 def sibling_groups(mesh: DeviceMesh, group: tuple[int, ...], op: str) -> tuple[tuple[int, ...], ...]:
     """Every distinct group that runs this collective concurrently with ``group`` (which comes first):
     for a collective over a mesh axis, the axis groups of the other ranks of the stage; for a send/recv
-    (direction matters) or any other group, its copies in every (dp, cp, tp) replica. Raises when a
-    collective's copies overlap without being equal (then they are not a symmetric set)."""
+    (direction matters) or any other group, its disjoint copies in the (dp, cp, tp) replicas (a block
+    of an axis, e.g. a hybrid-sharded group, gives the other blocks). Raises when the disjoint copies
+    leave some rank uncovered: then the copies are not a symmetric set."""
     axis = None if op == "send_recv" else _mesh_axis(mesh, group)
     if axis is not None:
         stage = 0 if axis == "pp" else mesh.stage_of(group[0])
@@ -64,15 +65,17 @@ def sibling_groups(mesh: DeviceMesh, group: tuple[int, ...], op: str) -> tuple[t
     seen = {tuple(group) if ordered else frozenset(group)}
     out = [tuple(group)]
     used = set(group)
+    covered = set(group)
     for g in candidates:
         key = g if ordered else frozenset(g)
-        if key in seen:
-            continue
-        if not ordered and used & key:
-            raise ValueError(f"sibling groups of {group[:4]}... overlap: the collective has no symmetric copies")
+        covered.update(g)
+        if key in seen or (not ordered and not used.isdisjoint(key)):
+            continue  # a shifted copy that straddles two groups (e.g. blocks of an axis) is no group
         seen.add(key)
-        used |= set(g)
+        used.update(g)
         out.append(g)
+    if covered - used:
+        raise ValueError(f"sibling groups of {group[:4]}... overlap: the collective has no symmetric copies")
     return tuple(out)
 
 
