@@ -45,6 +45,14 @@ CASES = {
                                  "oversubscription": 2}, {"tp": 2, "cp": 2, "pp": 2, "dp": 16}, 32, SMALL_GPT),
     "rail16-os3-moe-tp2ep4pp2dp32": ({"preset": "dgx-h100", "num_nodes": 16, "oversubscription": 3},
                                      {"tp": 2, "ep": 4, "pp": 2, "dp": 32}, 64, SMALL_MOE),
+    "fat8-os4-tp2pp2dp16-zero3-sp": ({"preset": "dgx-a100-80gb", "num_nodes": 8, "topology": "fat-tree",
+                                      "oversubscription": 4},
+                                     {"tp": 2, "pp": 2, "dp": 16, "zero_stage": 3, "sequence_parallel": True},
+                                     32, SMALL_GPT),
+    "fat8-os4-tp2pp2dp16-interleaved-zero1": ({"preset": "dgx-a100-80gb", "num_nodes": 8, "topology": "fat-tree",
+                                               "oversubscription": 4},
+                                              {"tp": 2, "pp": 2, "dp": 16, "schedule": "interleaved-1f1b",
+                                               "virtual_stages": 2, "zero_stage": 1}, 64, SMALL_GPT),
     "rail24-os3-nic4-tp1pp2dp96": ({"preset": "dgx-a100-80gb", "num_nodes": 24, "nics_per_node": 4,
                                     "oversubscription": 3}, {"tp": 1, "pp": 2, "dp": 96}, 96, SMALL_GPT),
     "fat32-h100-os4-moe-tp2cp2ep8pp2dp32": ({"preset": "dgx-h100", "num_nodes": 32, "topology": "fat-tree",
@@ -81,10 +89,10 @@ def main() -> None:
     if args.json:
         print(json.dumps(rows))
         return
-    print(f"{'case':<36} {'GPUs':>5} {'fast s':>9} {'full s':>9} {'diff':>9} {'fast wall':>9} {'full wall':>9}"
+    print(f"{'case':<40} {'GPUs':>5} {'fast s':>9} {'full s':>9} {'diff':>9} {'fast wall':>9} {'full wall':>9}"
           "  shared links that can bind")
     for r in rows:
-        print(f"{r['case']:<36} {r['gpus']:>5} {r['fast_s']:>9.5f} {r['full_s']:>9.5f} {r['diff']:>+9.4%} "
+        print(f"{r['case']:<40} {r['gpus']:>5} {r['fast_s']:>9.5f} {r['full_s']:>9.5f} {r['diff']:>+9.4%} "
               f"{r['fast_wall_s']:>8.2f}s {r['full_wall_s']:>8.2f}s  {r['siblings']}")
     worst = max(abs(r["diff"]) for r in rows)
     print(f"worst |fast/full - 1| = {worst:.2%} (target <= 2%)")
