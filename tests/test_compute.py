@@ -100,3 +100,18 @@ def test_fp8_layer_is_faster_than_bf16_but_not_twice():
         blocks = build_blocks(build_op_graph(big, 1, dtype), 1, False, 1, 1)
         return sum(rc.work_time_s(s.fwd) + rc.work_time_s(s.bwd) for s in blocks.segments())
     assert 0.5 < layer_s("fp8") / layer_s("bf16") < 0.8
+
+
+def test_the_layer_lists_every_kernel_of_a_megatron_core_te_layer():
+    # Megatron-Core's TransformerLayer with TE modules (gpt_layer_specs, TE spec): input_layernorm
+    # fused into linear_qkv (TELayerNormColumnParallelLinear, a norm kernel then the GEMM), fused RoPE,
+    # TEDotProductAttention, linear_proj, bias-dropout-add, pre_mlp_layernorm + linear_fc1, the fused
+    # SwiGLU, linear_fc2, bias-dropout-add; FP8 adds the TE casts around each linear.
+    bf16 = [o.name for o in build_op_graph(LLAMA, 1, "bf16").layer]
+    assert bf16 == ["ln1", "qkv", "rope", "attn_core", "attn_out", "attn_residual", "ln2", "fc1", "act", "fc2",
+                    "mlp_residual"]
+    fp8 = [o.name for o in build_op_graph(LLAMA, 1, "fp8").layer]
+    assert [n for n in fp8 if ".fp8_cast" not in n] == bf16
+    assert len(fp8) == len(bf16) + 2 * 4
+    g = build_op_graph(LLAMA, 1, "bf16")
+    assert [o.name for o in g.embed] == ["embed"] and [o.name for o in g.head] == ["final_norm", "lm_head", "loss"]
