@@ -319,3 +319,17 @@ def test_interleaving_sends_between_all_virtual_stages():
     sends = comms(g, "send_recv", "pp")
     assert len(sends) == 2 * 3 * 4  # (p*v - 1) boundaries x m micro-batches x (F, B)
     assert {t.chunk for t in g.tasks if t.stream == "compute" and t.phase == "F"} == {0, 1}
+
+
+def test_the_optimizer_step_reads_the_gradients_for_the_clipping_norm_then_runs_adam():
+    from simulator.strategy.grad_sync import ADAM_STATE_RW_BYTES
+    s = scenario_from_dict({"model": {"num_layers": 2, "hidden_size": 256, "num_attention_heads": 4,
+                                      "vocab_size": 1024, "seq_length": 128},
+                            "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 1, "gpus_per_node": 2},
+                            "parallelism": {"dp": 2, "zero_stage": 1}, "training": {"global_batch_size": 2}})
+    plan = lower(s)
+    step = next(t for t in plan.graph.tasks if t.category == "optimizer" and t.kind == "compute")
+    norm, adam = step.work
+    assert (norm.name, adam.name) == ("grad_norm", "adam")
+    shard = norm.shape[0]
+    assert norm.bytes == shard * 4 and adam.bytes == shard * (ADAM_STATE_RW_BYTES + 4)  # fp32 main grads

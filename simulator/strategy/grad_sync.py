@@ -140,7 +140,10 @@ def optimizer_step(ctx: LowerCtx, rank: int, deps: list[int], dense: float, expe
     shard = dense / dense_n + expert / expert_n if par.zero_stage else dense + expert
     gbytes = ctx.scn.training.grad_dtype_bytes
     if not par.offload_optimizer:
-        work = (OpWork("adam", "optimizer", 0.0, shard * (ADAM_STATE_RW_BYTES + gbytes), (int(shard),)),)
+        # gradient clipping first reads every gradient of the shard for the global L2 norm
+        # (Megatron clip_grad_norm_fp32 with multi_tensor_l2norm; clip_grad = 1.0 by default)
+        work = (OpWork("grad_norm", "optimizer", 0.0, shard * gbytes, (int(shard),)),
+                OpWork("adam", "optimizer", 0.0, shard * (ADAM_STATE_RW_BYTES + gbytes), (int(shard),)))
         return ctx.compute(rank, "optimizer", work, deps, "optimizer", phase="O")
     step = ctx.host(rank, "cpu_adam", (OpWork("cpu_adam", "optimizer", 0.0, 0.0, (int(shard),)),), deps, phase="O")
     return ctx.comm(rank, STREAM_OFFLOAD, "params_to_gpu", "h2d", shard * ctx.dtype_bytes, (rank,), "host",
