@@ -197,5 +197,5 @@ def test_compare_maps_kernels_to_ops(annotated):
     assert c["mapping"] == ("annotation" if annotated else "category-order")
     assert c["step_time_error"] == pytest.approx(-0.5)
     assert c["measured_step_s"] == pytest.approx(2 * c["simulated_step_s"])
-    assert len(c["per_op"]) == 29 and all(r["error"] == pytest.approx(-0.5) for r in c["per_op"])
+    assert len(c["per_op"]) == 30 and all(r["error"] == pytest.approx(-0.5) for r in c["per_op"])
     assert {r["category"] for r in c["per_category"]} == {"gemm", "attention", "elementwise"}
