@@ -85,6 +85,11 @@ def test_deepspeed_regathers_for_the_recompute_and_what_the_reuse_distance_does_
     g = lower(scn(WIDE, zero_stage=3, sharding="deepspeed", recompute="full")).graph
     names = [t.name for t in gathers(g)]
     assert sum(n.startswith("F") for n in names) == 8 and sum(n.startswith("B") for n in names) == 15
+    # bytes: forward everything, recompute both layers, backward all but each layer's fc2 (4h^2)
+    h = WIDE["hidden_size"]
+    layer, embed, fc2 = 12 * h * h, (WIDE["vocab_size"] + WIDE["seq_length"]) * h, 4 * h * h
+    want = (embed + 2 * layer) + 2 * layer + (embed + 2 * (layer - fc2))
+    assert sum(t.comm.size_bytes for t in gathers(g)) == 2 * want
 
 
 def test_coalesce_closes_a_fetch_at_the_bucket_and_counts_per_step():
@@ -178,3 +183,20 @@ def test_deepspeed_prefetches_only_under_the_live_parameter_limit():
 def _first_fetch(tasks, prefix):
     """The earliest fetch (lowest .g<k> index) among the gathers named ``prefix``..."""
     return min((t for t in tasks if t.name.startswith(prefix)), key=lambda t: int(re.search(r"\.g(\d+)\.", t.name)[1]))
+
+
+def test_a_small_all_gather_over_hundreds_of_ranks_pays_every_ring_step():
+    # NCCL's tuner (tuning.cc): baseLat + (nRanks - nNodes) intra-node steps + (nNodes - 1) network
+    # steps for a ring all-gather: a ZeRO-3 fetch over 384 ranks costs ~1 ms before any byte moves
+    from simulator.cost import nccl_tuner as tuner
+    from simulator.cost.collectives import collective_time_s
+    from simulator.hardware.clusters import CLUSTER_PRESETS
+    from simulator.hardware.topology import build_topology
+    from simulator.tasks import Collective
+    from simulator.units import US
+    topo = build_topology(CLUSTER_PRESETS["dgx-a100-80gb"].with_nodes(48))
+    t = collective_time_s(Collective("all_gather", 8.0, tuple(range(384)), "dp"), topo, "ring/ll")
+    ll = 0
+    want = (tuner.BASE_LAT_US["ring"][ll] + (384 - 48) * tuner.HW_LAT_US["nvlink"]["ring"][ll]
+            + 47 * tuner.HW_LAT_US["net"]["ring"][ll]) * US
+    assert t == pytest.approx(want, rel=1e-3) and t > 0.3e-3

@@ -18,7 +18,10 @@ collectives in each (one rule per framework, used by the lowering, the static es
   backward, SHARD_GRAD_OP (zero_stage 2) keeps the forward's gathered parameters until the unit's
   backward ends. Activation checkpointing wraps the block inside its FSDP unit, so the recompute
   runs on the parameters the backward pre-hook gathered: no extra all-gather. Gradients are
-  reduce-scattered per unit per micro-batch in ``grad_dtype`` (MixedPrecision.reduce_dtype). HSDP
+  reduce-scattered per unit per micro-batch in ``grad_dtype`` (MixedPrecision.reduce_dtype). Every
+  unit's all-gather is in flight at most one unit ahead: backward_prefetch (BACKWARD_PRE or, with
+  the CPU running ahead of the GPU, BACKWARD_POST) and the forward's CPU run-ahead issue the next
+  unit's gather while this one computes, and limit_all_gathers keeps no more than two in flight. HSDP
   (``shard_group_size``) shards inside a group of ranks and all-reduces the reduced shard across
   the groups. FSDP2 (per-parameter DTensor sharding) copies the gathered buffer out into the
   parameters (``foreach_all_gather_copy_out``) and the gradients into the reduce-scatter input
@@ -179,6 +182,9 @@ def step_bytes_per_rank(impl: str, zero_stage: int, params: float, dp: int, dtyp
     w, g = dtype_bytes * f, grad_bytes * f
     if zero_stage == 0:
         return {"all_gather": 0.0, "reduce_scatter": 0.0, "all_reduce": 2 * params * g}
+    if zero_stage == 3 and impl not in FSDP:
+        raise ValueError(f"step_bytes_per_rank: {impl!r} ZeRO-3 gathers depend on recompute and the reuse "
+                         f"distance; count them with chunk_fetches")
     if zero_stage == 3 or (zero_stage == 2 and impl in FSDP):
         gathered = params + (params - root_params if zero_stage == 3 else 0.0)
         return {"all_gather": gathered * w * microbatches, "reduce_scatter": params * g * microbatches,
