@@ -200,3 +200,16 @@ def test_a_small_all_gather_over_hundreds_of_ranks_pays_every_ring_step():
     want = (tuner.BASE_LAT_US["ring"][ll] + (384 - 48) * tuner.HW_LAT_US["nvlink"]["ring"][ll]
             + 47 * tuner.HW_LAT_US["net"]["ring"][ll]) * US
     assert t == pytest.approx(want, rel=1e-3) and t > 0.3e-3
+
+
+@pytest.mark.parametrize("par", [
+    {"zero_stage": 3, "sharding": "deepspeed", "recompute": "full"},
+    {"zero_stage": 3, "sharding": "deepspeed"},
+    {"zero_stage": 3, "sharding": "fsdp2"},
+    {"zero_stage": 2, "sharding": "fsdp1"},
+])
+def test_the_static_estimate_counts_the_gathers_the_lowering_issues(par):
+    from simulator.explore.estimate import _gathered_params
+    s = scn(WIDE, m=2, **par)
+    lowered = sum(t.comm.size_bytes for t in gathers(lower(s).graph))
+    assert _gathered_params(s, 0) * s.training.dtype_bytes * s.num_microbatches == lowered
