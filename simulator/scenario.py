@@ -59,7 +59,7 @@ class TrainingSpec:
     dtype: str = "bf16"
     optimizer: str = "adam"
     grad_dtype: str = ""  # "" -> defaults.default_grad_dtype (fp32 main grads for Megatron, ZeRO >= 2: dtype)
-    attention: str = "flash"  # "flash" (FlashAttention-2 kernels) | "unfused" (pre-2022 Megatron softmax path)
+    attention: str = "flash"  # "flash" (FlashAttention-2) | "cudnn" (TE fused attention) | "unfused" (pre-2022 Megatron)
     grad_accumulation_fusion: bool = True  # weight-gradient GEMMs accumulate into fp32 main_grad directly
 
     @property
@@ -311,8 +311,8 @@ def _training(table: dict) -> TrainingSpec:
         raise ScenarioError(f"training.dtype must be bf16, fp16 or fp8, got {t.dtype!r}")
     if t.optimizer not in OPTIMIZERS:
         raise ScenarioError(f"training.optimizer must be one of {', '.join(OPTIMIZERS)}, got {t.optimizer!r}")
-    if t.attention not in ("flash", "unfused"):
-        raise ScenarioError(f"training.attention must be 'flash' or 'unfused', got {t.attention!r}")
+    if t.attention not in ("flash", "cudnn", "unfused"):
+        raise ScenarioError(f"training.attention must be 'flash', 'cudnn' or 'unfused', got {t.attention!r}")
     if t.grad_dtype not in ("", "fp32", "bf16", "fp16"):
         raise ScenarioError(f"training.grad_dtype must be fp32, bf16 or fp16, got {t.grad_dtype!r}")
     return t

@@ -115,3 +115,14 @@ def test_the_layer_lists_every_kernel_of_a_megatron_core_te_layer():
     assert len(fp8) == len(bf16) + 2 * 4
     g = build_op_graph(LLAMA, 1, "bf16")
     assert [o.name for o in g.embed] == ["embed"] and [o.name for o in g.head] == ["final_norm", "lm_head", "loss"]
+
+
+def test_attention_kernel_follows_the_software_hopper_runs_cudnn_faster_than_flash_attention_2():
+    shape = (1, 16, 8192, 8192, 128)
+    op = OpWork("a", "attention", attention_flops(*shape), 1e6, shape)
+    floor = EFFICIENCIES["hopper"].kernel_overhead_s
+    fa2, cudnn = (RooflineCompute(H100, "bf16", a).op_time_s(op) - floor for a in ("flash", "cudnn"))
+    assert fa2 / cudnn == pytest.approx(EFFICIENCIES["hopper"].attention_cudnn / EFFICIENCIES["hopper"].attention)
+    assert cudnn < fa2
+    a100 = [RooflineCompute(A100, "bf16", a).op_time_s(op) for a in ("flash", "cudnn")]
+    assert a100[0] == a100[1]  # no separate measurement on Ampere

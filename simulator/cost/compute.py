@@ -14,7 +14,7 @@ from ..hardware.gpus import GPUSpec
 from ..tasks import OpWork, gemm_grad_shapes
 from ..units import DTYPE_BYTES
 
-ATTENTION_IMPLS = ("flash", "unfused")
+ATTENTION_IMPLS = ("flash", "cudnn", "unfused")
 # Bytes moved per attention-score element by the unfused kernels (see _unfused_attention_s).
 UNFUSED_FWD_BYTES_PER_SCORE = 13
 UNFUSED_BWD_BYTES_PER_SCORE = 19
@@ -30,7 +30,8 @@ def attention_flops_of(shape: tuple[int, ...]) -> float:
 @dataclass(frozen=True, slots=True)
 class Efficiency:
     gemm_max: float  # fraction of dense peak of a GEMM's main loop (tiles in full waves, long k)
-    attention: float  # flash-attention fwd+bwd fraction of dense peak (causal, head_dim 128)
+    attention: float  # FlashAttention-2 fwd+bwd fraction of dense peak (causal, head_dim 128)
+    attention_cudnn: float  # cuDNN fused attention (Transformer Engine's FusedAttention), same convention
     memory: float  # fraction of HBM bandwidth reached by streaming elementwise kernels
     num_sms: int  # streaming multiprocessors: wave quantization of GEMM tiles
     block_k: int  # k extent of one main-loop iteration of the bf16 tensor-core GEMM kernel
@@ -62,8 +63,11 @@ class Efficiency:
 #   this model gives 0.61, 0.53, 0.52. The dense FP8 peak is the datasheet's (2x BF16); gemm_max is
 #   the same fraction (the same measurements reach 0.78 of either peak at k = 16384).
 # - attention: FlashAttention-2 (Dao 2023, Fig. 6/7): A100 causal fwd+bwd up to ~190-200 TFLOP/s at
-#   head_dim 128, seq 2k-8k (~0.62 of 312); FlashAttention-3 (Shah et al. 2024, Fig. 4/5): H100 bf16
-#   causal fwd+bwd ~ 450-550 TFLOP/s for FA2-style kernels in Megatron-Core/TE (~0.50 of 989).
+#   head_dim 128, seq 2k-8k (~0.62 of 312). On H100 the same kernels reach "only 35% utilization"
+#   (Shah et al. 2024, FlashAttention-3, abstract): 0.35. Hopper's warp-specialized kernels -- cuDNN's
+#   fused attention, which Transformer Engine's DotProductAttention runs as FusedAttention -- reach
+#   ~450-550 TFLOP/s causal fwd+bwd in the same paper's Fig. 4/5 (~0.50 of 989). On Ampere no
+#   separate cuDNN measurement is at hand: it takes FlashAttention-2's figure.
 #   These FLOPs count only the unmasked half of causal attention, as the papers do, and count the
 #   backward as 2.5x the forward (FlashAttention-2 benchmarks/benchmark_flash_attention.py: fwd_bwd =
 #   3.5x fwd): the backward recomputes the scores QK^T, five matrix products against the forward's
@@ -75,9 +79,9 @@ class Efficiency:
 # - kernel_overhead_s: back-to-back kernel launch gap of ~2-4 us on a busy stream (NVIDIA Nsight
 #   Systems timelines; PyTorch CUDA Graphs announcement, 2021: "launch overhead ... several us").
 EFFICIENCIES: dict[str, Efficiency] = {
-    "ampere": Efficiency(gemm_max=0.767, attention=0.62, memory=0.85, num_sms=108, block_k=32,
+    "ampere": Efficiency(gemm_max=0.767, attention=0.62, attention_cudnn=0.62, memory=0.85, num_sms=108, block_k=32,
                          tile_overhead_iters=4.67, kernel_overhead_s=2e-6),
-    "hopper": Efficiency(gemm_max=0.85, attention=0.50, memory=0.85, num_sms=132, block_k=64,
+    "hopper": Efficiency(gemm_max=0.85, attention=0.35, attention_cudnn=0.50, memory=0.85, num_sms=132, block_k=64,
                          tile_overhead_iters=4.33, kernel_overhead_s=2e-6, fp8_block_k=128),
 }
 
@@ -112,6 +116,8 @@ class RooflineCompute:
         if attention not in ATTENTION_IMPLS:
             raise ValueError(f"attention implementation {attention!r} is unknown; known: {', '.join(ATTENTION_IMPLS)}")
         self.attention = attention
+        self.attention_eff = EFFICIENCIES[gpu.architecture].attention_cudnn if attention == "cudnn" else \
+            EFFICIENCIES[gpu.architecture].attention
         self.dtype_bytes = DTYPE_BYTES[dtype]
         self.gpu = gpu
         self.eff = EFFICIENCIES[gpu.architecture]
@@ -148,7 +154,7 @@ class RooflineCompute:
             # the masked upper triangle, half of it (Dao 2023 §3.1), at the measured efficiency.
             backward = op.flops > 1.5 * attention_flops_of(op.shape)
             executed = op.flops * (FLASH_BWD_RECOMPUTE if backward else 1.0)
-            flop_s = CAUSAL_EXECUTED_FRACTION * executed / (self.peak_flops_per_s * self.eff.attention)
+            flop_s = CAUSAL_EXECUTED_FRACTION * executed / (self.peak_flops_per_s * self.attention_eff)
         else:
             flop_s = 0.0
         return max(flop_s, mem_s) + self.eff.kernel_overhead_s

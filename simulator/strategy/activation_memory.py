@@ -180,7 +180,7 @@ def layer_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp:
     terms = activation_terms(model, micro_batch_size, tp, sp, cp, dtype_bytes, ep)
     if recompute == "full":
         return next(x.bytes for x in terms if x.name == "attn_norm_input")
-    drop_core = recompute == "selective" or attention == "flash"
+    drop_core = recompute == "selective" or attention != "unfused"  # fused kernels keep no s^2 scores
     return sum(x.bytes for x in terms if x.stored_at_f and not (drop_core and x.core))
 
 
