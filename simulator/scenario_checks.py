@@ -19,6 +19,14 @@ def validate(scn) -> None:  # scn: scenario.Scenario (duck-typed to keep this mo
     if p.num_gpus != c.num_gpus:
         raise ScenarioError(f"parallelism: dp*tp*pp*cp = {p.dp}*{p.tp}*{p.pp}*{p.cp} = {p.num_gpus} != "
                             f"{c.num_gpus} GPUs ({c.num_nodes} nodes x {c.gpus_per_node})")
+    if t.dtype == "fp8" and "fp8" not in c.gpu.peak_flops_per_s:
+        raise ScenarioError(f"training.dtype = 'fp8' needs FP8 tensor cores; cluster.gpu {c.gpu.name} has none")
+    _check_model_split(m, p, t)
+    _check_batch_and_schedule(m, p, t)
+
+
+def _check_model_split(m, p, t) -> None:
+    """The model's shapes divide as TP, EP, CP and SP split them."""
     try:
         m.check()
     except ValueError as exc:
@@ -50,6 +58,10 @@ def validate(scn) -> None:  # scn: scenario.Scenario (duck-typed to keep this mo
     if p.sequence_parallel and (m.seq_length // p.cp) % p.tp:
         raise ScenarioError(f"sequence_parallel: tp = {p.tp} does not divide the sequence "
                             f"{m.seq_length}/cp={m.seq_length // p.cp}")
+
+
+def _check_batch_and_schedule(m, p, t) -> None:
+    """Batch, ZeRO, schedule, recompute and pipeline layout settings exist and fit together."""
     if t.global_batch_size % (t.micro_batch_size * p.dp):
         raise ScenarioError(f"training.global_batch_size = {t.global_batch_size} is not divisible by "
                             f"micro_batch_size*dp = {t.micro_batch_size}*{p.dp} = {t.micro_batch_size * p.dp}")

@@ -134,3 +134,12 @@ def test_non_finite_numbers_are_refused_by_name(tmp_path, value):
                  f'nic_bandwidth_Gbps = {value}\n[training]\nglobal_batch_size = 8\n')
     with pytest.raises(ScenarioError, match="cluster.nic_bandwidth_Gbps must be a finite number"):
         load_scenario(f)
+
+
+def test_fp8_needs_a_gpu_with_fp8_tensor_cores():
+    raw = {"model": {"preset": "gpt3-1.3b"}, "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 1},
+           "training": {"global_batch_size": 8, "dtype": "fp8"}}
+    with pytest.raises(ScenarioError, match="training.dtype = 'fp8' needs FP8 tensor cores; cluster.gpu a100"):
+        scenario_from_dict(raw)
+    raw["cluster"]["preset"] = "dgx-h100"
+    assert scenario_from_dict(raw).training.dtype == "fp8"

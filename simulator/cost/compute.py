@@ -116,11 +116,10 @@ class RooflineCompute:
         if attention not in ATTENTION_IMPLS:
             raise ValueError(f"attention implementation {attention!r} is unknown; known: {', '.join(ATTENTION_IMPLS)}")
         self.attention = attention
-        self.attention_eff = EFFICIENCIES[gpu.architecture].attention_cudnn if attention == "cudnn" else \
-            EFFICIENCIES[gpu.architecture].attention
         self.dtype_bytes = DTYPE_BYTES[dtype]
         self.gpu = gpu
         self.eff = EFFICIENCIES[gpu.architecture]
+        self.attention_eff = self.eff.attention_cudnn if attention == "cudnn" else self.eff.attention
         # FP8 training (Transformer Engine): FP8 GEMMs are marked per op; everything else runs in BF16
         self.peak_flops_per_s = gpu.peak("bf16" if dtype == "fp8" else dtype)
         self.fp8_peak_flops_per_s = gpu.peak_flops_per_s.get("fp8", 0.0)
