@@ -277,8 +277,7 @@ def _phase_times(scn, cache: EstimateCache) -> dict:
     segs = b.segments()
     f_c = sum(seg_s(s, "F") for s in segs)
     dense = b.experts is None
-    # the MLP sites overlap only a dense MLP's fc1/fc2 (the lowering's rule: experts sit between)
-    site = lambda name, w, last=False: overlap_site(par, name, w, last) if dense or not name.startswith("fc") else ()  # noqa: E731
+    site = lambda name, w, last=False: overlap_site(par, name, w, last, moe=not dense)  # noqa: E731
     f_tp = (cache.tp_s(scn, "all_gather", site("qkv_fprop", b.attn_pre.fwd))
             + cache.tp_s(scn, "reduce_scatter", site("proj_fprop", b.attn_post.fwd))
             + cache.tp_s(scn, "all_gather", site("fc1_fprop", b.mlp_pre.fwd))

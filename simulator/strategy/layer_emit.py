@@ -50,15 +50,12 @@ def tp_op(ctx: LowerCtx, rank: int, dep: int | None, name: str, op: str, meta: d
     return dep if tid is None else tid
 
 
-def ub(ctx: LowerCtx, site: str, work, last: bool = False) -> tuple:
-    return overlap_site(ctx.par, site, work, last)
-
-
-def overlap_site(par, site: str, work, last: bool = False) -> tuple:
+def overlap_site(par, site: str, work, last: bool = False, moe: bool = False) -> tuple:
     """(site, GEMM) of a TP collective overlapped with the first (or last) GEMM of ``work`` under
     tp_comm_overlap (Transformer Engine userbuffers, cost/tp_overlap); () when not overlapped. The
+    MLP sites (fc1/fc2) overlap only a dense MLP: in an MoE layer the experts sit between. The
     lowering and the search estimator both place the overlap with this rule."""
-    if not (par.tp_comm_overlap and par.sequence_parallel and par.tp > 1):
+    if not (par.tp_comm_overlap and par.sequence_parallel and par.tp > 1) or (moe and site.startswith("fc")):
         return ()
     gemms = [w for w in work if w.kind == "gemm"]
     return (site, gemms[-1 if last else 0]) if gemms else ()
@@ -141,7 +138,8 @@ def layer_forward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, categor
     dense = b.experts is None
     x = ctx.join(rank, f"{name}.wait", deps, **meta)
     if sp:
-        x = tp_op(ctx, rank, x, f"{name}.attn", "all_gather", meta, ub(ctx, "qkv_fprop", b.attn_pre.fwd))
+        x = tp_op(ctx, rank, x, f"{name}.attn", "all_gather", meta,
+                  overlap_site(ctx.par, "qkv_fprop", b.attn_pre.fwd))
     if ctx.par.cp == 1:
         x = ctx.compute(rank, f"{name}.attn", b.attn.fwd, _d(x), category, **meta)
     else:
@@ -149,16 +147,16 @@ def layer_forward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, categor
         x = _core(ctx, rank, "F", x, name, meta, category)
         x = ctx.compute(rank, f"{name}.attn_out", b.attn_post.fwd, (x,), category, **meta)
     x = tp_op(ctx, rank, x, f"{name}.attn", "reduce_scatter" if sp else "all_reduce", meta,
-              ub(ctx, "proj_fprop", b.attn_post.fwd))
+              overlap_site(ctx.par, "proj_fprop", b.attn_post.fwd))
     if sp:
         x = tp_op(ctx, rank, x, f"{name}.mlp", "all_gather", meta,
-                  ub(ctx, "fc1_fprop", b.mlp_pre.fwd) if dense else ())
+                  overlap_site(ctx.par, "fc1_fprop", b.mlp_pre.fwd, moe=not dense))
     x = ctx.compute(rank, f"{name}.mlp", b.mlp_pre.fwd, (x,), category, **meta)
     if not dense:
         x = _experts(ctx, rank, "F", x, name, meta, category)
         x = ctx.compute(rank, f"{name}.mlp_out", b.mlp_post.fwd, (x,), category, **meta)
     return tp_op(ctx, rank, x, f"{name}.mlp", "reduce_scatter" if sp else "all_reduce", meta,
-                 ub(ctx, "fc2_fprop", b.mlp_pre.fwd, last=True) if dense else ())
+                 overlap_site(ctx.par, "fc2_fprop", b.mlp_pre.fwd, last=True, moe=not dense))
 
 
 def layer_backward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, split_w: bool, recompute: str,
@@ -177,14 +175,15 @@ def layer_backward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, split_
         x = layer_forward(ctx, rank, _d(x), f"{name}.R", rmeta, "recompute")
     if sp:  # conjugate of the MLP's exit reduce-scatter
         x = tp_op(ctx, rank, x, f"{name}.mlp_grad", "all_gather", meta,
-                  ub(ctx, "fc2_dgrad", b.mlp_pre.bwd_b) if b.experts is None else ())
+                  overlap_site(ctx.par, "fc2_dgrad", b.mlp_pre.bwd_b, moe=b.experts is not None))
     if b.experts is not None:
         x = ctx.compute(rank, f"{name}.mlp_out.grad", b.mlp_post.bwd_b if split_w else b.mlp_post.bwd, _d(x),
                         **meta)
         x = _experts(ctx, rank, part, x, name, meta, "compute")
     x = column_backward(ctx, rank, b.mlp_pre, x, f"{name}.mlp", meta, split_w)
     if sp:
-        x = tp_op(ctx, rank, x, f"{name}.attn_grad", "all_gather", meta, ub(ctx, "proj_dgrad", b.attn_post.bwd_b))
+        x = tp_op(ctx, rank, x, f"{name}.attn_grad", "all_gather", meta,
+                  overlap_site(ctx.par, "proj_dgrad", b.attn_post.bwd_b))
     if ctx.par.cp == 1 and recompute != "selective":
         x = column_backward(ctx, rank, b.attn, x, f"{name}.attn", meta, split_w, free_bytes + transient)
     else:
