@@ -87,15 +87,28 @@ def activation_terms(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool,
     """
     _check(model, micro_batch_size, tp, cp, ep, dtype_bytes)
     d = dtype_bytes
+    tokens = model.seq_length // cp * micro_batch_size
+    h, r = model.hidden_size, tp if sp else 1
+    drop = has_dropout(model)
+    terms = _attention_terms(model, micro_batch_size, tp, r, cp, d, drop)
+    if model.is_moe:
+        terms += _moe_terms(model, d, tokens, tp, r)
+    else:
+        terms += _mlp_terms("", d, tokens, h, model.ffn_hidden_size, tp, r, model.gated_mlp)
+    if drop:
+        terms.append(ActivationTerm("mlp_dropout_mask", MASK_BYTES * tokens * h / r))
+    return terms
+
+
+def _attention_terms(model: ModelSpec, micro_batch_size: int, t: int, r: int, cp: int, d: int,
+                     drop: bool) -> list[ActivationTerm]:
+    """The attention block's tensors and the MLP block's inputs (see ``activation_terms``)."""
     s_local = model.seq_length // cp
     tokens = s_local * micro_batch_size
-    h, f, t = model.hidden_size, model.ffn_hidden_size, tp
-    r = t if sp else 1
+    h = model.hidden_size
     heads = model.num_attention_heads // t
     kv_cols = model.head_dim * max(model.num_kv_heads // t, 1)
     v_cols = model.v_head_dim * max(model.num_kv_heads // t, 1)
-    drop = has_dropout(model)
-    gated = model.gated_mlp
     scores = heads * s_local * model.seq_length * micro_batch_size  # elements, per rank
 
     T = ActivationTerm
@@ -126,20 +139,22 @@ def activation_terms(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool,
     # all-reduce, or of SP's reduce-scatter, is an identity / all-gather), so it is not divided.
     terms += [T("qkv_output_grad", d * tokens * (model.q_size / t + 2 * kv_cols), weight_grad=True, stored_at_f=False),
               T("proj_output_grad", d * tokens * h, weight_grad=True, stored_at_f=False)]
-    if model.is_moe:
-        slots = tokens * model.moe_top_k * model.moe_capacity_factor
-        terms += [T("router_logits", d * tokens * model.num_experts / r),
-                  T("router_logits_grad", d * tokens * model.num_experts / r, weight_grad=True,
-                    stored_at_f=False)]
-        terms += _mlp_terms("expert_", d, slots, h, model.moe_ffn_hidden_size, t, r, gated)
-        terms.append(T("expert_output", d * slots * h / r))  # kept to weight the combine by the router probs
-        if model.moe_shared_expert_ffn_hidden_size:  # shared experts read fc1_input like a dense MLP
-            terms += [x for x in _mlp_terms("shared_", d, tokens, h, model.moe_shared_expert_ffn_hidden_size,
-                                            t, r, gated) if x.name != "shared_fc1_input"]
-    else:
-        terms += _mlp_terms("", d, tokens, h, f, t, r, gated)
-    if drop:
-        terms.append(T("mlp_dropout_mask", MASK_BYTES * tokens * h / r))
+    return terms
+
+
+def _moe_terms(model: ModelSpec, d: int, tokens: int, t: int, r: int) -> list[ActivationTerm]:
+    """The MoE block's tensors: router logits, the experts' MLP tensors over the token slots, the
+    expert outputs kept for the combine, and the shared experts' (see ``activation_terms``)."""
+    T = ActivationTerm
+    h, gated = model.hidden_size, model.gated_mlp
+    slots = tokens * model.moe_top_k * model.moe_capacity_factor
+    terms = [T("router_logits", d * tokens * model.num_experts / r),
+             T("router_logits_grad", d * tokens * model.num_experts / r, weight_grad=True, stored_at_f=False)]
+    terms += _mlp_terms("expert_", d, slots, h, model.moe_ffn_hidden_size, t, r, gated)
+    terms.append(T("expert_output", d * slots * h / r))  # kept to weight the combine by the router probs
+    if model.moe_shared_expert_ffn_hidden_size:  # shared experts read fc1_input like a dense MLP
+        terms += [x for x in _mlp_terms("shared_", d, tokens, h, model.moe_shared_expert_ffn_hidden_size,
+                                        t, r, gated) if x.name != "shared_fc1_input"]
     return terms
 
 
