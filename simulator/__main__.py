@@ -1,6 +1,7 @@
 """Command line: python -m simulator {presets,run,collective,validate,sweep,search,calibrate} (DESIGN.md §4.2).
 
-Bad input of any kind ends with one line on stderr naming the key and the numbers, exit code 2.
+Bad input of any kind ends with one line on stderr naming the key and the numbers, exit code 2; a
+broken invariant of the simulator itself (tasks.InternalError) says it is a bug, exit code 1.
 ``--json`` prints exactly one JSON value on stdout.
 """
 
@@ -11,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from .tasks import InternalError
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2, as for every other bad input
@@ -163,6 +165,10 @@ def main(argv: list[str] | None = None) -> int:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         print(f"error: {msg}", file=sys.stderr)
         return 2
+    except InternalError as exc:  # a bug of the simulator, not the user's input: exit 1
+        print(f"internal error (a bug in the simulator; please report it with the scenario and command): {exc}",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -21,6 +21,11 @@ COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "s
 HOST_COPY_OPS = ("d2h", "h2d")
 
 
+class InternalError(RuntimeError):
+    """A broken invariant of the simulator itself (a deadlocked schedule or simulation, an impossible
+    memory state): a bug to report, never the user's input, which is a ValueError (exit 2)."""
+
+
 @dataclass(frozen=True, slots=True)
 class OpWork:
     """One kernel's worth of work on one rank, already divided by the parallel split."""

@@ -55,3 +55,16 @@ def test_malformed_toml(tmp_path):
     bad.write_text("[model\n")
     out = cli("run", bad)
     assert out.returncode == 2 and "malformed TOML" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_an_internal_failure_is_reported_as_a_bug_with_exit_1(monkeypatch, capsys):
+    from simulator import __main__ as cli
+    from simulator.tasks import InternalError
+
+    def broken(args):
+        raise InternalError("simulation deadlocked: 3 tasks never ran, first 'F0.L0'")
+    monkeypatch.setitem(cli.COMMANDS, "presets", broken)
+    assert cli.main(["presets"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("internal error (a bug in the simulator") and "deadlocked" in err[0]
+    assert issubclass(InternalError, RuntimeError) and not issubclass(InternalError, ValueError)  # never exit 2

@@ -11,6 +11,7 @@ from ..model.spec import ModelSpec
 from ..strategy import activation_memory as am
 from ..strategy.lower import chunk_sizes
 from ..strategy.schedules import schedule_actions, splits_backward
+from ..tasks import InternalError
 from ..trace import Trace, TraceEvent
 from ..units import DTYPE_BYTES, MiB
 
@@ -252,7 +253,7 @@ def memory_report(scn, stage_params: dict, trace: Trace) -> MemoryReport:
         end_dyn = points[-1][1] + points[-1][2]
         peak_dyn = max(a + b for _, a, b in points)
         if abs(end_dyn) > 1e-6 * max(peak_dyn, 1.0):
-            raise ValueError(f"memory_report: rank {rank} ends the step with {end_dyn:.6g} bytes of activations/"
+            raise InternalError(f"memory_report: rank {rank} ends the step with {end_dyn:.6g} bytes of activations/"
                              f"buffers still allocated (mem_delta_bytes do not balance)")
         buffers = static_buffers(scn, counts, any(is_buffer_event(e) and e.mem_delta_bytes for e in events))
         buffers["fragmentation"] = FRAGMENTATION_FRACTION * peak_dyn

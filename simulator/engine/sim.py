@@ -16,7 +16,7 @@ from typing import Protocol
 import simpy
 
 from ..cost.plan import CommPlan
-from ..tasks import Task, TaskGraph
+from ..tasks import InternalError, Task, TaskGraph
 from ..trace import Trace, TraceEvent
 from .network import FlowNetwork
 
@@ -183,7 +183,7 @@ def simulate_graph(graph: TaskGraph, cost: TaskCost, capacity_Bps: dict | None =
     env.run()
     missing = [tasks[i].name for i in range(n) if end[i] is None]
     if missing:
-        raise RuntimeError(f"simulation deadlocked: {len(missing)} tasks never ran, first {missing[0]!r}")
+        raise InternalError(f"simulation deadlocked: {len(missing)} tasks never ran, first {missing[0]!r}")
     flops: dict[int, float] = {}  # work tuples are shared between tasks: sum each once
     for t in tasks:
         if id(t.work) not in flops:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..model.opgraph import build_op_graph
-from ..tasks import TaskGraph
+from ..tasks import InternalError, TaskGraph
 from .activation_memory import (embedding_activation_bytes, head_activation_bytes, layer_activation_bytes,
                                 layer_activation_split)
 from .blocks import build_blocks
@@ -156,7 +156,7 @@ class _Emitter:
                     todo -= 1
                     progressed = True
             if not progressed:
-                raise ValueError("pipeline schedule deadlocks: no stage can make progress")
+                raise InternalError("pipeline schedule deadlocks: no stage can make progress")
         for r in self.ranks:
             self._finish(r)
 
