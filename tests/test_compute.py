@@ -56,7 +56,7 @@ def test_flash_backward_executes_two_and_a_half_forwards():
     shape = (1, 16, 8192, 8192, 128)
     f = attention_flops(*shape)
     fwd = rc.op_time_s(OpWork("a", "attention", f, 1e6, shape))
-    bwd = rc.op_time_s(OpWork("a", "attention", 2 * f, 2e6, shape))  # charged 2x (MFU convention)
+    bwd = rc.op_time_s(OpWork("a", "attention", 2 * f, 2e6, shape, backward=True))  # charged 2x (MFU convention)
     floor = EFFICIENCIES["hopper"].kernel_overhead_s
     assert (bwd - floor) / (fwd - floor) == pytest.approx(2 * FLASH_BWD_RECOMPUTE) == pytest.approx(2.5)
 
@@ -126,3 +126,16 @@ def test_attention_kernel_follows_the_software_hopper_runs_cudnn_faster_than_fla
     assert cudnn < fa2
     a100 = [RooflineCompute(A100, "bf16", a).op_time_s(op) for a in ("flash", "cudnn")]
     assert a100[0] == a100[1]  # no separate measurement on Ampere
+
+
+def test_a_windowed_attention_backward_still_pays_the_recompute():
+    # sliding windows scale the attention FLOPs down (Gemma 2 style); the pass, not a FLOP ratio to the
+    # shape, says it is a backward
+    m = ModelSpec("w", num_layers=2, hidden_size=1024, num_attention_heads=8, vocab_size=4096,
+                  seq_length=8192, mlp="swiglu", sliding_window=1024)
+    core = build_blocks(build_op_graph(m, 1), 1, False, 1, 1).attn_core
+    rc = RooflineCompute(H100, "bf16")
+    floor = EFFICIENCIES["hopper"].kernel_overhead_s
+    (f,), (b,) = core.fwd, core.bwd
+    assert not f.backward and b.backward
+    assert (rc.op_time_s(b) - floor) / (rc.op_time_s(f) - floor) == pytest.approx(2.5, rel=0.02)

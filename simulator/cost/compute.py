@@ -21,12 +21,6 @@ UNFUSED_BWD_BYTES_PER_SCORE = 19
 UNFUSED_KERNELS = 4  # QK^T, softmax, dropout, AV
 
 
-def attention_flops_of(shape: tuple[int, ...]) -> float:
-    """Forward FLOPs of QK^T and AV for an attention shape (b, heads, sq, skv, d): 4·b·heads·sq·skv·d."""
-    b, heads, sq, skv, hd = shape
-    return 4.0 * b * heads * sq * skv * hd
-
-
 @dataclass(frozen=True, slots=True)
 class Efficiency:
     gemm_max: float  # fraction of dense peak of a GEMM's main loop (tiles in full waves, long k)
@@ -151,8 +145,7 @@ class RooflineCompute:
         elif op.kind == "attention" and op.flops > 0:
             # The op counts the full s^2 score matrix (Narayanan 2021 eq. 3); a causal flash kernel skips
             # the masked upper triangle, half of it (Dao 2023 §3.1), at the measured efficiency.
-            backward = op.flops > 1.5 * attention_flops_of(op.shape)
-            executed = op.flops * (FLASH_BWD_RECOMPUTE if backward else 1.0)
+            executed = op.flops * (FLASH_BWD_RECOMPUTE if op.backward else 1.0)
             flop_s = CAUSAL_EXECUTED_FRACTION * executed / (self.peak_flops_per_s * self.attention_eff)
         else:
             flop_s = 0.0
@@ -178,8 +171,7 @@ class RooflineCompute:
         backward reads dP and P and writes dS (6), dQ and dK read dS (4): 19 B."""
         b, heads, sq, skv, _hd = op.shape
         scores = b * heads * sq * skv
-        backward = op.flops > 1.5 * attention_flops_of(op.shape)
-        mem_s = scores * (UNFUSED_BWD_BYTES_PER_SCORE if backward else UNFUSED_FWD_BYTES_PER_SCORE) / self.mem_Bps
+        mem_s = scores * (UNFUSED_BWD_BYTES_PER_SCORE if op.backward else UNFUSED_FWD_BYTES_PER_SCORE) / self.mem_Bps
         tiles = b * heads * math.ceil(sq / GEMM_TILE_M) * math.ceil(skv / GEMM_TILE_N)
         wave = tiles / (math.ceil(tiles / self.eff.num_sms) * self.eff.num_sms)
         gemm_s = op.flops / (self.peak_flops_per_s * self.eff.gemm_max * wave)

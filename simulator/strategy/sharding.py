@@ -135,7 +135,8 @@ def shard_ops_backward(ops: tuple[Op, ...], tp: int, sp: bool, cp: int, ep: int,
         flops = (fb if "B" in part else 0.0) + (fw if "W" in part else 0.0)
         nbytes = (bb if "B" in part else 0.0) + (bw if "W" in part else 0.0)
         if flops or nbytes:
-            out.append(OpWork(op.name, op.kind, flops, nbytes, _backward_shape(op.kind, shape, part), op.precision))
+            out.append(OpWork(op.name, op.kind, flops, nbytes, _backward_shape(op.kind, shape, part), op.precision,
+                              backward=True))
         if grad_accum_bytes_per_param and "W" in part and op.kind == "gemm" and op.params:
             # unfused weight-gradient accumulation: a separate kernel adds the GEMM's 16-bit dW into
             # the fp32 main_grad buffer (see grad_accumulation_bytes_per_param)
