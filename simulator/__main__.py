@@ -33,7 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--full", action="store_true", help="simulate every rank instead of one per stage")
 
     c = sub.add_parser("collective", help="one collective over all GPUs of N nodes")
-    c.add_argument("--cluster", required=True)
+    c.add_argument("--cluster", help="cluster preset (default dgx-a100-80gb)")
+    c.add_argument("--hardware", help="cluster hardware TOML file, as a scenario's cluster.hardware")
+    c.add_argument("--set", action="append", default=[], metavar="cluster.KEY=VALUE",
+                   help="any [cluster] field of a scenario, e.g. cluster.nic_bandwidth_Gbps=200")
     c.add_argument("--nodes", type=int, default=1)
     c.add_argument("--op", required=True)
     c.add_argument("--size-bytes", type=float, default=2**30)

@@ -12,11 +12,11 @@ import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .hardware.clusters import CLUSTER_PRESETS, TOPOLOGIES, ClusterSpec
-from .hardware.gpus import GPU_PRESETS
+from .hardware.clusters import ClusterSpec
+from .hardware.hwfile import CLUSTER_KEYS, cluster_from_table, read_cluster_file
 from .model.presets import MODEL_PRESETS
 from .model.spec import MLP_KINDS, ModelSpec
-from .units import DTYPE_BYTES, GB, gbit_per_s_to_bytes_per_s
+from .units import DTYPE_BYTES
 from .defaults import default_grad_dtype, default_sharding, default_virtual_stages, split_layers
 from .scenario_checks import ScenarioError, validate
 
@@ -106,8 +106,7 @@ class Scenario:
 # ---- reading ------------------------------------------------------------------------------
 _SECTIONS = ("model", "cluster", "parallelism", "training", "cost")
 _MODEL_KEYS = {f.name for f in dataclasses.fields(ModelSpec)} - {"name", "extra"} | {"preset", "hf_config"}
-_CLUSTER_KEYS = {"preset", "num_nodes", "gpu", "gpus_per_node", "nvlink_bandwidth_GBps", "nics_per_node",
-                 "nic_bandwidth_Gbps", "pcie_bandwidth_GBps", "topology", "oversubscription", "nvls"}
+_CLUSTER_KEYS = set(CLUSTER_KEYS) | {"hardware"}
 _PARALLEL_KEYS = {f.name for f in dataclasses.fields(ParallelSpec)}
 _TRAINING_KEYS = {f.name for f in dataclasses.fields(TrainingSpec)}
 _COST_KEYS = {"compute", "tables", "collective_algorithms"}
@@ -160,7 +159,7 @@ def scenario_from_dict(raw: dict, default_name: str = "scenario", base_dir: Path
     if not isinstance(name, str) or not name:
         raise ScenarioError(f"name must be a non-empty string, got {name!r}")
     model = _model(raw.get("model", {}), base_dir or Path("."))
-    cluster = _cluster(raw.get("cluster", {}))
+    cluster = cluster_spec(raw.get("cluster", {}), base_dir or Path("."))
     training = _training(raw.get("training", {}))
     parallel = _parallel(raw.get("parallelism", {}), model, cluster, training)
     cost = _cost(raw.get("cost", {}), base_dir or Path("."))
@@ -264,39 +263,25 @@ def _model(table: dict, base_dir: Path) -> ModelSpec:
     return ModelSpec(**base)
 
 
-def _cluster(table: dict) -> ClusterSpec:
+def cluster_spec(table: dict, base_dir: Path) -> ClusterSpec:
+    """A preset (default dgx-a100-80gb) or the hardware file ``cluster.hardware`` names (relative to
+    the scenario), with the table's other fields (hardware/hwfile.CLUSTER_KEYS) overriding it."""
     _check_keys("cluster", table, _CLUSTER_KEYS)
-    preset = table.get("preset", "dgx-a100-80gb")
-    if preset not in CLUSTER_PRESETS:
-        raise ScenarioError(f"cluster.preset {preset!r} is unknown; known: {', '.join(CLUSTER_PRESETS)}")
-    c = CLUSTER_PRESETS[preset]
-    changes: dict = {}
-    for key, kind in (("num_nodes", int), ("gpus_per_node", int), ("nics_per_node", int)):
-        if key in table:
-            v = _typed("cluster", key, table[key], kind)
-            if v <= 0:
-                raise ScenarioError(f"cluster.{key} must be positive, got {v}")
-            changes[key] = v
-    if "gpu" in table:
-        if table["gpu"] not in GPU_PRESETS:
-            raise ScenarioError(f"cluster.gpu {table['gpu']!r} is unknown; known: {', '.join(GPU_PRESETS)}")
-        changes["gpu"] = GPU_PRESETS[table["gpu"]]
-    for key, field_name, conv in (("nvlink_bandwidth_GBps", "nvlink_bandwidth_Bps", lambda v: v * GB),
-                                  ("nic_bandwidth_Gbps", "nic_bandwidth_Bps", gbit_per_s_to_bytes_per_s),
-                                  ("pcie_bandwidth_GBps", "pcie_bandwidth_Bps", lambda v: v * GB),
-                                  ("oversubscription", "oversubscription", float)):
-        if key in table:
-            v = _typed("cluster", key, table[key], float)
-            if v <= 0:
-                raise ScenarioError(f"cluster.{key} must be positive, got {v}")
-            changes[field_name] = conv(v)
-    if "topology" in table:
-        if table["topology"] not in TOPOLOGIES:
-            raise ScenarioError(f"cluster.topology {table['topology']!r} is unknown; known: {', '.join(TOPOLOGIES)}")
-        changes["topology"] = table["topology"]
-    if "nvls" in table:
-        changes["nvls"] = _typed("cluster", "nvls", table["nvls"], bool)
-    return replace(c, **changes)
+    table = dict(table)
+    try:
+        base = None
+        if "hardware" in table:
+            if "preset" in table:
+                raise ScenarioError("cluster.hardware and cluster.preset both given; a hardware file replaces the preset")
+            path = table.pop("hardware")
+            if not isinstance(path, str) or not path:
+                raise ScenarioError(f"cluster.hardware must be a path to a TOML file, got {path!r}")
+            base = read_cluster_file(Path(path) if Path(path).is_absolute() else base_dir / path)
+        else:
+            table.setdefault("preset", "dgx-a100-80gb")
+        return cluster_from_table(table, "cluster", base)
+    except ValueError as exc:
+        raise ScenarioError(str(exc)) from None
 
 
 def _training(table: dict) -> TrainingSpec:

@@ -1,5 +1,8 @@
 """`python -m simulator collective`: one collective over all GPUs of N nodes, or a busbw sweep.
 
+The cluster is described as in a scenario: ``--cluster PRESET`` or ``--hardware FILE.toml`` and any
+``--set cluster.KEY=VALUE`` (NICs, fabric, NVLink, topology, a GPU table ...).
+
 Figures follow nccl-tests (doc/PERFORMANCE.md): algbw = S / t; busbw = algbw x 2(n-1)/n for
 all_reduce, x (n-1)/n for all_gather / reduce_scatter / all_to_all, x 1 for send_recv.
 """
@@ -7,33 +10,40 @@ all_reduce, x (n-1)/n for all_gather / reduce_scatter / all_to_all, x 1 for send
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
-from ..hardware.clusters import CLUSTER_PRESETS
+from ..scenario import apply_overrides, cluster_spec
 from ..tasks import COLLECTIVE_OPS
 
 CLI_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 
 
-def _cluster(name: str, nodes: int):
-    if name not in CLUSTER_PRESETS:
-        raise ValueError(f"--cluster {name!r} is unknown; known: {', '.join(CLUSTER_PRESETS)}")
+def cluster_of(preset: str | None, hardware: str | None, nodes: int, sets: list[str] | tuple[str, ...] = ()):
+    """The cluster a ``collective`` call describes: a preset or a hardware file, ``--nodes``, and
+    ``cluster.KEY=VALUE`` overrides, read by the same code as a scenario's [cluster] table."""
     if nodes < 1:
         raise ValueError(f"--nodes must be positive, got {nodes}")
-    return replace(CLUSTER_PRESETS[name], num_nodes=nodes)
+    if preset and hardware:
+        raise ValueError("--cluster and --hardware both given; a hardware file replaces the preset")
+    bad = [item for item in sets if not item.strip().startswith("cluster.")]
+    if bad:
+        raise ValueError(f"--set {bad[0]!r}: collective takes cluster.KEY=VALUE only")
+    table: dict = {"hardware": str(Path(hardware).resolve())} if hardware else {"preset": preset or "dgx-a100-80gb"}
+    table["num_nodes"] = nodes
+    table = apply_overrides({"cluster": table}, list(sets))["cluster"]
+    return cluster_spec(table, Path("."))
 
 
 def collective_command(args) -> int:
     from .collective import run_collective, sweep_collective
-    cluster = _cluster(args.cluster, args.nodes)
+    cluster = cluster_of(args.cluster, args.hardware, args.nodes, args.set)
     if args.op not in CLI_OPS or args.op not in COLLECTIVE_OPS:
         raise ValueError(f"--op {args.op!r} is unknown; known: {', '.join(CLI_OPS)}")
     if args.size_bytes <= 0:
         raise ValueError(f"--size-bytes must be positive, got {args.size_bytes:g}")
     if args.sweep:
         rows = sweep_collective(cluster, args.op, algorithm=args.algorithm)
-        out = Path(args.out) if args.out else Path("results") / f"collective-{args.op}-{args.cluster}-{args.nodes}n"
+        out = Path(args.out) if args.out else Path("results") / f"collective-{args.op}-{cluster.name}-{args.nodes}n"
         out.mkdir(parents=True, exist_ok=True)
         from ..analysis.links import plot_busbw_sweep
         plot_busbw_sweep(rows, out / "busbw.png")

@@ -1,23 +1,22 @@
-"""Cluster specifications (DGX nodes: NVSwitch inside, InfiniBand between) and their presets.
+"""Cluster specifications (nodes of GPUs on one NVLink domain, NICs into a leaf/spine fabric).
 
-Sources:
-- DGX A100 user guide / datasheet: 8 A100 SXM4, 6 NVSwitch (NVLink3: 12 links x 25 GB/s =
-  300 GB/s per GPU per direction), 8 ConnectX-6 HDR 200 Gb/s compute NICs (one per GPU), PCIe
-  Gen4 x16 host links (32 GB/s per direction, theoretical), 2 x AMD EPYC 7742.
-- DGX H100 user guide / datasheet: 8 H100 SXM5, 4 NVSwitch gen3 (NVLink4: 18 links x 25 GB/s =
-  450 GB/s per GPU per direction) with NVLink SHARP, 8 ConnectX-7 NDR 400 Gb/s compute NICs,
-  PCIe Gen5 x16 (64 GB/s per direction, theoretical), 2 x Intel Xeon 8480C.
-- DGX H200: the DGX H100 platform with H200 GPUs (NVIDIA DGX H200 datasheet).
+The presets are data: one TOML file per cluster under simulator/data/hardware/clusters/ (DGX A100,
+DGX H100/H200, DGX B200, GB200 NVL72), each figure with its datasheet source, read on first use by
+``hardware/hwfile``; a scenario names its own file with ``cluster.hardware = "path.toml"``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..units import GB, gbit_per_s_to_bytes_per_s
-from .gpus import GPU_PRESETS, GPUSpec
+from .gpus import GPUSpec
+from .preset_files import PresetFiles
 
 TOPOLOGIES = ("fat-tree", "rail-optimized")
+# Inter-node fabrics: InfiniBand, RoCE (RDMA over Converged Ethernet v2), and Google's GPUDirect-TCPX
+# (A3 High) and GPUDirect-TCPXO (A3 Mega), GPU-direct transfers over TCP. The link efficiency of each
+# is in hardware/topology, the NCCL settings its vendor prescribes in cost/nccl_tuner.
+FABRICS = ("infiniband", "roce", "tcpx", "tcpxo")
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +24,7 @@ class ClusterSpec:
     name: str
     gpu: GPUSpec
     num_nodes: int
-    gpus_per_node: int
+    gpus_per_node: int  # GPUs in one NVLink domain (a DGX node; a whole GB200 NVL72 rack)
     nvlink_bandwidth_Bps: float  # per GPU, per direction, into the node's NVSwitch fabric
     nics_per_node: int
     nic_bandwidth_Bps: float  # per NIC, per direction
@@ -33,6 +32,7 @@ class ClusterSpec:
     nvls: bool  # NVSwitch supports in-switch reduction (NVLink SHARP, NVSwitch gen3)
     topology: str = "rail-optimized"  # inter-node network
     oversubscription: float = 1.0  # leaf uplink oversubscription ratio (1.0 = non-blocking)
+    fabric: str = "infiniband"  # one of FABRICS
 
     @property
     def num_gpus(self) -> int:
@@ -42,20 +42,4 @@ class ClusterSpec:
         return replace(self, num_nodes=num_nodes)
 
 
-def _dgx(name: str, gpu: str, nvlink_GBps: float, nic_Gbps: float, pcie_GBps: float,
-         nvls: bool) -> ClusterSpec:
-    return ClusterSpec(name=name, gpu=GPU_PRESETS[gpu], num_nodes=1, gpus_per_node=8,
-                       nvlink_bandwidth_Bps=nvlink_GBps * GB, nics_per_node=8,
-                       nic_bandwidth_Bps=gbit_per_s_to_bytes_per_s(nic_Gbps),
-                       pcie_bandwidth_Bps=pcie_GBps * GB, nvls=nvls)
-
-
-CLUSTER_PRESETS: dict[str, ClusterSpec] = {
-    c.name: c
-    for c in (
-        _dgx("dgx-a100-40gb", "a100-sxm4-40gb", 300, 200, 32, False),
-        _dgx("dgx-a100-80gb", "a100-sxm4-80gb", 300, 200, 32, False),
-        _dgx("dgx-h100", "h100-sxm5-80gb", 450, 400, 64, True),
-        _dgx("dgx-h200", "h200-sxm-141gb", 450, 400, 64, True),
-    )
-}
+CLUSTER_PRESETS: PresetFiles = PresetFiles("clusters")

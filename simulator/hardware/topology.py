@@ -23,11 +23,23 @@ LinkId = tuple  # (u, v): a directed edge of Topology.graph
 #   25 GB/s NVLink3 link and SM90_NVLINK_BW = 20.6 GB/s per NVLink4 link; NCCL maintainers:
 #   "the app-level bandwidth is 80% of the peak bandwidth" (NVIDIA/nccl#1054) and "370GB/s in
 #   each direction" on H100 (NVIDIA/nccl#1442): 128 B payloads with headers, both directions.
-NVLINK_EFFICIENCY = {"ampere": 20.0 / 25.0, "hopper": 20.6 / 25.0}
+#   NVLink5 (Blackwell): SM100_NVLINK_BW = 40.1 GB/s per 50 GB/s link (same file).
+NVLINK_EFFICIENCY = {"ampere": 20.0 / 25.0, "hopper": 20.6 / 25.0, "blackwell": 40.1 / 50.0}
 # - InfiniBand: "CX-7 NICs at NDR rate (400Gbps) should achieve up to 48-49GB/s per NIC"
 #   (NVIDIA/nccl-tests#267, NVIDIA); SimAI (aliyun/SimAI calbusbw.h) uses 23.5 of 25 GB/s for
 #   ConnectX-6 HDR and 48.5 of 50 GB/s for ConnectX-7 NDR. 0.96 is the middle of 0.94-0.98.
 IB_EFFICIENCY = 0.96
+# - Other fabrics: the same transfer engine, scaled by the share of the wire their per-packet
+#   headers leave to payload, relative to InfiniBand's (4096 B MTU; LRH 8 + BTH 12 + ICRC 4 + VCRC 2
+#   = 26 B per packet: 0.9937). RoCEv2 (4096 B MTU): Ethernet preamble/SFD 8 + header 14 + FCS 4 +
+#   inter-frame gap 12, IPv4 20, UDP 8, BTH 12, ICRC 4 = 82 B: 0.9804 (IBTA RoCEv2 annex A17).
+#   GPUDirect-TCPX/TCPXO (GCP A3; IP MTU 8,244 B as Google's setup guides create the data VPCs):
+#   IPv4 20 + TCP with timestamps 32 inside it, Ethernet framing 38 outside: 8,192 / 8,282 = 0.9891.
+_IB_PAYLOAD = 4096 / (4096 + 26)
+FABRIC_EFFICIENCY = {"infiniband": IB_EFFICIENCY,
+                     "roce": IB_EFFICIENCY * (4096 / (4096 + 82)) / _IB_PAYLOAD,
+                     "tcpx": IB_EFFICIENCY * (8192 / 8282) / _IB_PAYLOAD,
+                     "tcpxo": IB_EFFICIENCY * (8192 / 8282) / _IB_PAYLOAD}
 # - PCIe: SimAI calbusbw.h A100_PCIE_BW = 32*0.8 and H100_PCIE_BW = 64*0.8 GB/s (TLP headers,
 #   128b/130b encoding and flow-control credits).
 PCIE_EFFICIENCY = 0.8
@@ -191,7 +203,9 @@ def build_topology(cluster: ClusterSpec) -> Topology:
                          f"known: {', '.join(NVLINK_EFFICIENCY)}")
     nvlink = c.nvlink_bandwidth_Bps * NVLINK_EFFICIENCY[arch]
     pcie = c.pcie_bandwidth_Bps * PCIE_EFFICIENCY
-    nic = c.nic_bandwidth_Bps * IB_EFFICIENCY
+    if c.fabric not in FABRIC_EFFICIENCY:
+        raise ValueError(f"cluster.fabric {c.fabric!r} unknown; known: {', '.join(FABRIC_EFFICIENCY)}")
+    nic = c.nic_bandwidth_Bps * FABRIC_EFFICIENCY[c.fabric]
     cap: dict = {}
     lat: dict = {}
 

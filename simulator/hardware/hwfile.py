@@ -1,0 +1,189 @@
+"""Hardware as data: GPU and cluster descriptions from TOML tables, checked field by field.
+
+A GPU table (a file under data/hardware/gpus/, or a scenario's ``[gpu]``) and a cluster table (a file
+under data/hardware/clusters/, the file a scenario names with ``cluster.hardware``, or the scenario's
+``[cluster]`` overrides) become GPUSpec / ClusterSpec. Every bad value is a ValueError whose one-line
+message names the field and the value (the CLI turns it into exit code 2).
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+
+from ..units import GB, MiB, TFLOP, gbit_per_s_to_bytes_per_s
+from .clusters import CLUSTER_PRESETS, FABRICS, TOPOLOGIES, ClusterSpec
+from .gpus import ARCHITECTURES, GPU_PRESETS, GPUSpec
+
+DTYPES = ("fp32", "bf16", "fp16", "fp8", "fp4")
+_GPU_KEYS = ("preset", "name", "architecture", "peak_tflops", "hbm_bandwidth_GBps", "memory_capacity_MiB",
+             "memory_capacity_GB", "tdp_W", "boost_clock_MHz")
+# [cluster] key -> (ClusterSpec field, converter to SI); counts and choices are handled apart.
+_CLUSTER_RATES = {"nvlink_bandwidth_GBps": ("nvlink_bandwidth_Bps", lambda v: v * GB),
+                  "nic_bandwidth_Gbps": ("nic_bandwidth_Bps", gbit_per_s_to_bytes_per_s),
+                  "pcie_bandwidth_GBps": ("pcie_bandwidth_Bps", lambda v: v * GB)}
+_CLUSTER_COUNTS = ("num_nodes", "gpus_per_node", "nics_per_node")
+CLUSTER_KEYS = ("preset", "name", "gpu", *_CLUSTER_COUNTS, *_CLUSTER_RATES, "fabric", "nvls",
+                "topology", "oversubscription")
+
+
+def _number(where: str, key: str, value, minimum: float = 0.0, strict: bool = True) -> float:
+    """A finite float > minimum (>= when not strict); ints are accepted, bools and text are not."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{where}.{key} must be a number, got {value!r}")
+    v = float(value)
+    ok = math.isfinite(v) and (v > minimum if strict else v >= minimum)
+    if not ok:
+        rel = ">" if strict else ">="
+        raise ValueError(f"{where}.{key} must be a finite number {rel} {minimum:g}, got {value!r}")
+    return v
+
+
+def _count(where: str, key: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{where}.{key} must be a positive integer, got {value!r}")
+    return value
+
+
+def _choice(where: str, key: str, value, known: tuple[str, ...]) -> str:
+    if value not in known:
+        raise ValueError(f"{where}.{key} {value!r} is unknown; known: {', '.join(known)}")
+    return value
+
+
+def _check_keys(where: str, table: dict, known: tuple[str, ...]) -> None:
+    unknown = sorted(set(table) - set(known))
+    if unknown:
+        raise ValueError(f"[{where}] unknown key(s) {unknown}; known: {', '.join(known)}")
+
+
+def _peaks(where: str, table) -> dict:
+    if not isinstance(table, dict) or not table:
+        raise ValueError(f"{where}.peak_tflops must be a table of dtype = TFLOP/s, got {table!r}")
+    out = {}
+    for dtype, value in table.items():
+        _choice(f"{where}.peak_tflops", "dtype", dtype, DTYPES)
+        out[dtype] = _number(f"{where}.peak_tflops", dtype, value) * TFLOP
+    return out
+
+
+def gpu_from_table(table: dict, where: str = "gpu", base: GPUSpec | None = None) -> GPUSpec:
+    """A GPU from a table of datasheet fields; ``preset`` (or ``base``) gives the fields not set."""
+    if not isinstance(table, dict):
+        raise ValueError(f"[{where}] must be a table, got {table!r}")
+    _check_keys(where, table, _GPU_KEYS)
+    if "preset" in table:
+        base = GPU_PRESETS.get(table["preset"])
+        if base is None:
+            raise ValueError(f"{where}.preset {table['preset']!r} is unknown; known: {', '.join(GPU_PRESETS)}")
+    if "memory_capacity_MiB" in table and "memory_capacity_GB" in table:
+        raise ValueError(f"{where}: give memory_capacity_MiB or memory_capacity_GB, not both")
+    fields: dict = {}
+    if "name" in table:
+        if not isinstance(table["name"], str) or not table["name"]:
+            raise ValueError(f"{where}.name must be a non-empty string, got {table['name']!r}")
+        fields["name"] = table["name"]
+    if "architecture" in table:
+        fields["architecture"] = _choice(where, "architecture", table["architecture"], ARCHITECTURES)
+    if "peak_tflops" in table:
+        fields["peak_flops_per_s"] = {**(base.peak_flops_per_s if base else {}),
+                                      **_peaks(where, table["peak_tflops"])}
+    if "hbm_bandwidth_GBps" in table:
+        fields["hbm_bandwidth_Bps"] = _number(where, "hbm_bandwidth_GBps", table["hbm_bandwidth_GBps"]) * GB
+    for key, unit in (("memory_capacity_MiB", MiB), ("memory_capacity_GB", GB)):
+        if key in table:
+            fields["memory_capacity_bytes"] = _number(where, key, table[key]) * unit
+    for key in ("tdp_W", "boost_clock_MHz"):
+        if key in table:
+            fields[key] = _number(where, key, table[key], strict=False)
+    if base is not None:
+        return replace(base, **fields)
+    missing = [k for k, f in (("name", "name"), ("architecture", "architecture"), ("peak_tflops", "peak_flops_per_s"),
+                              ("hbm_bandwidth_GBps", "hbm_bandwidth_Bps"),
+                              ("memory_capacity_MiB or memory_capacity_GB", "memory_capacity_bytes")) if f not in fields]
+    if missing:
+        raise ValueError(f"[{where}] needs {', '.join(missing)} (or a preset)")
+    if "bf16" not in fields["peak_flops_per_s"]:
+        raise ValueError(f"{where}.peak_tflops needs bf16; got {', '.join(fields['peak_flops_per_s'])}")
+    return GPUSpec(**fields)
+
+
+def _cluster_gpu(where: str, value, base: GPUSpec | None) -> GPUSpec:
+    if isinstance(value, str):
+        if value not in GPU_PRESETS:
+            raise ValueError(f"{where}.gpu {value!r} is unknown; known: {', '.join(GPU_PRESETS)}")
+        return GPU_PRESETS[value]
+    return gpu_from_table(value, f"{where}.gpu", base)
+
+
+def cluster_from_table(table: dict, where: str = "cluster", base: ClusterSpec | None = None) -> ClusterSpec:
+    """A cluster from its fields; ``preset`` (or ``base``) gives the fields not set. ``gpu`` is a GPU
+    preset name or a GPU table. Checks every value and the NIC/GPU ratio."""
+    if not isinstance(table, dict):
+        raise ValueError(f"[{where}] must be a table, got {table!r}")
+    _check_keys(where, table, CLUSTER_KEYS)
+    if "preset" in table:
+        base = CLUSTER_PRESETS.get(table["preset"])
+        if base is None:
+            raise ValueError(f"{where}.preset {table['preset']!r} is unknown; known: {', '.join(CLUSTER_PRESETS)}")
+    f: dict = {}
+    if "name" in table:
+        if not isinstance(table["name"], str) or not table["name"]:
+            raise ValueError(f"{where}.name must be a non-empty string, got {table['name']!r}")
+        f["name"] = table["name"]
+    if "gpu" in table:
+        f["gpu"] = _cluster_gpu(where, table["gpu"], base.gpu if base else None)
+    for key in _CLUSTER_COUNTS:
+        if key in table:
+            f[key] = _count(where, key, table[key])
+    for key, (name, conv) in _CLUSTER_RATES.items():
+        if key in table:
+            f[name] = conv(_number(where, key, table[key]))
+    if "oversubscription" in table:
+        f["oversubscription"] = _number(where, "oversubscription", table["oversubscription"], 1.0, strict=False)
+    if "fabric" in table:
+        f["fabric"] = _choice(where, "fabric", table["fabric"], FABRICS)
+    if "topology" in table:
+        f["topology"] = _choice(where, "topology", table["topology"], TOPOLOGIES)
+    if "nvls" in table:
+        if not isinstance(table["nvls"], bool):
+            raise ValueError(f"{where}.nvls must be true or false, got {table['nvls']!r}")
+        f["nvls"] = table["nvls"]
+    spec = replace(base, **f) if base is not None else _new_cluster(where, f)
+    if spec.nics_per_node > spec.gpus_per_node:
+        raise ValueError(f"{where}.nics_per_node ({spec.nics_per_node}) exceeds gpus_per_node "
+                         f"({spec.gpus_per_node}); each NIC serves at least one GPU")
+    return spec
+
+
+def _new_cluster(where: str, f: dict) -> ClusterSpec:
+    required = {"name": "name", "gpu": "gpu", "gpus_per_node": "gpus_per_node",
+                "nvlink_bandwidth_GBps": "nvlink_bandwidth_Bps", "nics_per_node": "nics_per_node",
+                "nic_bandwidth_Gbps": "nic_bandwidth_Bps", "pcie_bandwidth_GBps": "pcie_bandwidth_Bps",
+                "nvls": "nvls"}
+    missing = [k for k, name in required.items() if name not in f]
+    if missing:
+        raise ValueError(f"[{where}] needs {', '.join(missing)} (or a preset)")
+    f.setdefault("num_nodes", 1)
+    return ClusterSpec(**f)
+
+
+def _read_toml(path: Path) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"hardware file {str(p)!r} does not exist")
+    try:
+        return tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"hardware file {p}: malformed TOML: {exc}") from None
+
+
+def read_gpu_file(path: str | Path) -> GPUSpec:
+    return gpu_from_table(_read_toml(Path(path)), f"{Path(path).name}: gpu")
+
+
+def read_cluster_file(path: str | Path) -> ClusterSpec:
+    """A cluster file: the fields of ``cluster_from_table``, ``gpu`` a preset name or a [gpu] table."""
+    return cluster_from_table(_read_toml(Path(path)), f"{Path(path).name}: cluster")
