@@ -30,16 +30,31 @@ shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/traces not pr
     ("fmha_cutlassF_bf16_aligned_64x128_rf_sm80", "attention"),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl>(int, ...)", "elementwise"),
     ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float>(int, float)",
-     "elementwise"),
+     "norm"),
     ("Memcpy HtoD (Pinned -> Device)", "memcpy"),
     ("aten::addmm", "gemm"), ("aten::linear", "gemm"), ("aten::mm", "gemm"),
     ("autograd::engine::evaluate_function: AddmmBackward0", "gemm"),
     ("aten::_scaled_dot_product_flash_attention_for_cpu", "attention"),
     ("autograd::engine::evaluate_function: ScaledDotProductFlashAttentionForCpuBackward0", "attention"),
-    ("aten::layer_norm", "elementwise"), ("aten::gelu", "elementwise"),
-    ("autograd::engine::evaluate_function: NativeLayerNormBackward0", "elementwise"),
+    ("aten::layer_norm", "norm"), ("aten::gelu", "elementwise"),
+    ("autograd::engine::evaluate_function: NativeLayerNormBackward0", "norm"),
     ("aten::view", "other"), ("autograd::engine::evaluate_function: ViewBackward0", "other"),
     ("void cub::DeviceScanKernel<cub::AgentScanPolicy<128, 15, int>>(int*)", "other"),
+    # AMD: rocBLAS / hipBLASLt (Tensile), MIOpen, RCCL, Composable Kernel attention, ROCm copies
+    ("Cijk_Alik_Bljk_BBS_BH_MT128x128x64_MI16x16x16x1_SN_1LDSB0_APM1_ABV0_ACED0_AF0EM1", "gemm"),
+    ("Cijk_Ailk_Bljk_SB_MT64x64x16_SN_APM1_AF0EM1_AF1EM1_AMAS3_ASE_ASGT_ASLT", "gemm"),
+    ("miopenSp3AsmConv_v21_1_3_gfx9_fp32_f3x2_stride1", "gemm"),
+    ("igemm_fwd_gtcx_nhwc_fp16_bx0_ex1_bt256x128x32_wt32x32x8_ws2x1_wr2x2", "gemm"),
+    ("MIOpenBatchNormFwdTrainSpatial", "norm"), ("MIOpenLayerNormFwd", "norm"),
+    ("ncclDevKernel_Generic_4(ncclDevKernelArgsStorage<4096ul>)", "nccl"),
+    ("void ck_tile::kentry<256, 1, ck_tile::FmhaFwdKernel<ck_tile::BlockFmhaPipelineQRKSVSAsync>>", "attention"),
+    ("__amd_rocclr_copyBuffer", "memcpy"), ("__amd_rocclr_fillBufferAligned", "memcpy"),
+    # NVIDIA families beyond the above
+    ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NTN", "gemm"),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x128_4x1x1", "attention"),
+    ("void transformer_engine::normalization::rmsnorm_fwd_tuned_kernel<Kernel_traits<...>>", "norm"),
+    ("void cuApplyLayerNorm<c10::BFloat16, float, c10::BFloat16>(...)", "norm"),
+    ("void multi_tensor_apply_kernel<TensorListMetadata<2>, L2NormFunctor<float, 1, 1>, float*>", "elementwise"),
 ])
 def test_categorize(name, category):
     assert categorize(name) == category
@@ -194,8 +209,9 @@ def test_compare_maps_kernels_to_ops(annotated):
 
     run, result = _fake_run(annotated)
     c = compare_run(run, result)
-    assert c["mapping"] == ("annotation" if annotated else "category-order")
+    assert c["mapping"] == ("annotation" if annotated else "shape-order")
     assert c["step_time_error"] == pytest.approx(-0.5)
     assert c["measured_step_s"] == pytest.approx(2 * c["simulated_step_s"])
     assert len(c["per_op"]) == 30 and all(r["error"] == pytest.approx(-0.5) for r in c["per_op"])
-    assert {r["category"] for r in c["per_category"]} == {"gemm", "attention", "elementwise"}
+    assert {r["category"] for r in c["per_category"]} == {"gemm", "attention", "norm", "elementwise"}
+    assert c["coverage"] == pytest.approx(1.0) and not c["coverage_warning"]

@@ -118,7 +118,7 @@ def cmd_compare(trace_path: str, scenario_path: str, out_dir: str | None) -> int
     from ..analysis.measured import plot_side_by_side
     from ..pipeline import simulate
     from ..trace import write_chrome_trace
-    from .compare import compare_run, comparison_markdown, simulated_op_trace, simulated_ops
+    from .compare import compare_run, comparison_markdown, coverage_line, simulated_op_trace, simulated_ops
     from .kineto import parse_kineto, run_to_trace
 
     try:
@@ -140,6 +140,7 @@ def cmd_compare(trace_path: str, scenario_path: str, out_dir: str | None) -> int
                       title=f"{scn.name}: measured ({c['device']}) vs simulated",
                       measured_window=tuple(c["measured_window_s"]), simulated_window=tuple(c["simulated_window_s"]))
     err = c["step_time_error"]
+    print(coverage_line(c))
     print(f"{scn.name}: measured step {c['measured_step_s'] * 1e3:.3f} ms, simulated {c['simulated_step_s'] * 1e3:.3f} ms,"
           f" error {'n/a' if err is None else f'{err:+.1%}'}")
     print(f"wrote {out}/compare.md, compare.json, compare_timeline.png, measured_trace.json")

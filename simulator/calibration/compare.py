@@ -1,60 +1,46 @@
 """Measured versus simulated: maps a real profiler trace's kernels onto a scenario's simulated ops and
-reports per-op times, per-category times and the step-time error.
+reports the match coverage first, then per-op times, per-category times and the step-time error.
 
-Kernels are mapped to ops by their ``sim:<microbatch>:<layer>:<op>`` annotation when the trace comes from
-our tiny model (backward kernels through the autograd sequence number of their forward op); any other
-trace is mapped by kernel category and order within a profiler step.
+The trace's rank is placed in the scenario's device mesh: its pipeline stage's simulated representative
+is the rank compared against. Steps are delimited on the GPU timeline: step k runs from its first kernel
+(or its ``ProfilerStep#k`` GPU annotation) to the start of step k + 1, so that steps whose kernels
+overlap on the GPU are not counted twice; the last step ends with its last kernel. Kernels are matched
+to ops by ``calibration/matching`` (annotation, shape, order).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from statistics import median
 
 from ..analysis.bubbles import merge_intervals
 from ..cost.compute import RooflineCompute
 from ..trace import Trace, TraceEvent
 from .kineto import KinetoRun, MeasuredOp, parse_annotation
+from .matching import (COMMUNICATION, UNANNOTATED, SimOp, coverage, coverage_fraction, kind_category,
+                       match_step)
+from .profile import pass_of
 
-# Kernel class of each OpWork kind (tasks.OpWork): the vector kinds are elementwise kernels.
-KIND_CATEGORY = {"gemm": "gemm", "attention": "attention", "memcpy": "memcpy"}
+# Below this fraction of the measured kernel time matched to the scenario's ops, the trace does not run
+# the scenario's model and the step-time error compares different work: compare warns. One half: most
+# of the time must be the scenario's kernels for the error to say something about them.
+COVERAGE_WARN = 0.5
 # Simulated phases as a profiler sees them: weight gradients and recomputation run inside backward.
 PHASE_AS_MEASURED = {"F": "F", "B": "B", "W": "B", "R": "B", "O": "O", "": ""}
-UNANNOTATED = "(unannotated)"
-COMMUNICATION = "(communication)"
-OPTIMIZER_OP = "adam"  # strategy/grad_sync's optimizer OpWork, the tiny model's optimizer annotation
-
-
-def kind_category(kind: str) -> str:
-    return KIND_CATEGORY.get(kind, "elementwise")
-
-
-@dataclass(frozen=True, slots=True)
-class SimOp:
-    name: str
-    kind: str
-    phase: str
-    microbatch: int
-    layer: int
-    start_s: float
-    end_s: float
-
-    @property
-    def duration_s(self) -> float:
-        return self.end_s - self.start_s
+__all__ = ["COVERAGE_WARN", "COMMUNICATION", "UNANNOTATED", "SimOp", "kind_category", "simulated_ops",
+           "simulated_op_trace", "measured_steps", "step_periods", "sim_rank_of", "compare_run",
+           "comparison_markdown"]
 
 
 def simulated_ops(result, rank: int | None = None) -> tuple[int, list[SimOp]]:
     """(rank, ops): every OpWork of one simulated rank's compute tasks, timed within its task in
     proportion to the cost model's time for it (tables where measured, else the roofline)."""
     scn, graph, sim = result.scenario, result.graph, result.sim
-    ranks = graph.ranks
-    rank = rank if rank in ranks else ranks[0]
+    rank = rank if rank in graph.ranks else graph.ranks[0]
     tables = getattr(result, "tables", None)
     if tables is None and scn.cost.compute == "calibrated":
         from ..cost.calibrated import CalibrationTables
         tables = CalibrationTables.load(scn.cost.tables)
-    roof = RooflineCompute(scn.cluster.gpu, scn.training.dtype)
+    roof = RooflineCompute(scn.cluster.gpu, scn.training.dtype, scn.training.attention)
     dtype = scn.training.dtype
 
     def op_s(w) -> float:
@@ -71,9 +57,26 @@ def simulated_ops(result, rank: int | None = None) -> tuple[int, list[SimOp]]:
         for w, x in zip(t.work, times):
             d = span * x / total if total > 0 else 0.0
             out.append(SimOp(w.name, w.kind, PHASE_AS_MEASURED.get(t.phase, t.phase), t.microbatch, t.layer,
-                             clock, clock + d))
+                             clock, clock + d, w, pass_of(w, t.phase)))
             clock += d
     return rank, out
+
+
+def sim_rank_of(result, measured_rank: int) -> tuple[int, str]:
+    """The simulated rank standing for a trace's rank (its pipeline stage's representative unless every
+    rank is simulated) and a note saying how it was placed."""
+    mesh, graph = result.plan.mesh, result.graph
+    if not 0 <= measured_rank < mesh.size:
+        return graph.ranks[0], (f"trace rank {measured_rank} is outside the scenario's {mesh.size} GPUs; "
+                                f"compared with simulated rank {graph.ranks[0]}")
+    stage = mesh.stage_of(measured_rank)
+    rank = measured_rank if measured_rank in graph.ranks else mesh.representative(stage)
+    return rank, f"trace rank {measured_rank} is pipeline stage {stage}: simulated rank {rank}"
+
+
+def comm_ops_of(result, rank: int) -> set[str]:
+    """The collectives (tasks ops) the simulated rank runs."""
+    return {t.comm.op for t in result.graph.tasks if t.rank == rank and t.comm is not None}
 
 
 def simulated_op_trace(result, rank: int, ops: list[SimOp]) -> Trace:
@@ -87,69 +90,67 @@ def simulated_op_trace(result, rank: int, ops: list[SimOp]) -> Trace:
                  metadata={"scenario": result.scenario.name})
 
 
-def measured_steps(run: KinetoRun) -> dict[int, list[MeasuredOp]]:
-    """Profiler step -> its ops (the whole trace as step -1 when it has no ProfilerStep annotations)."""
+def measured_steps(run: KinetoRun, rank: int | None = None) -> dict[int, list[MeasuredOp]]:
+    """Profiler step -> its ops on ``rank`` (all ranks when None); the whole trace is step -1 when it
+    has no ProfilerStep annotations."""
     steps: dict[int, list[MeasuredOp]] = {}
     for o in run.ops:
-        if o.step >= 0 or not run.steps:
+        if (o.step >= 0 or not run.steps) and (rank is None or o.rank == rank):
             steps.setdefault(o.step, []).append(o)
     return steps
 
 
-def _op_key(o: MeasuredOp) -> tuple[str, str]:
-    if o.category == "nccl":  # communication is compared per category, against the simulated collectives
-        return o.phase, COMMUNICATION
-    parsed = parse_annotation(o.annotation)
-    if parsed is None:
-        return o.phase, UNANNOTATED
-    # the optimizer region also holds the gradient and weight copies around Optimizer.step
-    return ("O" if parsed[2] == OPTIMIZER_OP else o.phase), parsed[2]
-
-
-def _order_keys(step_ops: list[MeasuredOp], sim: list[SimOp]) -> dict[int, tuple[str, str]]:
-    """Foreign traces: the i-th kernel of a category in the step is the i-th simulated op of that
-    category, where both have the same count; index -> (phase, op) key."""
-    out: dict[int, tuple[str, str]] = {}
-    by_cat_sim: dict[str, list[SimOp]] = {}
-    for s in sim:
-        by_cat_sim.setdefault(kind_category(s.kind), []).append(s)
-    by_cat_meas: dict[str, list[int]] = {}
-    for i, o in enumerate(step_ops):
-        by_cat_meas.setdefault(o.category, []).append(i)
-    for cat, idx in by_cat_meas.items():
-        ss = by_cat_sim.get(cat, [])
-        if len(ss) == len(idx):
-            for i, s in zip(idx, ss):
-                out[i] = (s.phase, s.name)
+def step_periods(run: KinetoRun, steps: dict[int, list[MeasuredOp]]) -> dict[int, tuple[float, float]]:
+    """Step -> (start_s, end_s) on the GPU timeline: from the step's GPU annotation or first kernel to
+    the next step's start (overlapping steps are cut there), the last step to its last kernel."""
+    starts = {k: min(run.gpu_steps[k][0], min(o.start_s for o in ops)) if k in run.gpu_steps
+              else min(o.start_s for o in ops) for k, ops in steps.items()}
+    order = sorted(steps, key=lambda k: (starts[k], k))
+    out = {}
+    for i, k in enumerate(order):
+        end = max(o.end_s for o in steps[k])
+        if i + 1 < len(order):
+            end = starts[order[i + 1]]
+        out[k] = (starts[k], end)
     return out
 
 
 def compare_run(run: KinetoRun, result) -> dict:
-    """Per-op and per-category rows, the measured and simulated step times and the step-time error."""
+    """Coverage, per-op and per-category rows, the measured and simulated step times and their error."""
     steps = measured_steps(run)
     if not steps:
         raise ValueError(f"{run.metadata.get('source_file', 'trace')}: no kernels inside a profiler step")
-    rank = next(iter(steps.values()))[0].rank
+    measured_rank = min(o.rank for ops in steps.values() for o in ops)
+    steps = measured_steps(run, measured_rank)
+    rank, placement = sim_rank_of(result, measured_rank)
     rank, sim = simulated_ops(result, rank)
-    annotated = any(parse_annotation(o.annotation) for o in run.ops)
+    comm = comm_ops_of(result, rank)
+    periods = step_periods(run, steps)
     meas_op: dict[tuple[str, str], list[float]] = {}
     meas_cat: dict[str, list[float]] = {}
-    spans, busy = {}, {}
-    for k, ops in steps.items():
-        ops = [o for o in ops if o.rank == rank]
-        spans[k] = max(o.end_s for o in ops) - min(o.start_s for o in ops)
-        busy[k] = sum(b - a for a, b in merge_intervals([(o.start_s, o.end_s) for o in ops]))
-        keys = {i: _op_key(o) for i, o in enumerate(ops)} if annotated else _order_keys(ops, sim)
-        per_op: dict[tuple[str, str], float] = {}
-        per_cat: dict[str, float] = {}
-        for i, o in enumerate(ops):
-            key = keys.get(i) or (o.phase, COMMUNICATION if o.category == "nccl" else UNANNOTATED)
-            per_op[key] = per_op.get(key, 0.0) + o.duration_s
-            per_cat[o.category] = per_cat.get(o.category, 0.0) + o.duration_s
-        for key, v in per_op.items():
-            meas_op.setdefault(key, [0.0] * len(steps))[len(spans) - 1] = v
-        for key, v in per_cat.items():
-            meas_cat.setdefault(key, [0.0] * len(steps))[len(spans) - 1] = v
+    cover: dict[str, dict] = {}
+    how: dict[str, int] = {}
+    busy = {}
+    for n, k in enumerate(sorted(steps)):
+        ops = steps[k]
+        matches = match_step(ops, sim, comm)
+        lo, hi = periods[k]
+        busy[k] = sum(b - a for a, b in merge_intervals([(max(o.start_s, lo), min(o.end_s, hi)) for o in ops
+                                                          if min(o.end_s, hi) > max(o.start_s, lo)]))
+        for o, m in zip(ops, matches):
+            key = m.key if m else (o.phase, COMMUNICATION if o.category == "nccl" else UNANNOTATED)
+            meas_op.setdefault(key, [0.0] * len(steps))[n] += o.duration_s
+            meas_cat.setdefault(o.category, [0.0] * len(steps))[n] += o.duration_s
+            if m:
+                how[m.how] = how.get(m.how, 0) + 1
+        for c, v in coverage(ops, matches).items():
+            acc = cover.setdefault(c, {"kernels": 0, "matched": 0, "time_s": 0.0, "matched_s": 0.0})
+            for f in acc:
+                acc[f] += v[f]
+    return _report(run, result, rank, measured_rank, placement, sim, periods, busy, meas_op, meas_cat, cover, how)
+
+
+def _report(run, result, rank, measured_rank, placement, sim, periods, busy, meas_op, meas_cat, cover, how) -> dict:
     sim_op: dict[tuple[str, str], float] = {}
     sim_cat: dict[str, float] = {}
     counts: dict[tuple[str, str], int] = {}
@@ -166,19 +167,22 @@ def compare_run(run: KinetoRun, result) -> dict:
               for ph, op in sorted(set(meas_op) | set(sim_op), key=lambda k: (order.get(k[0], 3), k[1]))]
     per_cat = [_row({"category": c}, _mean(meas_cat.get(c)), sim_cat.get(c, 0.0))
                for c in sorted(set(meas_cat) | set(sim_cat))]
+    spans = {k: b - a for k, (a, b) in periods.items()}
     measured_s = median(spans.values())
     simulated_s = result.metrics["iteration_time_s"]
     window_step = min(spans, key=lambda k: (abs(spans[k] - measured_s), k))
-    w_ops = [o for o in steps[window_step] if o.rank == rank]
+    cov = coverage_fraction(cover)
     return {
         "scenario": result.scenario.name, "trace": run.metadata.get("source_file", ""),
-        "device": run.metadata.get("device", ""), "rank": rank, "mapping": "annotation" if annotated else
-        "category-order", "steps": sorted(steps), "measured_step_s": measured_s,
+        "device": run.metadata.get("device", ""), "coverage": cov, "coverage_warning": cov < COVERAGE_WARN,
+        "coverage_by_category": {c: cover[c] for c in sorted(cover)}, "matched_by": dict(sorted(how.items())),
+        "rank": rank, "measured_rank": measured_rank, "placement": placement,
+        "mapping": "annotation" if any(parse_annotation(o.annotation) for o in run.ops) else "shape-order",
+        "steps": sorted(periods), "measured_step_s": measured_s,
         "measured_busy_s": median(busy.values()), "simulated_step_s": simulated_s,
         "step_time_error": (simulated_s - measured_s) / measured_s if measured_s > 0 else None,
         "per_op": per_op, "per_category": per_cat,
-        "measured_window_s": [min(o.start_s for o in w_ops), max(o.end_s for o in w_ops)],
-        "simulated_window_s": [0.0, simulated_s],
+        "measured_window_s": list(periods[window_step]), "simulated_window_s": [0.0, simulated_s],
     }
 
 
@@ -191,6 +195,16 @@ def _row(head: dict, measured_s: float, simulated_s: float) -> dict:
     return dict(head, measured_s=measured_s, simulated_s=simulated_s, error=err)
 
 
+def coverage_line(c: dict) -> str:
+    """The coverage figure as compare prints it first, with the warning below the threshold."""
+    parts = ", ".join(f"{k} {v['matched']}/{v['kernels']}" for k, v in c["coverage_by_category"].items())
+    line = f"match coverage: {c['coverage']:.1%} of the measured kernel time maps to the scenario's ops ({parts})"
+    if c["coverage_warning"]:
+        line += (f"\nwarning: coverage below {COVERAGE_WARN:.0%}: this trace does not run the scenario's model; "
+                 "the step-time error compares different work")
+    return line
+
+
 def comparison_markdown(c: dict) -> str:
     def ms(x: float) -> str:
         return f"{x * 1e3:.3f}"
@@ -198,10 +212,10 @@ def comparison_markdown(c: dict) -> str:
     def pct(x) -> str:
         return "n/a" if x is None else f"{x:+.1%}"
 
-    lines = [f"# {c['scenario']}: measured vs simulated", "",
-             f"- trace: `{c['trace']}` ({c['device']}, rank {c['rank']}, mapping by {c['mapping']})",
+    lines = [f"# {c['scenario']}: measured vs simulated", "", f"- {coverage_line(c)}".replace("\n", "\n- "),
+             f"- trace: `{c['trace']}` ({c['device']}; {c['placement']}; mapping by {c['mapping']})",
              f"- measured step (median of {len(c['steps'])}): {ms(c['measured_step_s'])} ms "
-             f"(ops busy {ms(c['measured_busy_s'])} ms)",
+             f"(kernels busy {ms(c['measured_busy_s'])} ms)",
              f"- simulated iteration: {ms(c['simulated_step_s'])} ms",
              f"- step-time error: {pct(c['step_time_error'])}", "",
              "| phase | op | measured (ms/step) | simulated (ms) | error |", "|---|---|---|---|---|"]

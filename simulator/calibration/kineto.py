@@ -1,59 +1,42 @@
 """Import of real PyTorch-profiler (Kineto) Chrome traces as measured runs, without torch.
 
-GPU kernels, memcpy and memset land on (rank, stream) lanes, classified by name into kernel
-categories; each is linked through its correlation id to the CUDA runtime call that launched it and
-so to the CPU op stack above that call (forward / backward / optimizer phase, profiler step, user
-annotation). CPU-only traces (``torch.profiler`` on the CPU) use the top-level CPU ops as kernels.
+GPU kernels, memcpy and memset land on (rank, stream) lanes, classified by name into kernel classes
+(``calibration/kernel_names``); each is linked through its correlation id to the CUDA / HIP runtime
+call that launched it and so to the CPU op stack above that call (forward / backward / optimizer phase,
+profiler step, user annotation, the innermost ATen op and its ``Input Dims`` when the trace was
+recorded with ``record_shapes``). Both Kineto schemas are read: the current lower-case categories
+(``cpu_op``, ``cuda_runtime``, ``kernel``, ``gpu_memcpy`` ...) and the older capitalised ones of torch
+1.8 (``Operator``, ``Runtime``, ``Kernel``, ``Memcpy``, ``Memset``). CPU-only traces (``torch.profiler``
+on the CPU) use the top-level CPU ops as kernels.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
-import re
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
-from ..analysis.measured import KERNEL_CATEGORIES
 from ..trace import COMPUTE_STREAM, Trace, TraceEvent
 from ..units import S_TO_US
+from .kernel_names import categorize
 
-__all__ = ["KERNEL_CATEGORIES", "MeasuredOp", "KinetoRun", "categorize", "parse_kineto", "run_to_trace",
-           "load_kineto_trace", "parse_annotation"]
+__all__ = ["MeasuredOp", "KinetoRun", "categorize", "parse_kineto", "run_to_trace", "load_kineto_trace",
+           "parse_annotation", "read_json"]
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+# Kineto category -> ours. The lower-case names are Kineto's ActivityType strings (torch >= 1.9); the
+# capitalised ones are the older schema, as the TensorBoard plugin's EventTypeMap reads them too.
+CATEGORY = {"cpu_op": "cpu_op", "operator": "cpu_op", "user_annotation": "user_annotation",
+            "gpu_user_annotation": "gpu_user_annotation", "cuda_runtime": "cuda_runtime",
+            "cuda_driver": "cuda_runtime", "runtime": "cuda_runtime", "kernel": "kernel",
+            "gpu_memcpy": "gpu_memcpy", "memcpy": "gpu_memcpy", "gpu_memset": "gpu_memset", "memset": "gpu_memset"}
+HOST_CATS = ("cpu_op", "user_annotation", "cuda_runtime")
+STEP_PREFIX = "ProfilerStep#"
 # Our own tiny model names each op region "sim:<microbatch>:<layer>:<op>" (calibration/tiny_model).
 ANNOTATION_PREFIX = "sim:"
-
-# Name patterns, tried in order (first match wins). Kernel names follow NCCL (ncclKernel_* /
-# ncclDevKernel_*), cuBLAS/cuBLASLt/CUTLASS/cuDNN (gemm, xmma, implicit-GEMM conv), FlashAttention
-# and PyTorch's fused attention (flash/fmha/efficient_attention), PyTorch's ATen kernels; CPU op
-# names follow ATen ("aten::addmm") and autograd ("AddmmBackward0").
-_PATTERNS: tuple[tuple[str, re.Pattern], ...] = tuple((c, re.compile(p, re.IGNORECASE)) for c, p in (
-    ("nccl", r"nccl|c10d::|allreduce|all_reduce|allgather|reducescatter|all_to_all|alltoall"),
-    ("memcpy", r"^memcpy|^memset|cudaMemcpy|aten::_?to_copy$|aten::copy_$"),
-    ("attention", r"flash|fmha|attention|attn_fwd|attn_bwd|sdpa"),
-    ("gemm", r"gemm|gemv|cublas|xmma|cutlass|scudnn|implicit_convolve|conv2d|convolution|dgrad|wgrad"
-             r"|(^|::|_)(mm|addmm|bmm|baddbmm|matmul|linear)$|(Addmm|Mm|Bmm|Baddbmm|Linear|Convolution)"
-             r"Backward"),
-    ("other", r"^aten::(view|reshape|_?unsafe_view|t|transpose|permute|expand|as_strided|empty\w*|detach"
-              r"|alias|slice|select|unsqueeze|squeeze|split\w*|chunk|contiguous|lift\w*|zeros|ones|"
-              r"resolve_\w+|item|_local_scalar_dense|result_type|set_|record_stream)$"
-              r"|(View|Reshape|Alias|Transpose|Permute|Expand|Unsqueeze|Squeeze|T|Select|Slice|Split)"
-              r"Backward\d*$"),
-    ("elementwise", r"elementwise|vectorized|unrolled|at::native|reduce_kernel|norm|softmax|gelu|silu|"
-                    r"relu|dropout|adam|foreach|multi_tensor|cross_entropy|nll|embedding|index|scatter|"
-                    r"gather|catarray|bn_fw|bn_bw|pool|rotary|rope|triton_|accumulategrad|^aten::|Backward\d*$"),
-))
-
-
-def categorize(name: str) -> str:
-    """Kernel category of a GPU kernel or CPU op name (one of KERNEL_CATEGORIES)."""
-    base = name.split(": ", 1)[1] if name.startswith("autograd::engine::evaluate_function: ") else name
-    for cat, pat in _PATTERNS:
-        if pat.search(base):
-            return cat
-    return "other"
+_AUTOGRAD_NODE = "autograd::engine::evaluate_function"
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +54,9 @@ class MeasuredOp:
     annotation: str = ""  # innermost user annotation (for backward: the forward op's one)
     launcher: str = ""  # outermost CPU op above the launch
     bytes: float = 0.0  # memcpy / memset bytes
+    op: str = ""  # innermost CPU (ATen) op above the launch
+    dims: tuple = ()  # that op's Input Dims (record_shapes), nested tuples; () when not recorded
+    op_id: int = -1  # that op call's identity (its start in ns): kernels of one call share it
 
     @property
     def duration_s(self) -> float:
@@ -85,6 +71,16 @@ class KinetoRun:
     steps: dict[int, tuple[float, float]]  # profiler step -> CPU (start_s, end_s)
     cpu_only: bool
     metadata: dict = field(default_factory=dict)
+    gpu_steps: dict[int, tuple[float, float]] = field(default_factory=dict)  # ProfilerStep on the GPU timeline
+
+
+class _Ctx(NamedTuple):
+    phase: str
+    annotation: str
+    launcher: str
+    op: str
+    dims: tuple
+    op_id: int
 
 
 def read_json(path: str | Path) -> dict:
@@ -95,7 +91,7 @@ def read_json(path: str | Path) -> dict:
     try:
         with opener(p, "rt", encoding="utf-8") as f:
             doc = json.load(f)
-    except (json.JSONDecodeError, OSError, UnicodeDecodeError) as exc:
+    except (json.JSONDecodeError, OSError, UnicodeDecodeError, EOFError) as exc:
         raise ValueError(f"{p}: not a JSON trace ({exc})") from None
     if isinstance(doc, list):
         doc = {"traceEvents": doc}
@@ -104,34 +100,67 @@ def read_json(path: str | Path) -> dict:
     return doc
 
 
+def _as_tuple(x):
+    return tuple(_as_tuple(v) for v in x) if isinstance(x, list) else x
+
+
+def _input_dims(args: dict) -> tuple:
+    dims = args.get("Input Dims", args.get("Input dims", args.get("input_dims")))
+    return _as_tuple(dims) if isinstance(dims, list) else ()
+
+
+def _pid(v) -> int | None:
+    if isinstance(v, int):
+        return v
+    return int(v) if isinstance(v, str) and v.isdigit() else None
+
+
+def _complete_events(doc: dict) -> list[dict]:
+    """The complete ("X") events with a numeric pid, categories normalised, ts/dur floats (us)."""
+    out = []
+    for e in doc["traceEvents"]:
+        if not isinstance(e, dict) or e.get("ph") != "X" or "ts" not in e:
+            continue
+        pid = _pid(e.get("pid"))
+        name = str(e.get("name", ""))
+        cat = "user_annotation" if name.startswith(STEP_PREFIX) and CATEGORY.get(
+            str(e.get("cat", "")).lower()) != "gpu_user_annotation" else CATEGORY.get(str(e.get("cat", "")).lower())
+        if pid is None or cat is None:
+            continue
+        args = e.get("args") if isinstance(e.get("args"), dict) else {}
+        out.append(dict(e, pid=pid, cat=cat, name=name, args=args, ts=float(e["ts"]), dur=float(e.get("dur", 0.0))))
+    return out
+
+
 def _phase(stack_names: list[str]) -> str:
     for n in stack_names:
-        if n.startswith("autograd::engine::evaluate_function") or n == "## backward ##":
+        if n.startswith(_AUTOGRAD_NODE) or n == "## backward ##":
             return "B"
         if n.startswith("Optimizer.") or n == "## optimizer ##":
             return "O"
     return "F"
 
 
-def _context(ev: dict, stack: list[dict], fwd_annotation: dict[int, str]) -> tuple[str, str, str]:
-    """(phase, annotation, launcher) of an event given its enclosing CPU events (outermost first).
-
-    The annotation is the innermost user annotation (ours, ``sim:...``, preferred); inside a backward
-    node without an annotation of its own, the one of the forward op with the node's sequence number."""
+def _context(ev: dict, stack: list[dict], fwd_annotation: dict[int, str]) -> _Ctx:
+    """Phase, annotation, launcher and innermost op of an event given its enclosing CPU events
+    (outermost first). The annotation is the innermost user annotation (ours, ``sim:...``, preferred);
+    inside a backward node without an annotation of its own, the one of the forward op with the node's
+    sequence number."""
     chain = stack + [ev]
     phase = _phase([s["name"] for s in chain])
-    launcher = next((s["name"] for s in stack if s.get("cat") == "cpu_op"), ev["name"])
-    node = max((i for i, s in enumerate(chain) if s["name"].startswith("autograd::engine::evaluate_function")),
-               default=-1)
-    annots = [(i, s["name"]) for i, s in enumerate(stack) if s.get("cat") == "user_annotation"
-              and not s["name"].startswith("ProfilerStep#")]
+    launcher = next((s["name"] for s in stack if s["cat"] == "cpu_op"), ev["name"])
+    inner = next((s for s in reversed(chain) if s["cat"] == "cpu_op"), None)
+    op, dims, op_id = (inner["name"], _input_dims(inner["args"]), round(inner["ts"] * 1e3)) if inner else ("", (), -1)
+    node = max((i for i, s in enumerate(chain) if s["name"].startswith(_AUTOGRAD_NODE)), default=-1)
+    annots = [(i, s["name"]) for i, s in enumerate(stack) if s["cat"] == "user_annotation"
+              and not s["name"].startswith(STEP_PREFIX)]
     if node >= 0 and not any(i > node for i, _ in annots):
         seq = chain[node]["args"].get("Sequence number")
         if seq in fwd_annotation:
-            return phase, fwd_annotation[seq], launcher
+            return _Ctx(phase, fwd_annotation[seq], launcher, op, dims, op_id)
     names = [a for _, a in reversed(annots)]
     annotation = next((a for a in names if a.startswith(ANNOTATION_PREFIX)), names[0] if names else "")
-    return phase, annotation, launcher
+    return _Ctx(phase, annotation, launcher, op, dims, op_id)
 
 
 def _ends_before(top: dict, e: dict) -> bool:
@@ -140,98 +169,125 @@ def _ends_before(top: dict, e: dict) -> bool:
     return end < e["ts"] or (end == e["ts"] and (e["dur"] > 0 or top["dur"] == 0))
 
 
-def parse_kineto(path: str | Path) -> KinetoRun:
-    """Read a torch.profiler / Kineto trace (.json or .json.gz) into ops with their CPU context."""
-    doc = read_json(path)
-    events = [e for e in doc["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"
-              and isinstance(e.get("pid"), int) and "ts" in e]
+class _Clock:
+    """Trace microseconds -> seconds from the trace's first event, and the profiler step of a time."""
+
+    def __init__(self, t0_us: float, steps: dict[int, tuple[float, float]]) -> None:
+        self.t0_us = t0_us
+        self.steps = steps
+        self._ids = sorted(steps, key=lambda k: steps[k][0])
+        self._starts = [steps[k][0] for k in self._ids]
+
+    def s(self, ts_us: float) -> float:
+        return (ts_us - self.t0_us) / S_TO_US
+
+    def step_of(self, t_s: float) -> int:
+        i = bisect_right(self._starts, t_s) - 1
+        return self._ids[i] if i >= 0 and t_s <= self.steps[self._ids[i]][1] else -1
+
+
+def _step_spans(events: list[dict], clock_s, cat: str) -> dict[int, tuple[float, float]]:
+    spans: dict[int, tuple[float, float]] = {}
     for e in events:
-        e["ts"], e["dur"] = float(e["ts"]), float(e.get("dur", 0.0))
-        e.setdefault("args", {})
-        e.setdefault("name", "")
-    device = [e for e in events if e.get("cat") in DEVICE_CATS]
-    host_cats = ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver")
-    host = sorted((e for e in events if e.get("cat") in host_cats), key=lambda e: (e["ts"], -e["dur"]))
-    if not device and not any(e.get("cat") == "cpu_op" for e in host):
-        raise ValueError(f"{path}: no GPU kernels and no CPU ops; not a torch.profiler trace")
-    t0 = min(e["ts"] for e in device + host)
+        if e["cat"] == cat and e["name"].startswith(STEP_PREFIX) and e["name"][len(STEP_PREFIX):].isdigit():
+            k, a, b = int(e["name"][len(STEP_PREFIX):]), clock_s(e["ts"]), clock_s(e["ts"] + e["dur"])
+            old = spans.get(k)
+            spans[k] = (min(a, old[0]), max(b, old[1])) if old else (a, b)
+    return spans
 
-    def s(ts_us: float) -> float:
-        return (ts_us - t0) / S_TO_US
 
-    steps = {int(e["name"].split("#", 1)[1]): (s(e["ts"]), s(e["ts"] + e["dur"])) for e in host
-             if e["name"].startswith("ProfilerStep#") and e["name"].split("#", 1)[1].isdigit()}
-    step_ids = sorted(steps, key=lambda k: steps[k][0])
-    step_starts = [steps[k][0] for k in step_ids]
-
-    def step_of(t_s: float) -> int:
-        i = bisect_right(step_starts, t_s) - 1
-        return step_ids[i] if i >= 0 and t_s <= steps[step_ids[i]][1] else -1
-
-    # One sweep per thread keeps the stack of enclosing CPU events for every host event.
+def _sweep_host(host: list[dict], clock: _Clock) -> tuple[list[MeasuredOp], list[MeasuredOp], dict]:
+    """One sweep per thread keeps the stack of enclosing CPU events of every host event: (top-level
+    CPU ops, runtime calls, correlation -> (launch context, launch time))."""
     fwd_annotation: dict[int, str] = {}
-    launch_ctx: dict[int, tuple[str, str, str, float]] = {}  # correlation -> (phase, annot, launcher, t)
+    launch_ctx: dict = {}
     cpu_ops, runtime = [], []
     stacks: dict[tuple[int, int], list[dict]] = {}
     for e in host:
-        stack = stacks.setdefault((e["pid"], e["tid"]), [])
+        stack = stacks.setdefault((e["pid"], e.get("tid")), [])
         while stack and _ends_before(stack[-1], e):
             stack.pop()
-        phase, annot, launcher = _context(e, stack, fwd_annotation)
-        cat = e.get("cat")
-        if cat == "cpu_op":
+        ctx = _context(e, stack, fwd_annotation)
+        start, end = clock.s(e["ts"]), clock.s(e["ts"] + e["dur"])
+        if e["cat"] == "cpu_op":
             seq = e["args"].get("Sequence number")
-            if phase == "F" and seq is not None and annot:
-                fwd_annotation.setdefault(seq, annot)
-            if not any(x.get("cat") == "cpu_op" for x in stack):
-                cpu_ops.append(MeasuredOp(e["name"], categorize(e["name"]), 0, f"thread {e['tid']}",
-                                          s(e["ts"]), s(e["ts"] + e["dur"]), phase, step_of(s(e["ts"])),
-                                          annot, e["name"]))
-        elif cat in ("cuda_runtime", "cuda_driver"):
+            if ctx.phase == "F" and seq is not None and ctx.annotation:
+                fwd_annotation.setdefault(seq, ctx.annotation)
+            if not any(x["cat"] == "cpu_op" for x in stack):
+                cpu_ops.append(MeasuredOp(e["name"], categorize(e["name"]), 0, f"thread {e.get('tid')}", start, end,
+                                          ctx.phase, clock.step_of(start), ctx.annotation, e["name"],
+                                          op=e["name"], dims=ctx.dims, op_id=ctx.op_id))
+        elif e["cat"] == "cuda_runtime":
             corr = e["args"].get("correlation")
             if corr is not None:
-                launch_ctx[corr] = (phase, annot, launcher, s(e["ts"]))
-            runtime.append(MeasuredOp(e["name"], "cuda_runtime", 0, f"thread {e['tid']}", s(e["ts"]),
-                                      s(e["ts"] + e["dur"]), phase, step_of(s(e["ts"])), annot, launcher))
+                launch_ctx[corr] = (ctx, start)
+            runtime.append(MeasuredOp(e["name"], "cuda_runtime", 0, f"thread {e.get('tid')}", start, end,
+                                      ctx.phase, clock.step_of(start), ctx.annotation, ctx.launcher))
         stack.append(e)
+    return cpu_ops, runtime, launch_ctx
 
-    dist = doc.get("distributedInfo") or {}
-    dist_rank = int(dist.get("rank", 0)) if isinstance(dist, dict) else 0
-    devices = sorted({e["pid"] for e in device})
-    ops: list[MeasuredOp] = []
+
+def _device_ops(device: list[dict], launch_ctx: dict, clock: _Clock, rank_of) -> list[MeasuredOp]:
+    ops = []
     for e in sorted(device, key=lambda e: e["ts"]):
-        corr = e["args"].get("correlation")
-        phase, annot, launcher, t_launch = launch_ctx.get(corr, ("", "", "", s(e["ts"])))
+        start = clock.s(e["ts"])
+        ctx, t_launch = launch_ctx.get(e["args"].get("correlation"), (_Ctx("", "", "", "", (), -1), start))
         cat = "memcpy" if e["cat"] in ("gpu_memcpy", "gpu_memset") else categorize(e["name"])
-        ops.append(MeasuredOp(e["name"], cat, e["pid"] if len(devices) > 1 else dist_rank,
-                              f"stream {e['args'].get('stream', e['tid'])}", s(e["ts"]),
-                              s(e["ts"] + e["dur"]), phase, step_of(t_launch), annot, launcher,
-                              float(e["args"].get("bytes", 0.0))))
+        ops.append(MeasuredOp(e["name"], cat, rank_of(e), f"stream {e['args'].get('stream', e.get('tid'))}",
+                              start, clock.s(e["ts"] + e["dur"]), ctx.phase, clock.step_of(t_launch),
+                              ctx.annotation, ctx.launcher, float(e["args"].get("bytes", 0.0) or 0.0),
+                              ctx.op, ctx.dims, ctx.op_id))
+    return ops
+
+
+def parse_kineto(path: str | Path) -> KinetoRun:
+    """Read a torch.profiler / Kineto trace (.json or .json.gz) into ops with their CPU context."""
+    doc = read_json(path)
+    events = _complete_events(doc)
+    device = [e for e in events if e["cat"] in DEVICE_CATS]
+    host = sorted((e for e in events if e["cat"] in HOST_CATS), key=lambda e: (e["ts"], -e["dur"]))
+    if not device and not any(e["cat"] == "cpu_op" for e in host):
+        raise ValueError(f"{path}: no GPU kernels and no CPU ops; not a torch.profiler trace")
+    t0 = min(e["ts"] for e in device + host)
+    clock = _Clock(t0, _step_spans(host, lambda ts: (ts - t0) / S_TO_US, "user_annotation"))
+    cpu_ops, runtime, launch_ctx = _sweep_host(host, clock)
+    dist = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
+    dist_rank = int(dist.get("rank", 0) or 0)
+    devices = sorted({e["pid"] for e in device})
+    ops = _device_ops(device, launch_ctx, clock, lambda e: e["pid"] if len(devices) > 1 else dist_rank)
     cpu_only = not ops
     rank0 = dist_rank if len(devices) <= 1 else devices[0]
     cpu_ops = [_with_rank(o, rank0) for o in cpu_ops]
     runtime = [_with_rank(o, rank0) for o in runtime]
+    meta = _metadata(doc, path, events, device, devices, runtime, launch_ctx, cpu_only)
+    meta["t0_us"] = t0
+    gpu_steps = _step_spans([e for e in events if e["cat"] == "gpu_user_annotation"], clock.s, "gpu_user_annotation")
+    return KinetoRun(cpu_ops if cpu_only else ops, cpu_ops, runtime, clock.steps, cpu_only, meta, gpu_steps)
+
+
+def _metadata(doc: dict, path, events, device, devices, runtime, launch_ctx, cpu_only: bool) -> dict:
     props = doc.get("deviceProperties") or []
-    meta = {
-        "source_file": str(path), "importer": "kineto", "cpu_only": cpu_only,
-        "device": "cpu" if cpu_only else next((p.get("name") for p in props if isinstance(p, dict)
-                                                and p.get("id") == devices[0]), "GPU (no deviceProperties)"),
-        "distributed": dist, "t0_us": t0, "base_time_ns": doc.get("baseTimeNanoseconds", 0),
+    dist = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
+    name = next((p.get("name") for p in props if isinstance(p, dict) and devices and p.get("id") == devices[0]),
+                "GPU (no deviceProperties)")
+    return {
+        "source_file": str(path), "importer": "kineto", "cpu_only": cpu_only, "device": "cpu" if cpu_only else name,
+        "distributed": dist, "base_time_ns": doc.get("baseTimeNanoseconds", 0),
+        "record_shapes": any(_input_dims(e["args"]) for e in events if e["cat"] == "cpu_op"),
         "flow_events": sum(1 for e in doc["traceEvents"] if isinstance(e, dict) and e.get("ph") in ("s", "f")),
         "counts": {"kernels": sum(1 for e in device if e["cat"] == "kernel"),
                    "memcpy": sum(1 for e in device if e["cat"] == "gpu_memcpy"),
                    "memset": sum(1 for e in device if e["cat"] == "gpu_memset"),
-                   "cpu_ops": sum(1 for e in events if e.get("cat") == "cpu_op"),
+                   "cpu_ops": sum(1 for e in events if e["cat"] == "cpu_op"),
                    "cuda_runtime": len(runtime),
                    "linked_kernels": sum(1 for e in device if e["args"].get("correlation") in launch_ctx)},
     }
-    return KinetoRun(cpu_ops if cpu_only else ops, cpu_ops, runtime, steps, cpu_only, meta)
 
 
 def _with_rank(op: MeasuredOp, rank: int) -> MeasuredOp:
     return op if op.rank == rank else MeasuredOp(
         op.name, op.category, rank, op.stream, op.start_s, op.end_s, op.phase, op.step, op.annotation,
-        op.launcher, op.bytes)
+        op.launcher, op.bytes, op.op, op.dims, op.op_id)
 
 
 def parse_annotation(annotation: str) -> tuple[int, int, str] | None:
