@@ -10,7 +10,7 @@ LAYERS = [
     {"units"},
     {"model", "hardware"},
     {"tasks", "trace"},
-    {"strategy", "defaults", "scenario_checks", "scenario"},
+    {"strategy", "defaults", "scenario_checks", "scenario", "reliability"},
     {"cost"},
     {"engine"},
     {"analysis"},
