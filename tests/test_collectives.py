@@ -213,3 +213,45 @@ def test_run_collective_reports_nccl_tests_figures():
         run_collective(A100, "gather", 1e6)
     with pytest.raises(ValueError, match="at least 2 GPUs"):
         run_collective(replace(A100, gpus_per_node=1, nics_per_node=1), "all_reduce", 1e6)
+
+
+def test_nvls_tree_across_two_nodes_is_nvlink_bound_with_nccl_latency():
+    """NVLSTree: NVLink SHARP inside each node (S(1 + 1/8) each way at 5/6 of the NVLink rate) and
+    S/8 per GPU through its NIC each way; on DGX H100 NVLink binds; latency 23 + 2 x 14 us."""
+    topo = build_topology(H100.with_nodes(2))
+    size = 8 * GiB
+    t = collective_time_s(_coll("all_reduce", size, range(16)), topo, "nvls_tree")
+    nvlink = topo.capacity_Bps[("gpu0", "nvs0")]
+    expected = (23 + 2 * 14) * US + size * (1 + 1 / 8) / (nvlink * 5 / 6)
+    assert t == pytest.approx(expected, rel=1e-9)
+    plan = plan_collective(_coll("all_reduce", size, range(16)), topo, "nvls_tree")
+    nic_out = sum(f.size_bytes for s in plan.steps for f in s.flows if ("nic0.3", "leaf3.0") in f.links)
+    assert nic_out == pytest.approx(size / 8)  # rank 3's shard goes up one tree, comes down the other
+    assert simulate_plan(plan, topo.capacity_Bps) == pytest.approx(t, rel=1e-9)
+    assert choose_algorithm("all_reduce", 8 * GiB, tuple(range(16)), topo) == "nvls_tree"
+    with pytest.raises(ValueError, match="at least 2 nodes"):
+        plan_collective(_coll("all_reduce", GiB, range(8)), topo, "nvls_tree")
+    with pytest.raises(ValueError, match="NVLink SHARP"):
+        plan_collective(_coll("all_reduce", GiB, range(16)), build_topology(A100.with_nodes(2)), "nvls_tree")
+
+
+def test_nvls_tree_is_nic_bound_on_slow_nics():
+    """With 8 x 100 Gb/s NICs the S/8 per NIC of NVLSTree binds: t = S/8 / NIC rate + latency."""
+    slow = replace(H100, nic_bandwidth_Bps=12.5e9).with_nodes(2)
+    topo = build_topology(slow)
+    t = collective_time_s(_coll("all_reduce", 8 * GiB, range(16)), topo, "nvls_tree")
+    assert t == pytest.approx((23 + 2 * 14) * US + 8 * GiB / 8 / (12.5e9 * IB_EFFICIENCY), rel=1e-9)
+
+
+def test_fabric_profiles_restrict_the_tuner_as_their_vendors_prescribe():
+    """GPUDirect-TCPXO (A3 Mega): NCCL_ALGO=Ring,Tree, NCCL_PROTO=Simple; TCPX: Ring, Simple."""
+    size, group = 4 * GiB, tuple(range(16))
+    mega = build_topology(replace(H100, fabric="tcpxo", nvls=False).with_nodes(2))
+    high = build_topology(replace(H100, fabric="tcpx", nvls=False).with_nodes(2))
+    plan = plan_collective(_coll("all_reduce", size, group), mega)
+    assert plan.algorithm in ("ring/simple", "tree/simple")
+    assert plan_collective(_coll("all_reduce", 8, group), mega).algorithm.endswith("/simple")
+    assert plan_collective(_coll("all_reduce", size, group), high).algorithm == "ring/simple"
+    # an explicit choice still runs, and all-to-all / send-recv are P2P, not restricted
+    assert plan_collective(_coll("all_reduce", 8, group), high, "tree/ll").algorithm == "tree/ll"
+    assert plan_collective(_coll("all_to_all", 1024, group), high).algorithm == "direct/ll"

@@ -1,7 +1,7 @@
 """How NCCL's algorithms move a collective's bytes: each one as phases of concurrent flows.
 
 Ring (one ring per rail used, rail-aligned across nodes, as NCCL builds one ring per NIC), double
-binary tree, NVLink SHARP, hierarchical, direct all-to-all and P2P; sizes are for a 1-byte
+binary tree, NVLink SHARP inside a node and NVLSTree across nodes, hierarchical, direct all-to-all and P2P; sizes are for a 1-byte
 collective, so ``cost/collectives`` scales them and adds NCCL's latencies.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..hardware.topology import Topology
+from . import nccl_tuner as tuner
 from .plan import Flow
 
 
@@ -99,29 +100,54 @@ def tree_flows(topo: Topology, shape: GroupShape) -> tuple[Flow, ...]:
             heads.append(chain[0])
             for a, b in zip(chain, chain[1:]):
                 flows += [_flow(topo, a, b, 1 / channels), _flow(topo, b, a, 1 / channels)]
-        for mirror in (False, True):
-            for j in range(n_nodes):
-                q = n_nodes - 1 - j if mirror else j
-                if q == 0:
-                    continue
-                pq = (q - 1) // 2
-                parent = n_nodes - 1 - pq if mirror else pq
-                half = 1 / (2 * channels)
-                flows += [_flow(topo, heads[j], heads[parent], half),
-                          _flow(topo, heads[parent], heads[j], half)]
+        half = 1 / (2 * channels)
+        for j, parent in double_tree_edges(n_nodes):
+            flows += [_flow(topo, heads[j], heads[parent], half),
+                      _flow(topo, heads[parent], heads[j], half)]
     return tuple(flows)
 
 
 def nvls_flows(topo: Topology, group: tuple[int, ...]) -> tuple[Flow, ...]:
     """NVLink SHARP: multimem.ld_reduce pulls every shard through the switch (S out per GPU, S/n
-    back), multimem.st multicasts each reduced shard (S/n out, S in): S(1 + 1/n) each way."""
+    back), multimem.st multicasts each reduced shard (S/n out, S in): S(1 + 1/n) each way, at
+    NVLS_EFFICIENCY of the NVLink rate (carried as that many more bytes)."""
     n = len(group)
     node = topo.node_of(group[0])
-    per_gpu = 1 + 1 / n
+    per_gpu = (1 + 1 / n) / tuner.NVLS_EFFICIENCY
     flows = []
     for r in group:
         flows += [Flow(((f"gpu{r}", f"nvs{node}"),), per_gpu),
                   Flow(((f"nvs{node}", f"gpu{r}"),), per_gpu)]
+    return tuple(flows)
+
+
+def double_tree_edges(n_nodes: int) -> list[tuple[int, int]]:
+    """(child, parent) node indices of NCCL's two complementary binary trees (the second mirrors the
+    first, so each node is interior in at most one); each tree carries half of the data."""
+    edges = []
+    for mirror in (False, True):
+        for j in range(n_nodes):
+            q = n_nodes - 1 - j if mirror else j
+            if q == 0:
+                continue
+            pq = (q - 1) // 2
+            edges.append((j, n_nodes - 1 - pq if mirror else pq))
+    return edges
+
+
+def nvls_tree_flows(topo: Topology, shape: GroupShape) -> tuple[Flow, ...]:
+    """NCCL's NVLSTree all-reduce: inside each node NVLink SHARP reduces and multicasts as in
+    ``nvls_flows``; the node-reduced shard of local rank k (S/ppn) goes up and the result comes back
+    down a double binary tree over the nodes between the k-th GPUs (through their NICs), pipelined,
+    so all flows run at once."""
+    ppn = shape.ppn
+    flows: list[Flow] = []
+    for ranks in shape.per_node:
+        flows += nvls_flows(topo, ranks)
+    half = 1 / (2 * ppn)
+    for child, parent in double_tree_edges(shape.num_nodes):
+        for a, b in zip(shape.per_node[child], shape.per_node[parent]):
+            flows += [_flow(topo, a, b, half), _flow(topo, b, a, half)]
     return tuple(flows)
 
 

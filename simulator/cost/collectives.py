@@ -13,7 +13,7 @@ from ..hardware.topology import Topology
 from ..tasks import COLLECTIVE_OPS, Collective
 from . import nccl_tuner as tuner
 from .algorithms import (GroupShape, Phase, direct_flows, group_shape, hierarchical_phases,
-                         nvls_flows, p2p_flows, ring_hops, ring_orders, tree_flows)
+                         nvls_flows, nvls_tree_flows, p2p_flows, ring_hops, ring_orders, tree_flows)
 from .fairshare import isolated_time_s
 from .plan import CommPlan, CommStep, Flow
 
@@ -84,6 +84,8 @@ def _build_unit_phases(topo: Topology, op: str, group: tuple[int, ...], algorith
         phases = [Phase(1, "tree", tree_flows(topo, shape))]
     elif algorithm == "nvls":
         phases = [Phase(1, "nvls", nvls_flows(topo, group))]
+    elif algorithm == "nvls_tree":
+        phases = [Phase(1, "nvls", nvls_tree_flows(topo, shape))]
     elif algorithm == "hierarchical":
         phases = hierarchical_phases(topo, shape)
     elif algorithm == "direct":
@@ -110,6 +112,8 @@ def _latencies(algorithm: str, protocol: str, op: str, shape: GroupShape,
         return 0.0, [tuner.tree_latency_s(protocol, n_nodes, shape.ppn)]
     if algorithm == "nvls":
         return 0.0, [tuner.nvls_latency_s(n_nodes)]
+    if algorithm == "nvls_tree":
+        return 0.0, [tuner.nvls_tree_latency_s(n_nodes)]
     if algorithm == "hierarchical":
         lat = {"intra": tuner.step_latency_s("ring", protocol, "nvlink"),
                "inter": tuner.step_latency_s("ring", protocol, "net")}
@@ -119,11 +123,16 @@ def _latencies(algorithm: str, protocol: str, op: str, shape: GroupShape,
 
 def _feasible(algorithm: str, shape: GroupShape, topo: Topology) -> str:
     """'' when the algorithm can run this group, else the reason."""
-    if algorithm == "nvls":
-        if not topo.cluster.nvls:
-            return f"cluster {topo.cluster.name!r} has no NVLink SHARP (cluster.nvls = false)"
-        if shape.num_nodes > 1:
-            return f"NVLS reduces inside one NVSwitch node; group spans {shape.num_nodes} nodes"
+    if algorithm in ("nvls", "nvls_tree") and not topo.cluster.nvls:
+        return f"cluster {topo.cluster.name!r} has no NVLink SHARP (cluster.nvls = false)"
+    if algorithm == "nvls" and shape.num_nodes > 1:
+        return (f"NVLS reduces inside one NVSwitch node; group spans {shape.num_nodes} nodes "
+                "(NCCL runs nvls_tree there; NVLS with in-network SHARP reduction is not modelled)")
+    if algorithm == "nvls_tree":
+        if shape.num_nodes < 2:
+            return "NVLSTree needs a group over at least 2 nodes (NCCL disables it on one node)"
+        if not shape.uniform or shape.ppn < 2:
+            return "NVLSTree needs the same local GPUs, at least 2, on every node"
     if algorithm == "hierarchical" and not shape.uniform:
         return "hierarchical needs the same local GPUs on every node"
     return ""
@@ -135,6 +144,7 @@ def _candidates(op: str, size_bytes: float, group: tuple[int, ...], topo: Topolo
         raise ValueError(f"unknown collective op {op!r}; known: {', '.join(COLLECTIVE_OPS)}")
     shape = group_shape(group, topo)
     forced_proto = None
+    fabric = topo.cluster.fabric
     if algorithm is None:
         algs = [a for a in tuner.ALGORITHMS[op] if a not in tuner.AUTO_EXCLUDED
                 and not _feasible(a, shape, topo)]
@@ -159,7 +169,7 @@ def _candidates(op: str, size_bytes: float, group: tuple[int, ...], topo: Topolo
             protos = (tuner.p2p_protocol(per_peer),)
         else:
             protos = tuner.protocols_for(alg)
-        out += [(alg, p) for p in protos]
+        out += [(alg, p) for p in protos if algorithm is not None or tuner.allowed(fabric, alg, p)]
     return out
 
 

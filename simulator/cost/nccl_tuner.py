@@ -15,7 +15,7 @@ from ..units import GB, US
 # Which algorithms implement each op. "hierarchical" is not an NCCL algorithm (Horovod/Megatron
 # style two-level all-reduce); it is offered as an explicit choice, never picked automatically.
 ALGORITHMS: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("ring", "tree", "nvls", "hierarchical"),
+    "all_reduce": ("ring", "tree", "nvls", "nvls_tree", "hierarchical"),
     "all_gather": ("ring",),
     "reduce_scatter": ("ring",),
     "broadcast": ("ring",),
@@ -27,11 +27,14 @@ PROTOCOLS = ("ll", "ll128", "simple")
 _P = {p: i for i, p in enumerate(PROTOCOLS)}
 
 # tuning.cc baseLat [algorithm][protocol], microseconds (LL, LL128, Simple).
-BASE_LAT_US = {"tree": (6.8, 14.0, 0.0), "ring": (6.6, 14.0, 8.4), "nvls": (0.0, 0.0, 0.0)}
+BASE_LAT_US = {"tree": (6.8, 14.0, 0.0), "ring": (6.6, 14.0, 8.4), "nvls": (0.0, 0.0, 0.0),
+               "nvls_tree": (0.0, 0.0, 0.0)}
 # tuning.cc hwLat [hardware][algorithm][protocol], microseconds per step (NVLink and network).
 HW_LAT_US = {
-    "nvlink": {"tree": (0.6, 1.25, 28.0), "ring": (0.6, 1.9, 3.4), "nvls": (0.0, 0.0, 23.0)},
-    "net": {"tree": (5.0, 8.5, 28.0), "ring": (2.7, 4.0, 14.0), "nvls": (0.0, 0.0, 18.0)},
+    "nvlink": {"tree": (0.6, 1.25, 28.0), "ring": (0.6, 1.9, 3.4), "nvls": (0.0, 0.0, 23.0),
+               "nvls_tree": (0.0, 0.0, 23.0)},
+    "net": {"tree": (5.0, 8.5, 28.0), "ring": (2.7, 4.0, 14.0), "nvls": (0.0, 0.0, 18.0),
+            "nvls_tree": (0.0, 0.0, 14.0)},
 }
 # tuning.cc model refinements of the bus bandwidth:
 RING_LL128_EFFICIENCY = 0.92  # "busBw * 0.92 /*120.0/128.0*/": LL128 carries 120 B per 128 B line
@@ -39,7 +42,9 @@ TREE_EFFICIENCY = 0.92  # "if (a == NCCL_ALGO_TREE) busBw = std::min(busBw*.92, 
 TREE_LL_EFFICIENCY = 1.0 / 3.8  # "busBw*1.0/3.8" for Tree/LL
 TREE_LL128_EFFICIENCY_1NODE = 7.0 / 9.0  # "nNodes == 1 ? 7.0/9.0 : 120.0/128.0"
 TREE_LL128_EFFICIENCY = 120.0 / 128.0
-# "ratio *= 5.0/6.0" for NVLS: NVLink SHARP multimem traffic runs at 5/6 of the NVLink rate.
+# "ratio *= 5.0/6.0" for NVLS and NVLS_TREE: NVLink SHARP multimem traffic runs at 5/6 of the NVLink
+# rate. cost/algorithms applies it to the NVLink flows only, so that the network part of NVLSTree
+# runs at the NICs' rate.
 NVLS_EFFICIENCY = 5.0 / 6.0
 # Ring/LL: "busBw * ((nNodes > 1 || coll == AllReduce || coll == Reduce) ? 1.0/4.0 : 1.0/3.0)";
 # an LL line carries 4 B of data and a 4 B flag in each 8 B store.
@@ -74,9 +79,30 @@ ALL_TO_ALL_EFFICIENCY = 0.88
 P2P_LL_THRESHOLD_BYTES = 16384
 
 
+# NCCL settings a fabric's vendor prescribes for every job (NCCL_ALGO, NCCL_PROTO; NVLS off is the
+# cluster's nvls = false): (algorithms, protocols) the tuner may pick for collectives.
+# - GPUDirect-TCPX (GCP A3 High): NCCL_ALGO=Ring, NCCL_PROTO=Simple (Google's GPUDirect-TCPX NCCL
+#   environment, as dstack's examples/clusters/a3high sets it).
+# - GPUDirect-TCPXO (GCP A3 Mega): nccl-env-profile.sh shipped with the TCPXO plugin: NCCL_ALGO=Ring,Tree,
+#   NCCL_PROTO=Simple, NCCL_NVLS_ENABLE=0.
+FABRIC_NCCL: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "tcpx": (("ring",), ("simple",)),
+    "tcpxo": (("ring", "tree"), ("simple",)),
+}
+
+
+def allowed(fabric: str, algorithm: str, protocol: str) -> bool:
+    """Whether the fabric's prescribed NCCL settings let the tuner pick this pair (P2P-based
+    all-to-all and send/recv are not collectives' algorithms and stay free)."""
+    if fabric not in FABRIC_NCCL or algorithm in ("direct", "p2p"):
+        return True
+    algs, protos = FABRIC_NCCL[fabric]
+    return algorithm in algs and protocol in protos
+
+
 def protocols_for(algorithm: str) -> tuple[str, ...]:
-    """NVLS runs Simple only; P2P-based algorithms use LL or Simple; the others all three."""
-    if algorithm == "nvls":
+    """NVLS and NVLSTree run Simple only; P2P-based algorithms use LL or Simple; the others all three."""
+    if algorithm in ("nvls", "nvls_tree"):
         return ("simple",)
     if algorithm in ("direct", "p2p"):
         return ("ll", "simple")
@@ -88,8 +114,8 @@ def efficiency(algorithm: str, protocol: str, op: str, num_nodes: int) -> float:
     if protocol not in protocols_for(algorithm):
         raise ValueError(f"algorithm {algorithm!r} has no protocol {protocol!r}; "
                          f"known: {', '.join(protocols_for(algorithm))}")
-    if algorithm == "nvls":
-        return NVLS_EFFICIENCY
+    if algorithm in ("nvls", "nvls_tree"):
+        return 1.0  # NVLS_EFFICIENCY is in the NVLink flows' sizes (cost/algorithms.nvls_flows)
     alg = ALL_TO_ALL_EFFICIENCY if algorithm == "direct" else 1.0
     if algorithm == "tree":
         alg = TREE_EFFICIENCY
@@ -172,6 +198,12 @@ def tree_latency_s(protocol: str, num_nodes: int, ppn: int) -> float:
     hops = ((ppn - 1) * HW_LAT_US["nvlink"]["tree"][p]
             + int(math.log2(num_nodes)) * HW_LAT_US["net"]["tree"][p])
     return (BASE_LAT_US["tree"][p] + 2 * hops) * US
+
+
+def nvls_tree_latency_s(num_nodes: int) -> float:
+    """NVLSTree: intraLat + 2 * log2i(nNodes) * interLat, no base latency (tuning.cc)."""
+    hops = int(math.log2(num_nodes))
+    return (HW_LAT_US["nvlink"]["nvls_tree"][2] + 2 * hops * HW_LAT_US["net"]["nvls_tree"][2]) * US
 
 
 def nvls_latency_s(num_nodes: int) -> float:
