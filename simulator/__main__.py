@@ -1,4 +1,4 @@
-"""Command line: python -m simulator {presets,run,collective,validate,sweep,search,calibrate} (DESIGN.md §4.2).
+"""Command line: python -m simulator {presets,run,collective,validate,sweep,search,calibrate,goodput} (DESIGN.md §4.2).
 
 Bad input of any kind ends with one line on stderr naming the key and the numbers, exit code 2; a
 broken invariant of the simulator itself (tasks.InternalError) says it is a bug, exit code 1.
@@ -65,6 +65,18 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--top", type=int, default=10)
             s.add_argument("--exhaustive", action="store_true",
                            help="simulate every plan that fits (no lower-bound pruning)")
+
+    g = sub.add_parser("goodput", help="a whole training run: failures, checkpoints, restarts, stragglers")
+    g.add_argument("scenario")
+    horizon = g.add_mutually_exclusive_group()
+    horizon.add_argument("--days", type=float, help="wall-clock days to simulate (default 54)")
+    horizon.add_argument("--tokens", type=float, help="run until this many tokens are trained")
+    g.add_argument("--seeds", type=int, default=3, help="independent runs (seeds 0..N-1)")
+    g.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    g.add_argument("--step-time-s", type=float, help="use this step time instead of simulating one step")
+    g.add_argument("--no-sweep", action="store_true", help="skip the checkpoint-interval sweep")
+    g.add_argument("--out")
+    g.add_argument("--json", action="store_true")
 
     cal = sub.add_parser("calibrate", help="profile kernels, import and compare real traces")
     csub = cal.add_subparsers(dest="action", required=True, parser_class=_Parser)
@@ -147,6 +159,11 @@ def _search(args) -> int:
     return search_command(args)
 
 
+def _goodput(args) -> int:
+    from .explore.goodput import goodput_command
+    return goodput_command(args)
+
+
 def _calibrate(args) -> int:
     from .calibration.cli import cmd_compare, cmd_profile, cmd_show
     if args.action == "profile":
@@ -157,7 +174,7 @@ def _calibrate(args) -> int:
 
 
 COMMANDS = {"presets": _presets, "run": _run, "collective": _collective, "validate": _validate,
-            "sweep": _sweep, "search": _search, "calibrate": _calibrate}
+            "sweep": _sweep, "search": _search, "calibrate": _calibrate, "goodput": _goodput}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,7 @@ from ..reliability import CauseRate
 
 BREAKDOWN_KEYS = ("compute", "slowdown", "checkpoint", "lost", "recovery", "unfinished")
 STRAGGLER_BLOCK = 1 << 14  # straggler draws per refill of the step-time buffer
+MAX_SEGMENT_STEPS = 1 << 14  # a long interval runs as several segments (bounded arrays), same timeline
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,7 @@ class _Run:
                 return "graceful", self._graceful_s(0.0), 0.0
             self.recovery = cfg.warmup_s + cfg.checkpoint_read_s
             return "recover", self.recovery, None
-        n = cfg.interval_steps - self.live.n
+        n = min(cfg.interval_steps - self.live.n, MAX_SEGMENT_STEPS)
         if self.target is not None:
             n = min(n, self.target - self.kept_steps())
         bounds = self.step_bounds(n)
