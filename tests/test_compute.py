@@ -1,6 +1,8 @@
 """Compute cost of one kernel: closed forms for memory-bound kernels, FP8 GEMMs as Transformer Engine runs
 them, FlashAttention's backward recompute, and the FP8 op graph."""
 
+import dataclasses
+
 import pytest
 
 from simulator.cost.compute import EFFICIENCIES, FLASH_BWD_RECOMPUTE, RooflineCompute
@@ -139,3 +141,23 @@ def test_a_windowed_attention_backward_still_pays_the_recompute():
     (f,), (b,) = core.fwd, core.bwd
     assert not f.backward and b.backward
     assert (rc.op_time_s(b) - floor) / (rc.op_time_s(f) - floor) == pytest.approx(2.5, rel=0.02)
+
+
+def test_tensor_core_kernels_run_at_the_sustained_clock_memory_kernels_at_full_bandwidth():
+    """H100 SXM holds 1,575 MHz under training load at 700 W; its peaks are quoted at 1,830 MHz
+    (132 SMs x 4,096 FLOP/clock): GEMMs and attention take 1830/1575 as long as at the datasheet
+    clock, an HBM-bound kernel the same time (the power limit lowers the SM clock only)."""
+    h100 = GPU_PRESETS["h100-sxm5-80gb"]
+    unthrottled = dataclasses.replace(h100, sustained_clock_MHz=0.0)
+    quoted_MHz = h100.peak("bf16") / (132 * 4096) / 1e6
+    assert quoted_MHz == pytest.approx(1830, abs=1)
+    hot, cold = RooflineCompute(h100, "bf16"), RooflineCompute(unthrottled, "bf16")
+    assert hot.clock_ratio == pytest.approx(1575 / quoted_MHz)
+    overhead = EFFICIENCIES["hopper"].kernel_overhead_s
+    gemm = OpWork("g", "gemm", gemm_flops(8192, 8192, 8192), 3 * 8192 * 8192 * 2, (8192, 8192, 8192))
+    assert (hot.op_time_s(gemm) - overhead) == pytest.approx((cold.op_time_s(gemm) - overhead) * quoted_MHz / 1575)
+    norm = OpWork("ln", "norm", 0.0, 1e9, (1, 1))
+    assert hot.op_time_s(norm) == cold.op_time_s(norm)
+    # a GPU with no measured sustained clock, or one above the quoted clock, keeps its datasheet peak
+    assert RooflineCompute(GPU_PRESETS["a100-sxm4-80gb"], "bf16").clock_ratio == 1.0
+    assert RooflineCompute(dataclasses.replace(h100, sustained_clock_MHz=1980), "bf16").clock_ratio == 1.0

@@ -32,6 +32,7 @@ class Efficiency:
     tile_overhead_iters: float  # pipeline prologue + epilogue of one output tile, in main-loop iterations
     kernel_overhead_s: float  # per-kernel launch/tail gap when the GPU is saturated with kernels
     fp8_block_k: int = 0  # k extent of one main-loop iteration of the FP8 GEMM kernel; 0: no FP8 tensor cores
+    dense_flops_per_clock_per_sm: int = 0  # 16-bit dense tensor-core FLOP per SM clock: peak -> its clock
 
 
 # Sources:
@@ -72,11 +73,23 @@ class Efficiency:
 # - num_sms: A100 108 SMs (A100 whitepaper), H100 SXM5 132 SMs (H100 whitepaper).
 # - kernel_overhead_s: back-to-back kernel launch gap of ~2-4 us on a busy stream (NVIDIA Nsight
 #   Systems timelines; PyTorch CUDA Graphs announcement, 2021: "launch overhead ... several us").
+# - dense_flops_per_clock_per_sm (datasheet arithmetic): A100 1,024 dense FP16 FMA per SM per clock
+#   (A100 whitepaper: 108 SMs x 2,048 FLOP x 1.41 GHz = 312 TFLOP/s); Hopper twice that per SM clock
+#   for clock (H100 whitepaper: 132 x 4,096 x 1.83 GHz = 989.4); Blackwell datacenter 8,192
+#   (NVIDIA/cudnn-frontend PR #314, per-arch MMA table: "BF16/FP16 dense = 8192"). With the GPU's
+#   SM count they give the clock its datasheet peak is quoted at, over which a sustained clock scales.
+# - Blackwell: no published measurement of its GEMM/attention efficiency per clock is at hand; it
+#   takes Hopper's (same CUTLASS tile pipeline family), 148 SMs (B200, DGX B200 page), and its own
+#   MMA rate per clock. An estimate until measured: calibrate it with `calibrate profile`.
 EFFICIENCIES: dict[str, Efficiency] = {
     "ampere": Efficiency(gemm_max=0.767, attention=0.62, attention_cudnn=0.62, memory=0.85, num_sms=108, block_k=32,
-                         tile_overhead_iters=4.67, kernel_overhead_s=2e-6),
+                         tile_overhead_iters=4.67, kernel_overhead_s=2e-6, dense_flops_per_clock_per_sm=2048),
     "hopper": Efficiency(gemm_max=0.85, attention=0.35, attention_cudnn=0.50, memory=0.85, num_sms=132, block_k=64,
-                         tile_overhead_iters=4.33, kernel_overhead_s=2e-6, fp8_block_k=128),
+                         tile_overhead_iters=4.33, kernel_overhead_s=2e-6, fp8_block_k=128,
+                         dense_flops_per_clock_per_sm=4096),
+    "blackwell": Efficiency(gemm_max=0.85, attention=0.35, attention_cudnn=0.50, memory=0.85, num_sms=148,
+                            block_k=64, tile_overhead_iters=4.33, kernel_overhead_s=2e-6, fp8_block_k=128,
+                            dense_flops_per_clock_per_sm=8192),
 }
 
 # CUTLASS/cuBLAS tensor-core GEMM output tile for bf16 on Ampere/Hopper (128 x 256), NVIDIA
@@ -87,6 +100,18 @@ GEMM_TILE_N = 256
 FLASH_BWD_RECOMPUTE = 2.5 / 2.0
 # Fraction of the full attention score matrix a causal kernel computes (lower triangle).
 CAUSAL_EXECUTED_FRACTION = 0.5
+
+
+def sustained_clock_ratio(gpu: GPUSpec, eff: Efficiency) -> float:
+    """Tensor-core rate held under sustained training load over the datasheet peak's: the SM clock the
+    GPU holds at its power limit (``GPUSpec.sustained_clock_MHz``, measured) over the clock the bf16
+    peak is quoted at (peak / (SMs x dense FLOP per SM clock)). Memory-bound kernels keep the HBM
+    bandwidth: the power limit pulls the SM clock down, not the memory clock. 1 where no sustained
+    clock is known or it is above the quoted one."""
+    if not gpu.sustained_clock_MHz or not eff.dense_flops_per_clock_per_sm:
+        return 1.0
+    quoted_clock_Hz = gpu.peak("bf16") / (eff.num_sms * eff.dense_flops_per_clock_per_sm)
+    return min(1.0, gpu.sustained_clock_MHz * 1e6 / quoted_clock_Hz)
 
 
 def k_efficiency(k: int, block_k: int, overhead_iters: float) -> float:
@@ -114,9 +139,11 @@ class RooflineCompute:
         self.gpu = gpu
         self.eff = EFFICIENCIES[gpu.architecture]
         self.attention_eff = self.eff.attention_cudnn if attention == "cudnn" else self.eff.attention
-        # FP8 training (Transformer Engine): FP8 GEMMs are marked per op; everything else runs in BF16
-        self.peak_flops_per_s = gpu.peak("bf16" if dtype == "fp8" else dtype)
-        self.fp8_peak_flops_per_s = gpu.peak_flops_per_s.get("fp8", 0.0)
+        # FP8 training (Transformer Engine): FP8 GEMMs are marked per op; everything else runs in BF16.
+        # Tensor-core peaks at the clock the GPU sustains under training load (sustained_clock_ratio).
+        self.clock_ratio = sustained_clock_ratio(gpu, self.eff)
+        self.peak_flops_per_s = gpu.peak("bf16" if dtype == "fp8" else dtype) * self.clock_ratio
+        self.fp8_peak_flops_per_s = gpu.peak_flops_per_s.get("fp8", 0.0) * self.clock_ratio
         self.mem_Bps = gpu.hbm_bandwidth_Bps * self.eff.memory
         self._cache: dict[OpWork, float] = {}
 

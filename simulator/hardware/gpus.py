@@ -20,7 +20,11 @@ class GPUSpec:
     memory_capacity_bytes: float
     architecture: str  # "ampere" | "hopper" | "blackwell": selects efficiency tables in cost/
     tdp_W: float = 0.0  # board power limit (max TDP), watts; 0 = not stated
-    boost_clock_MHz: float = 0.0  # boost clock at which the peaks are quoted; 0 = not stated
+    boost_clock_MHz: float = 0.0  # maximum boost clock (nvidia-smi max SM clock); 0 = not stated
+    # SM clock held under sustained tensor-core training load at the board power limit; the tensor-core
+    # peaks scale by it over the clock the datasheet quotes them at (cost/compute); 0 = not measured:
+    # the datasheet peaks hold
+    sustained_clock_MHz: float = 0.0
 
     def peak(self, dtype: str) -> float:
         try:

@@ -19,7 +19,7 @@ from .gpus import ARCHITECTURES, GPU_PRESETS, GPUSpec
 
 DTYPES = ("fp32", "bf16", "fp16", "fp8", "fp4")
 _GPU_KEYS = ("preset", "name", "architecture", "peak_tflops", "hbm_bandwidth_GBps", "memory_capacity_MiB",
-             "memory_capacity_GB", "tdp_W", "boost_clock_MHz")
+             "memory_capacity_GB", "tdp_W", "boost_clock_MHz", "sustained_clock_MHz")
 # [cluster] key -> (ClusterSpec field, converter to SI); counts and choices are handled apart.
 _CLUSTER_RATES = {"nvlink_bandwidth_GBps": ("nvlink_bandwidth_Bps", lambda v: v * GB),
                   "nic_bandwidth_Gbps": ("nic_bandwidth_Bps", gbit_per_s_to_bytes_per_s),
@@ -95,7 +95,7 @@ def gpu_from_table(table: dict, where: str = "gpu", base: GPUSpec | None = None)
     for key, unit in (("memory_capacity_MiB", MiB), ("memory_capacity_GB", GB)):
         if key in table:
             fields["memory_capacity_bytes"] = _number(where, key, table[key]) * unit
-    for key in ("tdp_W", "boost_clock_MHz"):
+    for key in ("tdp_W", "boost_clock_MHz", "sustained_clock_MHz"):
         if key in table:
             fields[key] = _number(where, key, table[key], strict=False)
     if base is not None:
