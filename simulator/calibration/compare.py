@@ -102,13 +102,14 @@ def measured_steps(run: KinetoRun, rank: int | None = None) -> dict[int, list[Me
 
 def step_periods(run: KinetoRun, steps: dict[int, list[MeasuredOp]]) -> dict[int, tuple[float, float]]:
     """Step -> (start_s, end_s) on the GPU timeline: from the step's GPU annotation or first kernel to
-    the next step's start (overlapping steps are cut there), the last step to its last kernel."""
+    the next step's start (overlapping steps are cut there), the last step to its last kernel or the end
+    of its GPU annotation."""
     starts = {k: min(run.gpu_steps[k][0], min(o.start_s for o in ops)) if k in run.gpu_steps
               else min(o.start_s for o in ops) for k, ops in steps.items()}
     order = sorted(steps, key=lambda k: (starts[k], k))
     out = {}
     for i, k in enumerate(order):
-        end = max(o.end_s for o in steps[k])
+        end = max([o.end_s for o in steps[k]] + ([run.gpu_steps[k][1]] if k in run.gpu_steps else []))
         if i + 1 < len(order):
             end = starts[order[i + 1]]
         out[k] = (starts[k], end)

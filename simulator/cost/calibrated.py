@@ -20,6 +20,10 @@ from ..tasks import OpWork
 
 KERNEL_TABLE = "kernels.csv"
 COLLECTIVE_TABLE = "collectives.csv"
+# Per kernel class achieved rates (``calibrate fit``): FLOP/s of compute-bound kinds, bytes/s of the
+# others, per pass; they price the work the measured rows do not cover (other shapes, other plans).
+RATE_TABLE = "efficiencies.csv"
+RATE_COLUMNS = ("kind", "pass", "dtype", "rate", "unit", "fraction_of_peak", "instances")
 KERNEL_COLUMNS = ("kind", "name", "pass", "dtype", "shape", "flops", "bytes", "time_s", "samples")
 COLLECTIVE_COLUMNS = ("op", "num_ranks", "size_bytes", "time_s", "algbw_Bps", "busbw_Bps", "samples")
 # Kinds whose time is set by FLOPs (interpolated as a FLOP rate over the shape); every other kind is
@@ -38,6 +42,19 @@ class KernelRow:
     bytes: float
     time_s: float
     samples: int
+
+
+@dataclass(frozen=True, slots=True)
+class RateRow:
+    """A kernel class's achieved rate: time = FLOPs / rate ("FLOP/s") or bytes / rate ("B/s")."""
+
+    kind: str
+    pass_: str  # fwd | bwd | step
+    dtype: str
+    rate: float
+    unit: str
+    fraction_of_peak: float  # of the fitted scenario GPU's peak / HBM bandwidth (information)
+    instances: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +152,19 @@ def _collective_row(path: Path, line: int, rec: dict) -> CollectiveRow:
                          _number(path, line, rec, "samples", int))
 
 
+def _rate_row(path: Path, line: int, rec: dict) -> RateRow:
+    if rec["unit"] not in ("FLOP/s", "B/s"):
+        raise ValueError(f"{path}:{line}: unit = {rec['unit']!r} must be FLOP/s or B/s")
+    return RateRow(rec["kind"], rec["pass"], rec["dtype"], _number(path, line, rec, "rate"), rec["unit"],
+                   _number(path, line, rec, "fraction_of_peak", positive=False),
+                   _number(path, line, rec, "instances", int))
+
+
+def work_pass(work: OpWork) -> str:
+    """The pass a rate row is kept under: the optimizer's step, else backward or forward work."""
+    return "step" if work.kind == "optimizer" else ("bwd" if work.backward else "fwd")
+
+
 # ---- interpolation --------------------------------------------------------------------------
 def interp_loglog(x: float, xs: list[float], ys: list[float]) -> float:
     """Piecewise-linear interpolation of log(y) over log(x) between sorted points; outside the range
@@ -176,9 +206,10 @@ class CalibrationTables:
     """Measured kernel (and collective) times read once from a directory; lookups never mutate it."""
 
     def __init__(self, kernels: tuple[KernelRow, ...], collectives: tuple[CollectiveRow, ...] = (),
-                 provenance: dict | None = None, directory: str = "") -> None:
+                 provenance: dict | None = None, directory: str = "", rates: tuple[RateRow, ...] = ()) -> None:
         self.kernels = kernels
         self.collectives = collectives
+        self.rates = {(r.kind, r.pass_, r.dtype): r for r in rates}
         self.provenance = dict(provenance or {})
         self.directory = directory
         by: dict[tuple[str, str], list[KernelRow]] = {}
@@ -203,7 +234,12 @@ class CalibrationTables:
             cprov, crecs = read_table(cpath, COLLECTIVE_COLUMNS)
             colls = tuple(_collective_row(cpath, n, r) for n, r in crecs)
             prov = dict(prov, collectives=cprov)
-        return cls(kernels, colls, prov, str(d))
+        rates: tuple[RateRow, ...] = ()
+        rpath = d / RATE_TABLE
+        if rpath.is_file():
+            _, rrecs = read_table(rpath, RATE_COLUMNS)
+            rates = tuple(_rate_row(rpath, n, r) for n, r in rrecs)
+        return cls(kernels, colls, prov, str(d), rates)
 
     def dtypes(self) -> set[str]:
         return {r.dtype for r in self.kernels}
@@ -220,13 +256,25 @@ class CalibrationTables:
         one variant from another); time is interpolated in log-log over the element count, scaled by
         the ratio of bytes per element to the group's; below the smallest measured size the smallest
         kernel's time is a floor (launch latency), above the largest time grows linearly (bandwidth).
+        With fitted class rates (``efficiencies.csv``), work outside the measured shapes is priced at its
+        kind's and pass's achieved rate instead (the memory-bound rows are then not extended).
         """
         rows = self._by_kind.get((work.kind, dtype))
-        if not rows:
+        t = None
+        if rows and work.kind in COMPUTE_KINDS and work.flops > 0:
+            t = self._compute_s(work, rows)
+        elif rows:
+            t = self._memory_s(work, rows, extend=not self.rates)
+        return self._rate_s(work, dtype) if t is None and self.rates else t
+
+    def _rate_s(self, work: OpWork, dtype: str) -> float | None:
+        r = self.rates.get((work.kind, work_pass(work), dtype))
+        if r is None:
+            r = next((x for (k, _, dt), x in sorted(self.rates.items()) if k == work.kind and dt == dtype), None)
+        if r is None:
             return None
-        if work.kind in COMPUTE_KINDS and work.flops > 0:
-            return self._compute_s(work, rows)
-        return self._memory_s(work, rows)
+        amount = work.flops if r.unit == "FLOP/s" else work.bytes
+        return amount / r.rate if amount > 0 else None
 
     def _compute_s(self, work: OpWork, rows: tuple[KernelRow, ...]) -> float | None:
         shape = tuple(work.shape)
@@ -247,7 +295,7 @@ class CalibrationTables:
         rate = idw_log(shape, pts, rates, k=2 * len(shape))
         return work.flops / rate
 
-    def _memory_s(self, work: OpWork, rows: tuple[KernelRow, ...]) -> float | None:
+    def _memory_s(self, work: OpWork, rows: tuple[KernelRow, ...], extend: bool = True) -> float | None:
         elems = float(np.prod(work.shape)) if work.shape else 0.0
         if elems <= 0:
             return None
@@ -264,6 +312,8 @@ class CalibrationTables:
         for r in group:
             by_size.setdefault(float(np.prod(r.shape)), []).append(r.time_s)
         xs = sorted(by_size)
+        if not extend and not xs[0] <= elems <= xs[-1]:
+            return None
         ys = [float(np.median(by_size[x])) for x in xs]
         t = interp_loglog(elems, xs, ys)
         if elems > xs[-1]:
