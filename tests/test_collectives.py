@@ -67,8 +67,10 @@ def test_multi_node_ring_uses_every_nic_and_keeps_hops_on_one_rail():
     # NIC-bound: busbw = 8 NICs x 24 GB/s, the nccl-tests figure of 4 DGX A100
     size = 8 * GiB
     t = collective_time_s(_coll("all_reduce", size, group), topo, "ring/simple")
-    lat = (tuner.BASE_LAT_US["ring"][2] + (62 - 8) * tuner.HW_LAT_US["nvlink"]["ring"][2]
-           + 8 * tuner.HW_LAT_US["net"]["ring"][2]) * US  # tuning.cc: nInterSteps = 2 nNodes
+    # tuning.cc: nInterSteps = 2 nNodes; intra-node steps of an inter-node ring pay at least the
+    # net overhead, 2 us x 3 (Simple) on DGX A100's AMD hosts (> NVLink's 3.4 us)
+    lat = (tuner.BASE_LAT_US["ring"][2] + (62 - 8) * max(tuner.HW_LAT_US["nvlink"]["ring"][2], 6.0)
+           + 8 * tuner.HW_LAT_US["net"]["ring"][2]) * US
     assert t == pytest.approx(lat + 2 * 31 / 32 * size / (8 * 25e9 * IB_EFFICIENCY), rel=1e-12)
 
 

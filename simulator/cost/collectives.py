@@ -96,7 +96,7 @@ def _build_unit_phases(topo: Topology, op: str, group: tuple[int, ...], algorith
 
 
 def _latencies(algorithm: str, protocol: str, op: str, shape: GroupShape,
-               phases: tuple[Phase, ...]) -> tuple[float, list[float]]:
+               phases: tuple[Phase, ...], architecture: str = "") -> tuple[float, list[float]]:
     """(base latency, per-step latency of each phase), from NCCL's tuner constants."""
     n_nodes = shape.num_nodes
     hw = "net" if n_nodes > 1 else "nvlink"
@@ -106,7 +106,7 @@ def _latencies(algorithm: str, protocol: str, op: str, shape: GroupShape,
             lat = shape.n * tuner.step_latency_s("ring", protocol, hw)
             return tuner.base_latency_s("ring", protocol), [lat]
         base, step = tuner.ring_latency_s(protocol, ph.repeat,
-                                          tuner.ring_inter_steps(op, shape.n, n_nodes))
+                                          tuner.ring_inter_steps(op, shape.n, n_nodes), architecture)
         return base, [step]
     if algorithm == "tree":
         return 0.0, [tuner.tree_latency_s(protocol, n_nodes, shape.ppn)]
@@ -205,7 +205,7 @@ def _estimate(topo: Topology, op: str, size: float, group: tuple[int, ...],
     fluid-timed value, e.g. with a lower bound of it (the time is non-decreasing in ``bw``)."""
     phases, bw_s = _unit_phases(topo, op, group, alg) if bw is None else (_phases(topo, op, group, alg), bw)
     shape = group_shape(group, topo)
-    base, lats = _latencies(alg, proto, op, shape, phases)
+    base, lats = _latencies(alg, proto, op, shape, phases, topo.cluster.gpu.architecture)
     eff = _efficiency(topo, op, size, shape, alg, proto, bw_s)
     return base + sum(p.repeat * lat for p, lat in zip(phases, lats)) + bw_s * size / eff
 
@@ -281,7 +281,7 @@ def _build_plan(topo: Topology, op: str, size: float, group: tuple[int, ...],
     alg, proto, _ = _best(topo, op, size, group, algorithm)
     phases, bw = _unit_phases(topo, op, group, alg)
     shape = group_shape(group, topo)
-    base, lats = _latencies(alg, proto, op, shape, phases)
+    base, lats = _latencies(alg, proto, op, shape, phases, topo.cluster.gpu.architecture)
     scale = size / _efficiency(topo, op, size, shape, alg, proto, bw)
     steps = [CommStep(base)] if base > 0 else []
     for ph, lat in zip(phases, lats):

@@ -58,7 +58,9 @@ PER_CH_MAX_TREE_LL128_GBPS = {"ampere": (20.0, 20.0, 20.0), "hopper": (36.7, 36.
 LL_MAX_GBPS_1NODE = {"ampere": 87.7, "hopper": 87.7}
 LL_MAX_GBPS_MULTI = {"amd": (22.5, 19.0), "intel": (39.0, 20.4)}
 # Host CPUs: DGX A100 has 2 x AMD EPYC 7742, DGX H100/H200 2 x Intel Xeon 8480C (DGX datasheets).
-CPU_VENDOR = {"ampere": "amd", "hopper": "intel"}
+# DGX B200 has 2 x Intel Xeon 8570; GB200's Grace (Arm) takes tuning.cc's non-AMD rows.
+CPU_VENDOR = {"ampere": "amd", "hopper": "intel", "blackwell": "intel"}
+NET_OVERHEAD_US = {"intel": 1.0, "amd": 2.0}
 # tuning.cc treeCorrectionFactor[protocol][log2(bytes/64)], 64 B .. 128 MB: "Trees are not
 # perfectly sticking to the model for medium sizes".
 TREE_CORRECTION = {
@@ -162,12 +164,22 @@ def _hw(num_nodes: int) -> str:
     return "net" if num_nodes > 1 else "nvlink"
 
 
-def ring_latency_s(protocol: str, nsteps: int, n_inter: int) -> tuple[float, float]:
+def net_overhead_us(architecture: str, protocol: str) -> float:
+    """tuning.cc getNetOverhead: "Inter-node rings still have to launch nsteps * net overhead": 1 us
+    per step on Intel (and other) hosts, 2 us on AMD ones, x3 with Simple."""
+    us = NET_OVERHEAD_US.get(CPU_VENDOR.get(architecture, ""), 1.0)
+    return us * 3 if protocol == "simple" else us
+
+
+def ring_latency_s(protocol: str, nsteps: int, n_inter: int, architecture: str = "") -> tuple[float, float]:
     """(base, per-step average) for a ring of ``nsteps`` steps, ``n_inter`` of them crossing nodes:
-    baseLat + (nsteps - nInterSteps) * intraLat + nInterSteps * interLat (tuning.cc)."""
+    baseLat + (nsteps - nInterSteps) * max(intraLat, netOverhead) + nInterSteps * interLat
+    (tuning.cc; the net overhead only when the ring spans nodes)."""
     p = _P[protocol]
-    total = ((nsteps - n_inter) * HW_LAT_US["nvlink"]["ring"][p]
-             + n_inter * HW_LAT_US["net"]["ring"][p])
+    intra = HW_LAT_US["nvlink"]["ring"][p]
+    if n_inter > 0:
+        intra = max(intra, net_overhead_us(architecture, protocol))
+    total = (nsteps - n_inter) * intra + n_inter * HW_LAT_US["net"]["ring"][p]
     return BASE_LAT_US["ring"][p] * US, (total / nsteps if nsteps else 0.0) * US
 
 
