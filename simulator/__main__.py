@@ -92,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     sh = csub.add_parser("show")
     sh.add_argument("trace")
     sh.add_argument("--out")
+    ft = csub.add_parser("fit", help="calibration tables from your own torch.profiler traces")
+    ft.add_argument("traces", nargs="+", metavar="TRACE")
+    ft.add_argument("--scenario", required=True, help="the scenario the traces ran (model and plan)")
+    ft.add_argument("--out", required=True, help="directory for kernels.csv, efficiencies.csv, fit.json")
     return p
 
 
@@ -165,7 +169,9 @@ def _goodput(args) -> int:
 
 
 def _calibrate(args) -> int:
-    from .calibration.cli import cmd_compare, cmd_profile, cmd_show
+    from .calibration.cli import cmd_compare, cmd_fit, cmd_profile, cmd_show
+    if args.action == "fit":
+        return cmd_fit(args.traces, args.scenario, args.out)
     if args.action == "profile":
         return cmd_profile(args.device, args.out, scenario=args.scenario, steps=args.steps)
     if args.action == "compare":

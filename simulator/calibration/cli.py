@@ -1,5 +1,5 @@
-"""The ``calibrate`` commands: profile (kernels -> tables, tiny model -> trace), compare (a real trace
-against the simulated scenario) and show (a real trace as a measured run). Each returns an exit code;
+"""The ``calibrate`` commands: profile (kernels -> tables, tiny model -> trace), fit (real traces ->
+tables), compare (a real trace against the simulated scenario) and show (a real trace as a measured run). Each returns an exit code;
 errors are one line on stderr and exit code 2.
 """
 
@@ -184,4 +184,39 @@ def cmd_show(trace_path: str, out_dir: str | None) -> int:
         print(f"rank {r}: kernel time {total * 1e3:.3f} ms ({parts}); exposed communication "
               f"{x.get('exposed_s', 0.0) * 1e3:.3f} of {x.get('comm_s', 0.0) * 1e3:.3f} ms")
     print(f"wrote {out}/show.md, show.json, trace.json, {', '.join(p.name for p in pngs)}")
+    return 0
+
+
+def cmd_fit(trace_paths: list[str], scenario_path: str, out_dir: str) -> int:
+    """Match the traces' kernels to the scenario's ops and write tables (kernels.csv, efficiencies.csv,
+    collectives.csv when NCCL kernels matched) and fit.json; exit 2 when too few kernels matched."""
+    from dataclasses import asdict
+
+    from ..cost.calibrated import (COLLECTIVE_COLUMNS, COLLECTIVE_TABLE, KERNEL_COLUMNS, KERNEL_TABLE, RATE_COLUMNS,
+                                   RATE_TABLE, write_table)
+    from .fit import fit_traces, provenance, report_lines
+
+    try:
+        scn = load_scenario(scenario_path)
+        fit = fit_traces(trace_paths, scn)
+    except ValueError as exc:
+        return _fail(str(exc))
+    out = Path(out_dir)
+    command = f"python -m simulator calibrate fit {' '.join(trace_paths)} --scenario {scenario_path} --out {out_dir}"
+    prov = provenance(fit, scn, command)
+    write_table(out / KERNEL_TABLE, KERNEL_COLUMNS, [(r.kind, r.name, r.pass_, r.dtype, r.shape, r.flops, r.bytes,
+                                                      r.time_s, r.samples) for r in fit.rows], prov)
+    write_table(out / RATE_TABLE, RATE_COLUMNS, [(r.kind, r.pass_, r.dtype, r.rate, r.unit, r.fraction_of_peak,
+                                                  r.instances) for r in fit.rates], prov)
+    if fit.collectives:
+        write_table(out / COLLECTIVE_TABLE, COLLECTIVE_COLUMNS, [tuple(asdict(r).values()) for r in fit.collectives],
+                    prov)
+    doc = {"provenance": prov, "coverage": fit.coverage, "classes": fit.classes, "traces": fit.traces,
+           "rates": [asdict(r) for r in fit.rates], "kernels": len(fit.rows), "collectives": len(fit.collectives)}
+    (out / "fit.json").write_text(json.dumps(doc, indent=2) + "\n")
+    for line in report_lines(fit):
+        print(line)
+    print(f"tables: {out / KERNEL_TABLE} ({len(fit.rows)} ops), {out / RATE_TABLE} ({len(fit.rates)} rates)"
+          + (f", {out / COLLECTIVE_TABLE} ({len(fit.collectives)} collectives)" if fit.collectives else ""))
+    print(f"next: python -m simulator run {scenario_path} --set cost.compute=calibrated --set cost.tables={out}")
     return 0

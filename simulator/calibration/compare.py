@@ -62,10 +62,10 @@ def simulated_ops(result, rank: int | None = None) -> tuple[int, list[SimOp]]:
     return rank, out
 
 
-def sim_rank_of(result, measured_rank: int) -> tuple[int, str]:
-    """The simulated rank standing for a trace's rank (its pipeline stage's representative unless every
-    rank is simulated) and a note saying how it was placed."""
-    mesh, graph = result.plan.mesh, result.graph
+def sim_rank_of(plan, measured_rank: int) -> tuple[int, str]:
+    """The simulated rank of a lowered plan standing for a trace's rank (its pipeline stage's
+    representative unless every rank is simulated) and a note saying how it was placed."""
+    mesh, graph = plan.mesh, plan.graph
     if not 0 <= measured_rank < mesh.size:
         return graph.ranks[0], (f"trace rank {measured_rank} is outside the scenario's {mesh.size} GPUs; "
                                 f"compared with simulated rank {graph.ranks[0]}")
@@ -74,9 +74,9 @@ def sim_rank_of(result, measured_rank: int) -> tuple[int, str]:
     return rank, f"trace rank {measured_rank} is pipeline stage {stage}: simulated rank {rank}"
 
 
-def comm_ops_of(result, rank: int) -> set[str]:
+def comm_ops_of(graph, rank: int) -> set[str]:
     """The collectives (tasks ops) the simulated rank runs."""
-    return {t.comm.op for t in result.graph.tasks if t.rank == rank and t.comm is not None}
+    return {t.comm.op for t in graph.tasks if t.rank == rank and t.comm is not None}
 
 
 def simulated_op_trace(result, rank: int, ops: list[SimOp]) -> Trace:
@@ -123,9 +123,9 @@ def compare_run(run: KinetoRun, result) -> dict:
         raise ValueError(f"{run.metadata.get('source_file', 'trace')}: no kernels inside a profiler step")
     measured_rank = min(o.rank for ops in steps.values() for o in ops)
     steps = measured_steps(run, measured_rank)
-    rank, placement = sim_rank_of(result, measured_rank)
+    rank, placement = sim_rank_of(result.plan, measured_rank)
     rank, sim = simulated_ops(result, rank)
-    comm = comm_ops_of(result, rank)
+    comm = comm_ops_of(result.graph, rank)
     periods = step_periods(run, steps)
     meas_op: dict[tuple[str, str], list[float]] = {}
     meas_cat: dict[str, list[float]] = {}

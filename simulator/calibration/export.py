@@ -128,7 +128,7 @@ def kineto_doc(result, rank: int = 0, steps: int = 3, annotate: bool = True, sch
     if schema not in ("current", "legacy") or vendor not in KERNELS or steps < 1:
         raise ValueError(f"schema {schema!r} (current | legacy), vendor {vendor!r} ({' | '.join(KERNELS)}), "
                          f"steps {steps} (>= 1)")
-    sim_rank, _ = sim_rank_of(result, rank)
+    sim_rank, _ = sim_rank_of(result.plan, rank)
     _, ops = simulated_ops(result, sim_rank)
     period_s = result.metrics["iteration_time_s"]
     w = _Writer(schema, vendor, offset_us=1.0e6)
