@@ -18,10 +18,11 @@ from .model.presets import MODEL_PRESETS
 from .model.spec import MLP_KINDS, ModelSpec
 from .units import DTYPE_BYTES
 from .defaults import default_grad_dtype, default_sharding, default_virtual_stages, split_layers
+from .strategy.schedules import SCHEDULES
 from .scenario_checks import ScenarioError, check_reliability, validate
 from .reliability import ReliabilitySpec, parse_reliability
 
-SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
+SCHEDULE_NAMES = tuple(SCHEDULES)
 RECOMPUTE_MODES = ("none", "selective", "full")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 COMPUTE_MODELS = ("roofline", "calibrated")
@@ -319,8 +320,9 @@ def _parallel(table: dict, model: ModelSpec, cluster: ClusterSpec, training: Tra
             raise ScenarioError(f"parallelism: tp*pp*cp = {tp}*{pp}*{cp} = {tp * pp * cp} does not divide "
                                 f"the {cluster.num_gpus} GPUs of the cluster")
         vals["dp"] = cluster.num_gpus // (tp * pp * cp)
-    if vals.get("schedule") == "interleaved-1f1b" and "virtual_stages" not in vals and vals.get("pp", 1) > 1:
-        vals["virtual_stages"] = default_virtual_stages(model.num_layers, vals["pp"])
+    chunks = SCHEDULES[vals["schedule"]].chunks if vals.get("schedule") in SCHEDULES else 1
+    if chunks != 1 and "virtual_stages" not in vals and vals.get("pp", 1) > 1:  # fixed (V maps) or the default rule
+        vals["virtual_stages"] = chunks or default_virtual_stages(model.num_layers, vals["pp"])
     if not vals.get("sharding"):
         vals["sharding"] = default_sharding(vals.get("zero_stage", 0))
     par = ParallelSpec(**vals)

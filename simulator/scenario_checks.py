@@ -5,12 +5,13 @@ Each rule raises ScenarioError with one line naming the key(s) and the numbers.
 
 from __future__ import annotations
 
+from .strategy.schedules import SCHEDULES
+
 
 class ScenarioError(ValueError):
     """A scenario that cannot be simulated; the message names the key and the numbers."""
 
 
-_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 _RECOMPUTE = ("none", "selective", "full")
 
 
@@ -67,8 +68,8 @@ def _check_batch_and_schedule(m, p, t) -> None:
                             f"micro_batch_size*dp = {t.micro_batch_size}*{p.dp} = {t.micro_batch_size * p.dp}")
     if not 0 <= p.zero_stage <= 3:
         raise ScenarioError(f"parallelism.zero_stage must be 0..3, got {p.zero_stage}")
-    if p.schedule not in _SCHEDULES:
-        raise ScenarioError(f"parallelism.schedule {p.schedule!r} is unknown; known: {', '.join(_SCHEDULES)}")
+    if p.schedule not in SCHEDULES:
+        raise ScenarioError(f"parallelism.schedule {p.schedule!r} is unknown; known: {', '.join(SCHEDULES)}")
     if p.recompute not in _RECOMPUTE:
         raise ScenarioError(f"parallelism.recompute {p.recompute!r} is unknown; known: {', '.join(_RECOMPUTE)}")
     if p.cp_algorithm not in ("ring", "all-gather"):
@@ -84,20 +85,17 @@ def _check_batch_and_schedule(m, p, t) -> None:
         raise ScenarioError(f"parallelism.layers_per_stage = {list(lps)} must have pp = {p.pp} positive "
                             f"entries summing to num_layers = {m.num_layers}")
     m_count = t.global_batch_size // (t.micro_batch_size * p.dp)
-    if p.schedule == "interleaved-1f1b" and p.pp > 1:
-        if p.virtual_stages < 2:
-            raise ScenarioError(f"parallelism.virtual_stages = {p.virtual_stages}: interleaved-1f1b needs >= 2")
-        if m_count % p.pp:
-            raise ScenarioError(f"interleaved-1f1b: micro-batches per pipeline = {m_count} must be a multiple "
-                                f"of pp = {p.pp} (Megatron-LM's rule)")
+    if p.pp > 1 and m_count < 1:
+        raise ScenarioError(f"no micro-batches: global_batch_size {t.global_batch_size} < micro_batch_size*dp")
+    if p.pp > 1:
+        try:  # the schedule's own rules: chunks per rank, fewest micro-batches, Megatron's multiple of pp
+            SCHEDULES[p.schedule].check(p.pp, m_count, p.virtual_stages)
+        except ValueError as e:
+            raise ScenarioError(f"{e} (parallelism.schedule = {p.schedule!r}, micro-batches per pipeline = "
+                                f"{m_count})") from None
         if min(lps) < p.virtual_stages:
             raise ScenarioError(f"parallelism.virtual_stages = {p.virtual_stages} exceeds the layers of the "
                                 f"smallest stage in {list(lps)} (each model chunk needs a layer)")
-    elif p.virtual_stages != 1 and p.pp > 1:
-        raise ScenarioError(f"parallelism.virtual_stages = {p.virtual_stages} needs schedule = "
-                            f"'interleaved-1f1b', got {p.schedule!r}")
-    if p.schedule != "gpipe" and p.pp > 1 and m_count < 1:
-        raise ScenarioError(f"no micro-batches: global_batch_size {t.global_batch_size} < micro_batch_size*dp")
 
 
 _SHARDING = ("megatron-distopt", "deepspeed", "fsdp1", "fsdp2")  # strategy/zero_impl.IMPLEMENTATIONS

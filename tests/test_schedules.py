@@ -7,26 +7,28 @@ from fractions import Fraction
 
 import pytest
 
-from simulator.strategy.schedules import (SCHEDULES, Action, format_grid, ideal_bubble_fraction,
-                                          max_in_flight, schedule_actions, splits_backward,
-                                          virtual_stage)
+from simulator.strategy.schedules import (SCHEDULES, P2P, Action, StageMap, add_p2p, format_grid,
+                                          ideal_bubble_fraction, max_in_flight, schedule_actions,
+                                          splits_backward, stage_map, virtual_stage)
 
 P, M = 4, 8
-CASES = [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zero-bubble", 1)]
+CASES = [(name, s.chunks or 2) for name, s in SCHEDULES.items()]
 
 
 def grid(rows: list[str]) -> list[list[Action]]:
     return [[Action.parse(t) for t in row.split()] for row in rows]
 
 
-def list_schedule(actions: list[list[Action]], p: int, v: int,
-                  dur: dict[str, Fraction]) -> tuple[Fraction, list[Fraction]]:
+def list_schedule(actions: list[list[Action]], p: int, v: int, dur: dict[str, Fraction],
+                  spans: list | None = None) -> tuple[Fraction, list[Fraction]]:
     """Run every rank's list in program order, each action as soon as its rank is free and its
     inputs exist: F(s, i) after F(s-1, i); B(s, i) after F(s, i) and B(s+1, i); W(s, i) after
-    B(s, i). Free communication. Returns (makespan, busy time per rank); raises on deadlock."""
+    B(s, i). Free communication. Returns (makespan, busy time per rank); raises on deadlock.
+    ``spans``, when given, receives every rank's (first start, last end)."""
     last = p * v - 1
     end: dict[tuple[int, str, int], Fraction] = {}
     pos, free = [0] * p, [Fraction(0)] * p
+    first: dict[int, Fraction] = {}
     remaining = sum(len(row) for row in actions)
     while remaining:
         progressed = False
@@ -44,6 +46,7 @@ def list_schedule(actions: list[list[Action]], p: int, v: int,
                 if any(d not in end for d in deps):
                     break
                 start = max([free[r]] + [end[d] for d in deps])
+                first.setdefault(r, start)
                 free[r] = end[(a.stage, a.phase, a.microbatch)] = start + dur[a.phase]
                 pos[r] += 1
                 remaining -= 1
@@ -52,6 +55,8 @@ def list_schedule(actions: list[list[Action]], p: int, v: int,
             stuck = [str(actions[r][pos[r]]) for r in range(p) if pos[r] < len(actions[r])]
             raise RuntimeError(f"deadlock at {stuck}")
     busy = [sum((dur[a.phase] for a in row), Fraction(0)) for row in actions]
+    if spans is not None:
+        spans += [(first.get(r, Fraction(0)), free[r]) for r in range(p)]
     return max(free), busy
 
 
@@ -149,9 +154,10 @@ def test_every_stage_microbatch_pair_runs_once_per_phase_on_its_rank(name, v):
     rows = schedule_actions(name, P, M, v)
     assert len(rows) == P
     phases = ("F", "B", "W") if splits_backward(name) else ("F", "B")
+    smap = stage_map(name, P)
     for r, row in enumerate(rows):
-        assert all(a.rank(P) == r for a in row)
-        expected = {(virtual_stage(r, c, P), ph, i)
+        assert all(smap.rank(a.stage) == r for a in row)
+        expected = {(smap.stage(r, c), ph, i)
                     for c in range(v) for ph in phases for i in range(M)}
         seen = [(a.stage, a.phase, a.microbatch) for a in row]
         assert len(seen) == len(set(seen)) == len(expected)
@@ -277,6 +283,8 @@ def test_in_flight_interleaved_rank0_as_megatron(p, m, v):
     (("1f1b", 4, 8, 2), "virtual_stages must be 1 .* got 2"),
     (("zero-bubble", 4, 8, 2), "virtual_stages must be 1 .* got 2"),
     (("gpipe", 4, 8, 3), "virtual_stages must be 1 .* got 3"),
+    (("zb-v", 4, 8, 1), "virtual_stages must be 2 .* got 1"),
+    (("dualpipe-v", 4, 7, 2), "at least 8 micro-batches with pp = 4, got 7"),
 ])
 def test_invalid_combinations_raise_with_numbers(args, match):
     with pytest.raises(ValueError, match=match):
@@ -286,7 +294,159 @@ def test_invalid_combinations_raise_with_numbers(args, match):
 
 
 def test_splits_backward():
-    assert [splits_backward(n) for n in SCHEDULES] == [n == "zero-bubble" for n in SCHEDULES]
-    assert set(SCHEDULES) == {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"}
+    assert [n for n in SCHEDULES if splits_backward(n)] == ["zero-bubble", "zb-h2", "zb-v", "dualpipe-v"]
+    assert set(SCHEDULES) == {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zb-h2", "zb-v",
+                              "dualpipe-v"}
     with pytest.raises(ValueError, match="zb-v"):
-        splits_backward("zb-v")
+        splits_backward("pipedream")
+
+
+# --- stage maps, explicit transfers ------------------------------------------------------------
+
+def test_stage_maps_loop_and_v():
+    loop, v = StageMap("loop", 4), StageMap("v", 4)
+    assert [loop.rank(s) for s in range(8)] == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert [v.rank(s) for s in range(8)] == [0, 1, 2, 3, 3, 2, 1, 0]
+    assert v.stages_of(0, 2) == (0, 7) and v.stages_of(3, 2) == (3, 4) and loop.stages_of(1, 3) == (1, 5, 9)
+    assert all(m.stage(m.rank(s), m.chunk(s)) == s for m in (loop, v) for s in range(12))
+    assert Action(6, "B", 0).rank(4, "v") == 1 and Action(6, "B", 0).chunk(4) == 1
+    with pytest.raises(ValueError, match="stage map"):
+        StageMap("zigzag", 4)
+
+
+@pytest.mark.parametrize("name,v", CASES)
+def test_every_transfer_has_its_matching_receive_on_the_peer(name, v):
+    smap = stage_map(name, P)
+    rows = add_p2p(schedule_actions(name, P, M, v), smap)
+    sends = {(x.stage, x.phase, x.microbatch, r, x.peer) for r, row in enumerate(rows) for x in row
+             if isinstance(x, P2P) and x.kind == "SEND"}
+    recvs = {(x.stage, x.phase, x.microbatch, x.peer, r) for r, row in enumerate(rows) for x in row
+             if isinstance(x, P2P) and x.kind == "RECV"}
+    assert sends == recvs
+    hops = sum(smap.rank(s) != smap.rank(s + 1) for s in range(P * v - 1))  # the V's turn stays on a rank
+    assert len(sends) == 2 * M * hops
+    for row in rows:  # a RECV right before its consumer, a SEND right after its producer
+        for k, x in enumerate(row):
+            if isinstance(x, P2P):
+                a = row[k + 1] if x.kind == "RECV" else row[k - 1]
+                assert (a.phase, a.microbatch) == (x.phase, x.microbatch)
+    assert str(P2P("SEND", 1, "F", 3, 2)) == "1SEND_F3"
+
+
+# --- the zero-bubble family beyond ZB-H1, and DualPipeV ----------------------------------------
+
+def test_dualpipe_v_grid_p2_m4_from_the_steps_of_dualpipev_py():
+    # rank 0 holds stages 0 and 3, rank 1 stages 1 and 2. Rank 0: step 1 (2 F0), step 2 (F0 F1),
+    # step 3 (B1 split, its W, F1), step 4 (F0 & B1, F1 & B0, full backwards), step 5, step 6
+    # (B1 full; B0 split from the middle on), step 7 (W, B0 split), step 8 (W).
+    assert schedule_actions("dualpipe-v", 2, 4, 2) == grid([
+        "0F0 0F1 0F2 3F0 3B0 3W0 3F1 0F3 3B1 3W1 3F2 0B0 0W0 3B2 3W2 3F3 0B1 0W1 3B3 3W3 0B2 0W2 0B3 0W3",
+        "1F0 2F0 1F1 2F1 1F2 2B0 2W0 2F2 1B0 1W0 1F3 2B1 2W1 2F3 1B1 1W1 2B2 2W2 1B2 1W2 2B3 1B3 2W3 1W3",
+    ])
+
+
+def test_zb_v_grid_p2_m3_as_torch_schedule_zbv_zero_bubble():
+    assert schedule_actions("zb-v", 2, 3, 2) == grid([
+        "0F0 0F1 0F2 3F0 3B0 3W0 3F1 3B1 3W1 0B0 0W0 3F2 3B2 3W2 0B1 0W1 0B2 0W2",
+        "1F0 2F0 1F1 2F1 2B0 2W0 1F2 1B0 1W0 2F2 2B1 2W1 1B1 2B2 1B2 1W1 2W2 1W2",
+    ])
+
+
+def test_zb_h2_grid_p3_m6():
+    # 2(p - r) - 1 warm-up forwards, B first, W's gathering at the end of later ranks
+    assert schedule_actions("zb-h2", 3, 6) == grid([
+        "0F0 0F1 0F2 0F3 0F4 0B0 0W0 0B1 0F5 0B2 0W1 0B3 0W2 0B4 0W3 0W4 0B5 0W5",
+        "1F0 1F1 1F2 1B0 1F3 1B1 1F4 1B2 1W0 1B3 1F5 1B4 1W1 1W2 1B5 1W3 1W4 1W5",
+        "2F0 2B0 2F1 2B1 2F2 2B2 2F3 2B3 2F4 2B4 2W0 2F5 2B5 2W1 2W2 2W3 2W4 2W5",
+    ])
+
+
+@pytest.mark.parametrize("p,m", [(4, 8), (4, 16), (3, 12), (8, 32), (2, 5)])
+@pytest.mark.parametrize("dur", [FBW, {"F": Fraction(2), "B": Fraction(1), "W": Fraction(1)},
+                                 {"F": Fraction(1), "B": Fraction(2), "W": Fraction(1)},
+                                 {"F": Fraction(1), "B": Fraction(3, 2), "W": Fraction(1, 2)},
+                                 {"F": Fraction(1), "B": Fraction(1), "W": Fraction(2)}])
+def test_zb_h2_idle_is_the_papers_bubble_floored_at_the_start_up(p, m, dur):
+    # Qi et al. 2024 sec. 3.1: ZB-H2's bubble (p - 1)(T_F + T_B - 2 T_W); with every rank ending
+    # the step together the start-up (p - 1) T_F of the last rank cannot be hidden, hence the floor.
+    makespan, busy = list_schedule(schedule_actions("zb-h2", p, m), p, 1, dur)
+    expected = (p - 1) * (dur["F"] + max(Fraction(0), dur["B"] - 2 * dur["W"]))
+    assert [makespan - b for b in busy] == [expected] * p
+    if dur == FBW:  # the paper's zero bubble: each rank runs back to back, rank r from r to r + 3m
+        spans: list = []
+        list_schedule(schedule_actions("zb-h2", p, m), p, 1, FBW, spans)
+        assert spans == [(r, r + 3 * m) for r in range(p)]
+        assert bubble_fractions("zb-h2", p, m, 1, FBW) == [Fraction(p - 1, 3 * m + p - 1)] * p
+        assert ideal_bubble_fraction("zb-h2", p, m) == pytest.approx(float(Fraction(p - 1, 3 * m + p - 1)), abs=0)
+
+
+@pytest.mark.parametrize("p,m", [(4, 8), (4, 16), (3, 12), (8, 32), (2, 3)])
+def test_zb_h2_memory_is_2p_minus_1_micro_batches(p, m):
+    rows = schedule_actions("zb-h2", p, m)
+    assert [max_in_flight(r) for r in rows] == [min(2 * p - 1, m)] * p
+    warmups = [next(k for k, a in enumerate(row) if a.phase == "B") for row in rows]
+    assert warmups == [min(2 * (p - r) - 1, m) for r in range(p)]
+
+
+@pytest.mark.parametrize("name", ["zb-v", "dualpipe-v"])
+@pytest.mark.parametrize("p,m", [(4, 8), (4, 16), (3, 12), (8, 16), (2, 4)])
+def test_v_schedules_idle_only_the_start_up_at_equal_chunk_times(name, p, m):
+    # ZB-V (Qi et al. sec. 6): zero bubble at T_F = T_B = T_W but for the start-up of p - 1 chunk
+    # forwards; DualPipeV attains the same (DeepSeek-V3 table 2 with the pair's forward hidden).
+    expected = Fraction(p - 1, 6 * m + p - 1)
+    assert bubble_fractions(name, p, m, 2, FBW) == [expected] * p
+    assert ideal_bubble_fraction(name, p, m, 2) == pytest.approx(float(expected), abs=0)
+
+
+@pytest.mark.parametrize("dur", [FBW, {"F": Fraction(2), "B": Fraction(1), "W": Fraction(1)},
+                                 {"F": Fraction(1), "B": Fraction(2), "W": Fraction(1)},
+                                 {"F": Fraction(2), "B": Fraction(2), "W": Fraction(1)},
+                                 {"F": Fraction(1), "B": Fraction(3, 2), "W": Fraction(1, 2)}])
+@pytest.mark.parametrize("p,m", [(4, 16), (3, 12), (5, 20)])
+def test_dualpipe_v_within_deepseek_table_bubble_with_the_pair_run_serially(dur, p, m):
+    # DeepSeek-V3 table 2: (PP/2 - 1)(F&B + B_full - 3W), PP = 2p; here F&B = F + B_full (no
+    # overlap inside the compute stream), B_full = B + W.
+    makespan, busy = list_schedule(schedule_actions("dualpipe-v", p, m, 2), p, 2, dur)
+    full = dur["B"] + dur["W"]
+    bound = (p - 1) * (dur["F"] + full + full - 3 * dur["W"])
+    assert all((p - 1) * dur["F"] <= makespan - b <= bound for b in busy)
+
+
+@pytest.mark.parametrize("p,m", [(4, 8), (4, 16), (3, 12)])
+def test_v_schedules_memory_zb_v_as_1f1b_dualpipe_v_pp_plus_one(p, m):
+    # a set is one chunk, half a stage: ZB-V holds p stages' worth (1F1B's rank 0, Qi et al.
+    # sec. 6); DualPipeV PP + 1 chunks with PP = 2p (DeepSeek-V3 table 2, "Activation").
+    assert [max_in_flight(r) for r in schedule_actions("zb-v", p, m, 2)] == [2 * p] * p
+    assert [max_in_flight(r) for r in schedule_actions("dualpipe-v", p, m, 2)] == [2 * p + 1] * p
+
+
+@pytest.mark.parametrize("name", list(SCHEDULES))
+@pytest.mark.parametrize("p,m", [(1, 2), (2, 4), (3, 6), (4, 8), (2, 7), (5, 10)])
+def test_every_schedule_runs_without_deadlock(name, p, m):
+    s = SCHEDULES[name]
+    v = s.chunks or 2
+    if m < s.min_microbatches(p) or (s.microbatches_multiple_of_p and m % p):
+        return
+    rows = schedule_actions(name, p, m, v)
+    list_schedule(rows, p, v, FBW)  # raises on deadlock
+
+
+@pytest.mark.parametrize("name", ["zb-v", "dualpipe-v", "zb-h2"])
+def test_new_schedules_lower_and_simulate_end_to_end(name):
+    from simulator.pipeline import simulate
+    from simulator.scenario import load_scenario
+    scn = load_scenario("scenarios/gpt3-1.3b-8xa100.toml",
+                        [f"parallelism.schedule={name}", "parallelism.pp=4", "parallelism.dp=1",
+                         "training.global_batch_size=16"])
+    res = simulate(scn)
+    res.graph.validate()
+    smap, p, v = stage_map(name, 4), 4, scn.parallel.virtual_stages
+    assert v == (SCHEDULES[name].chunks or 1)
+    sends = [t for t in res.graph.tasks if t.category == "comm_pp" and t.comm.op == "send_recv"]
+    m = scn.num_microbatches
+    hops = sum(smap.rank(s) != smap.rank(s + 1) for s in range(p * v - 1))
+    assert len(sends) == 2 * m * hops  # one representative rank per stage sends each hop's transfer
+    for t in sends:  # each send goes to the rank holding the neighbouring stage
+        a, b = (res.plan.mesh.stage_of(g) for g in t.comm.group)
+        assert a != b and abs(a - b) == 1
+    assert 0 < res.metrics["iteration_time_s"] < 10

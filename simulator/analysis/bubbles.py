@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from ..strategy.actions import StageMap
 from ..trace import COMPUTE_STREAM, Trace, TraceEvent
 
 
@@ -117,7 +118,7 @@ def schedule_actions(trace: Trace, rank: int) -> list[Action]:
     """The actions one rank's compute stream ran, in time order (consecutive events of the same
     (phase, micro-batch, chunk) form one action; events with no phase and no micro-batch, such as
     stray kernels of a measured trace, are skipped)."""
-    num_stages = max(num_pipeline_stages(trace), 1)
+    smap = StageMap(str(trace.metadata.get("stage_map", "loop")), max(num_pipeline_stages(trace), 1))
     actions: list[Action] = []
     key = None
     for e in compute_events(trace).get(rank, []):
@@ -131,8 +132,8 @@ def schedule_actions(trace: Trace, rank: int) -> list[Action]:
                                  last.chunk, last.start_s, max(last.end_s, e.end_s))
             continue
         key = k
-        # Virtual stage of interleaved schedules: chunk c of stage s runs model part c*p + s
-        # (Narayanan et al. 2021, section 2.2 "Schedule with Interleaved Stages").
-        virtual = e.chunk * num_stages + e.stage if e.chunk >= 0 else e.stage
+        # Virtual stage of chunk c on stage s: c*p + s in the loop map of interleaved schedules
+        # (Narayanan et al. 2021, section 2.2), the lowering's "stage_map" metadata otherwise.
+        virtual = smap.stage(e.stage, e.chunk) if e.chunk >= 0 else e.stage
         actions.append(Action(e.stage, virtual, e.phase, e.microbatch, e.chunk, e.start_s, e.end_s))
     return actions

@@ -24,7 +24,7 @@ from .grad_sync import (STREAM_DP_RS, gather_parameters, last_compute, optimizer
                         zero3_gather, zero3_reduce)
 from .layer_emit import column_backward, layer_backward, layer_forward, layer_weight_grad, tp_op
 from .mesh import DeviceMesh
-from .schedules import Action, schedule_actions, splits_backward
+from .schedules import Action, StageMap, schedule_actions, splits_backward, stage_map
 from .sharding import grad_accumulation_bytes_per_param, linear_params, params_per_rank
 from .zero_impl import FSDP, FSDP2_COPY_PASSES, chunk_fetches, submodule_params
 
@@ -38,8 +38,9 @@ class LoweredPlan:
     chunk_layers: tuple  # virtual stage -> tuple of global layer indices
 
 
-def chunk_sizes(layers_per_stage: tuple[int, ...], v: int) -> tuple[int, ...]:
-    """Layers of every virtual stage (chunk c of rank r is virtual stage c·p + r).
+def chunk_sizes(layers_per_stage: tuple[int, ...], v: int, smap: StageMap | None = None) -> tuple[int, ...]:
+    """Layers of every virtual stage (chunk c of rank r is virtual stage ``smap.stage(r, c)``, c·p + r in
+    the default loop map).
 
     Each stage's layers are spread as evenly as possible over its v chunks. When they do not divide,
     the chunks holding the embedding (chunk 0 of stage 0) and the LM head (chunk v-1 of the last
@@ -51,19 +52,21 @@ def chunk_sizes(layers_per_stage: tuple[int, ...], v: int) -> tuple[int, ...]:
     if v < 1 or any(n < v for n in layers_per_stage):
         raise ValueError(f"layers per stage {list(layers_per_stage)} cannot fill virtual_stages = {v} chunks each")
     sizes = [0] * (p * v)
+    smap = smap or StageMap("loop", p)
     for s, n in enumerate(layers_per_stage):
-        ends = {0} if s == 0 else set()
-        ends |= {v - 1} if s == p - 1 else set()
+        held = smap.stages_of(s, v)
+        ends = {c for c in range(v) if held[c] in (0, p * v - 1)}
         order = sorted(range(v), key=lambda c: (c in ends, -c if s != p - 1 else c))
         for k, c in enumerate(order):
-            sizes[c * p + s] = n // v + (1 if k < n % v else 0)
+            sizes[held[c]] = n // v + (1 if k < n % v else 0)
     return tuple(sizes)
 
 
-def chunk_layers(layers_per_stage: tuple[int, ...], v: int) -> tuple[tuple[int, ...], ...]:
+def chunk_layers(layers_per_stage: tuple[int, ...], v: int,
+                 smap: StageMap | None = None) -> tuple[tuple[int, ...], ...]:
     """Global layer indices of every virtual stage, in virtual-stage order (see ``chunk_sizes``)."""
     out, first = [], 0
-    for n in chunk_sizes(layers_per_stage, v):
+    for n in chunk_sizes(layers_per_stage, v, smap):
         out.append(tuple(range(first, first + n)))
         first += n
     return tuple(out)
@@ -79,16 +82,19 @@ def lower(scn, full: bool = False) -> LoweredPlan:
     v = par.virtual_stages if par.pp > 1 else 1
     schedule = par.schedule if par.pp > 1 else "1f1b"
     actions = schedule_actions(schedule, par.pp, scn.num_microbatches, v)
-    layers = chunk_layers(par.layers_per_stage, v)
+    smap = stage_map(schedule, par.pp)
+    layers = chunk_layers(par.layers_per_stage, v, smap)
     ranks = tuple(range(mesh.size)) if full else mesh.representatives
     stage_params = {}
     for r in ranks:
         s = mesh.stage_of(r)
-        stage_params[r] = params_per_rank(graph, par.tp, par.ep, par.layers_per_stage[s], s == 0, s == par.pp - 1)
-    _Emitter(ctx, actions, layers, ranks, splits_backward(schedule), stage_params).run()
+        held = smap.stages_of(s, v)
+        stage_params[r] = params_per_rank(graph, par.tp, par.ep, par.layers_per_stage[s], 0 in held,
+                                          par.pp * v - 1 in held)
+    _Emitter(ctx, actions, layers, ranks, splits_backward(schedule), stage_params, smap).run()
     labels = {r: f"stage {mesh.stage_of(r)} (rank {r})" for r in ranks}
     meta = {"num_stages": par.pp, "virtual_stages": v, "num_microbatches": scn.num_microbatches,
-            "schedule": schedule}
+            "schedule": schedule, "stage_map": smap.kind}
     g = ctx.builder.build(ranks, full, meta)
     return LoweredPlan(g, mesh, stage_params, labels, layers)
 
@@ -96,9 +102,10 @@ def lower(scn, full: bool = False) -> LoweredPlan:
 class _Emitter:
     """Walks every simulated rank's action list in a dependency-respecting order."""
 
-    def __init__(self, ctx: LowerCtx, actions, layers, ranks, split_w: bool, stage_params: dict) -> None:
+    def __init__(self, ctx: LowerCtx, actions, layers, ranks, split_w: bool, stage_params: dict,
+                 smap: StageMap) -> None:
         self.ctx, self.actions, self.layers, self.ranks = ctx, actions, layers, ranks
-        self.split_w, self.stage_params = split_w, stage_params
+        self.split_w, self.stage_params, self.smap = split_w, stage_params, smap
         par = ctx.par
         p = par.pp
         self.p, self.nv, self.m = p, p * (par.virtual_stages if p > 1 else 1), ctx.scn.num_microbatches
@@ -117,9 +124,10 @@ class _Emitter:
         # the head's parameters on a pp = 1 rank exclude the tied word embedding (counted in "embed")
         head_alone = params_per_rank(g, tp, ep, 0, False, True)["dense"]
         head_tied_pp1 = params_per_rank(g, tp, ep, 0, True, True)["dense"] - embed
+        one_rank = smap.rank(0) == smap.rank(self.nv - 1)  # embedding and head together (pp 1, V maps)
         self.unit_params = {"layer": (layer["dense"], layer["expert"]), "embed": (embed, 0.0),
-                            "head": (head_tied_pp1 if p == 1 else head_alone, 0.0)}
-        self.tied_pp = ctx.scn.model.tie_embeddings and p > 1
+                            "head": (head_tied_pp1 if one_rank else head_alone, 0.0)}
+        self.tied_pp = ctx.scn.model.tie_embeddings and not one_rank
         # DeepSpeed fetches per submodule: one (weight, bias) pair per op holding dense parameters
         self.layer_subs = submodule_params(linear_params(g, tp, ep))
 
@@ -163,7 +171,7 @@ class _Emitter:
     def _peer(self, rank: int, vs: int) -> int:
         """The rank that holds virtual stage vs, at the same (dp, cp, tp) coordinates."""
         _, dp, cp, tp = self.ctx.mesh.coords(rank)
-        return self.ctx.mesh.rank(vs % self.p, dp, cp, tp)
+        return self.ctx.mesh.rank(self.smap.rank(vs), dp, cp, tp)
 
     def _try(self, r: int, a: Action) -> bool:
         vs, mb = a.stage, a.microbatch
@@ -196,6 +204,9 @@ class _Emitter:
             return
         ctx = self.ctx
         peer = self._peer(r, to)
+        if peer == r:  # the turn of a V stage map: the next stage is on this rank, nothing to send
+            self.sends[(r, vs, mb, phase)] = last
+            return
         # Narayanan et al. 2021 §4.1 scatter/gather: each TP rank sends 1/t of the activation.
         size = ctx.full_activation_bytes() / ctx.par.tp
         self.sends[(r, vs, mb, phase)] = ctx.comm(
@@ -359,7 +370,7 @@ class _Emitter:
         runs during this step's first forwards, bucket by bucket in forward order; a unit's first
         forward waits only for its own bucket (Megatron-core's forward pre-hook finishes that
         bucket's all-gather and has the next one in flight)."""
-        for vs in range(self.ctx.mesh.stage_of(r), self.nv, self.p):
+        for vs in self.smap.stages_of(self.ctx.mesh.stage_of(r), self.nv // self.p):
             units = self._units(vs)
             # the buckets' ready entries are forward unit indices, so each bucket reports the first
             # unit it holds and the next bucket (forward order) starts where it ends
@@ -389,5 +400,5 @@ class _Emitter:
         params = self.stage_params[r]
         step = optimizer_step(ctx, r, [end] + waits, params["dense"], params["expert"])
         if ctx.par.zero_stage in (1, 2) and not ctx.par.overlap_param_gather and not self.zero3:
-            ready = [(-1,) + self._params(u) for vs in range(s, self.nv, self.p) for u in self._units(vs)[::-1]]
+            ready = [(-1,) + self._params(u) for vs in self.smap.stages_of(s, self.nv // self.p) for u in self._units(vs)[::-1]]
             gather_parameters(ctx, r, ready, [step])

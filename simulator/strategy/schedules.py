@@ -1,68 +1,26 @@
-"""Pipeline-parallel schedules as data: pure functions returning, per pipeline rank, the ordered
-list of actions (forward / backward / weight-gradient x micro-batch x virtual stage) it executes.
+"""Pipeline-parallel schedules as data: each schedule is one ``Schedule`` definition (its action
+generator, stage map, backward split, chunk count, micro-batch rules and closed-form bubble) in the
+``SCHEDULES`` dict at the end of this module; adding a schedule is a generator plus one entry here.
 
-Nothing here knows about time: lowering turns actions into tasks and the engine measures the
-bubble off the simulated timeline; the closed forms in ``ideal_bubble_fraction`` are test oracles.
+A generator is a pure function returning, per pipeline rank, the ordered list of compute actions
+(forward / backward / weight-gradient x micro-batch x virtual stage) it executes. ``add_p2p``
+makes the point-to-point transfers between ranks explicit in those lists. Nothing here knows about
+time: lowering turns actions into tasks and the engine measures the bubble off the simulated
+timeline; the closed forms (``ideal_bubble_fraction``) are test oracles.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-PHASES = ("F", "B", "W")
+from .actions import (PHASES, STAGE_MAPS, Action, P2P, StageMap, add_p2p, format_grid, max_in_flight,
+                      virtual_stage)
 
-
-@dataclass(frozen=True, slots=True)
-class Action:
-    """One unit of pipeline work on one rank.
-
-    ``stage`` is the VIRTUAL stage index ``chunk * p + rank`` (torch.distributed.pipelining and
-    Megatron-LM's interleaved layout: virtual stage 0 is chunk 0 of rank 0, virtual stage p is
-    chunk 1 of rank 0). ``phase`` is "F" (forward), "B" (backward; the full backward unless the
-    schedule splits it, see ``splits_backward``, in which case it is the input-gradient half that
-    PyTorch writes "I") or "W" (the deferred weight-gradient half, zero-bubble only).
-    """
-
-    stage: int
-    phase: str
-    microbatch: int
-
-    def __post_init__(self) -> None:
-        if self.phase not in PHASES:
-            raise ValueError(f"Action.phase must be one of {PHASES}, got {self.phase!r}")
-        if self.stage < 0 or self.microbatch < 0:
-            raise ValueError(f"Action.stage and Action.microbatch must be >= 0, got stage="
-                             f"{self.stage}, microbatch={self.microbatch}")
-
-    def __str__(self) -> str:
-        # PyTorch pipelining's _Action format: "1F3" = stage 1, forward, micro-batch 3.
-        return f"{self.stage}{self.phase}{self.microbatch}"
-
-    def rank(self, num_stages: int) -> int:
-        """Physical pipeline rank that holds this virtual stage."""
-        return self.stage % num_stages
-
-    def chunk(self, num_stages: int) -> int:
-        """Model chunk (0 .. virtual_stages-1) of this virtual stage on its rank."""
-        return self.stage // num_stages
-
-    @staticmethod
-    def parse(text: str) -> Action:
-        """Inverse of ``str``: ``Action.parse("1F3") == Action(1, "F", 3)``."""
-        for i, ch in enumerate(text):
-            if ch in PHASES:
-                head, tail = text[:i], text[i + 1:]
-                if head.isdigit() and tail.isdigit():
-                    return Action(int(head), ch, int(tail))
-                break
-        raise ValueError(f"action text must look like '1F3' (stage, F|B|W, micro-batch), "
-                         f"got {text!r}")
-
-
-def virtual_stage(rank: int, chunk: int, num_stages: int) -> int:
-    """Virtual stage index of ``chunk`` on ``rank`` (Megatron-LM / torch layout)."""
-    return chunk * num_stages + rank
+__all__ = ["PHASES", "STAGE_MAPS", "Action", "P2P", "StageMap", "add_p2p", "format_grid", "max_in_flight",
+           "virtual_stage", "Schedule", "SCHEDULES", "get", "schedule_actions", "splits_backward", "stage_map",
+           "ideal_bubble_fraction"]
 
 
 def gpipe(p: int, m: int, v: int = 1) -> list[list[Action]]:
@@ -99,33 +57,20 @@ def interleaved_1f1b(p: int, m: int, v: int) -> list[list[Action]]:
     forwards (capped at m*v), or all m*v when m == p (Megatron's special case); then one forward
     and one backward alternate; then the remaining backwards drain.
     """
-    total = m * v
-    group = p * v
-
-    def chunk_of(k: int, forward: bool) -> int:
-        c = (k % group) // p
-        return c if forward else v - 1 - c
-
-    def mb_of(k: int) -> int:
-        return (k // group) * p + k % p
-
+    total, group = m * v, p * v
     out = []
     for r in range(p):
-        if m == p:
-            warmup = total
-        else:
-            warmup = min((p - r - 1) * 2 + (v - 1) * p, total)
+        warmup = total if m == p else min((p - r - 1) * 2 + (v - 1) * p, total)
 
-        def fwd(k: int) -> Action:
-            return Action(virtual_stage(r, chunk_of(k, True), p), "F", mb_of(k))
+        def act(k: int, phase: str) -> Action:
+            c = (k % group) // p
+            return Action(virtual_stage(r, c if phase == "F" else v - 1 - c, p), phase,
+                          (k // group) * p + k % p)
 
-        def bwd(k: int) -> Action:
-            return Action(virtual_stage(r, chunk_of(k, False), p), "B", mb_of(k))
-
-        acts = [fwd(k) for k in range(warmup)]
+        acts = [act(k, "F") for k in range(warmup)]
         for k in range(total - warmup):
-            acts += [fwd(warmup + k), bwd(k)]
-        acts += [bwd(k) for k in range(total - warmup, total)]
+            acts += [act(warmup + k, "F"), act(k, "B")]
+        acts += [act(k, "B") for k in range(total - warmup, total)]
         out.append(acts)
     return out
 
@@ -136,11 +81,8 @@ def zero_bubble_h1(p: int, m: int, v: int = 1) -> list[list[Action]]:
     The 1F1B order with every backward split into B (input gradient, on the critical path) and
     W (weight gradient, needed by nobody downstream). Rank r keeps the 1F1B warm-up
     (min(p - r - 1, m) forwards) and defers each W by r backward steps: W(i) follows B(i + r),
-    and the W's still pending after the last B drain at the end. Deferring W on later ranks lets
-    their B's run back to back in the cool-down, so the B chain reaches rank 0 without waiting
-    and the idle slots fill with W's. A micro-batch's activations stay alive until its W
-    (counted conservatively), so rank r holds at most (p - r - 1) + 1 + r = p micro-batches:
-    the same peak as 1F1B's rank 0, hence ZB-H1's "same memory as 1F1B".
+    and the W's still pending after the last B drain at the end. Rank r holds at most
+    (p - r - 1) + 1 + r = p micro-batches: 1F1B's peak on rank 0, hence "same memory as 1F1B".
     """
     out = []
     for r in range(p):
@@ -159,95 +101,248 @@ def zero_bubble_h1(p: int, m: int, v: int = 1) -> list[list[Action]]:
     return out
 
 
-# Schedule name -> generator(p, m, v). A plain dict, as DESIGN.md sec. 6 asks (no registry).
-SCHEDULES: dict[str, Callable[[int, int, int], list[list[Action]]]] = {
-    "gpipe": gpipe,
-    "1f1b": one_f_one_b,
-    "interleaved-1f1b": interleaved_1f1b,
-    "zero-bubble": zero_bubble_h1,
-}
+def zero_bubble_h2(p: int, m: int, v: int = 1) -> list[list[Action]]:
+    """ZB-H2 (Qi et al. 2024, sec. 3.1 and fig. 3 bottom): more warm-up forwards fill the bubble
+    before the first B, at up to 2p - 1 micro-batches alive on rank 0 ((2p - 1) M_B).
+
+    The order is that of a unit-time list scheduler with the paper's priorities (sec. 3.2: B on
+    the critical path first, then F while rank r holds fewer than 2(p - r) - 1 micro-batches
+    whose B has not run and fewer than 2p - 1 whose W has not, the paper's (2p - 1) M_B memory
+    limit, then a pending W to fill): with T_F = T_B = T_W every rank's actions then
+    run back to back (span 3m, the paper's zero bubble), the W's of later ranks gathering at the
+    end so that the last B's reach rank 0 without waiting: the parallelogram the paper closes with
+    its optimizer post-validation. With a synchronised optimizer step the ranks' start-up offsets
+    remain, and the iteration's idle time is ZB-H1's (p - 1) T_F.
+    """
+    cap = [2 * (p - r) - 1 for r in range(p)]
+    f_end: dict[tuple[int, int], int] = {}
+    b_end: dict[tuple[int, int], int] = {}
+    nf, nb, nw = [0] * p, [0] * p, [0] * p
+    out: list[list[Action]] = [[] for _ in range(p)]
+    t = 0
+    while any(n < m for n in nw):
+        for r in range(p):
+            if nb[r] < nf[r] and (r == p - 1 or b_end.get((r + 1, nb[r]), t + 1) <= t):
+                act, b_end[(r, nb[r])] = Action(r, "B", nb[r]), t + 1
+                nb[r] += 1
+            elif (nf[r] < m and nf[r] - nb[r] < cap[r] and nf[r] - nw[r] < 2 * p - 1
+                  and (r == 0 or f_end.get((r - 1, nf[r]), t + 1) <= t)):
+                act, f_end[(r, nf[r])] = Action(r, "F", nf[r]), t + 1
+                nf[r] += 1
+            elif nw[r] < nb[r]:
+                act = Action(r, "W", nw[r])
+                nw[r] += 1
+            else:
+                continue
+            out[r].append(act)
+        t += 1
+    return out
 
 
-def _check(name: str, num_stages: int, num_microbatches: int, virtual_stages: int) -> None:
+def zero_bubble_v(p: int, m: int, v: int = 2) -> list[list[Action]]:
+    """ZB-V (Qi et al. 2024, sec. 6; "Pipeline Parallelism with Controllable Memory", Qi et al. 2024,
+    V-ZB): two chunks per rank on the V stage map, backward split in B and W. Transcribed from
+    torch.distributed.pipelining ``ScheduleZBVZeroBubble._calculate_single_rank_operations`` (the
+    handcrafted schedule of the authors' repository): 2(p - r) - 1 chunk-0 forwards, r (F1, F0)
+    pairs, p - r (F1, B1, W1) triples, then (F0, B0, W0, F1, B1, W1) steps, and the drain with
+    each chunk's W deferred. Built for max(m, 2p - 1) micro-batches and the ones >= m dropped, as
+    torch does. Peak activation memory is 1F1B's (p micro-batches of a full stage), and with
+    T_F = T_B = T_W per chunk every rank runs back to back (zero bubble in the paper's sense).
+    """
+    count = max(2 * p - 1, m)
+    out = []
+    for r in range(p):
+        s0, s1 = r, 2 * p - 1 - r
+        nf, nb, nw = {s0: 0, s1: 0}, {s0: 0, s1: 0}, {s0: 0, s1: 0}
+        acts: list[Action] = []
+
+        def run(s: int, phase: str, counter: dict) -> None:
+            acts.append(Action(s, phase, counter[s]))
+            counter[s] += 1
+
+        for _ in range(2 * (p - r) - 1):
+            run(s0, "F", nf)
+        for _ in range(r):
+            run(s1, "F", nf), run(s0, "F", nf)
+        for _ in range(p - r):
+            run(s1, "F", nf), run(s1, "B", nb), run(s1, "W", nw)
+        while nf[s1] < nf[s0] or nf[s0] < count:
+            if nf[s0] < count:
+                run(s0, "F", nf)
+            run(s0, "B", nb), run(s0, "W", nw), run(s1, "F", nf), run(s1, "B", nb), run(s1, "W", nw)
+        for _ in range(r):
+            run(s0, "B", nb), run(s1, "B", nb)
+        for _ in range(p - r):
+            run(s0, "B", nb), run(s0, "W", nw)
+        acts += [Action(s1, "W", i) for i in range(nw[s1], nb[s1])]
+        acts += [Action(s0, "W", i) for i in range(nw[s0], nb[s0])]
+        out.append([a for a in acts if a.microbatch < m])
+    return out
+
+
+def dualpipe_v(p: int, m: int, v: int = 2) -> list[list[Action]]:
+    """DualPipeV (DeepSeek-AI, DualPipe repository ``dualpipev.py``, the "cut-in-half" V-shape form
+    of DualPipe, DeepSeek-V3 technical report sec. 3.2.2): two chunks per rank on the V stage map,
+    transcribed step for step from ``DualPipeV.step`` (steps 1-8: nF0, nF0F1, nB1W1F1, nF0B1F1B0,
+    nB1F1B0, nB1B0, nWB0, nW), needing m >= 2p.
+
+    A forward-backward pair that DualPipe overlaps (``_forward_backward_chunk``: the forward of one
+    micro-batch and the full backward of another, each one's all-to-all hidden behind the other's
+    compute) is written F then B then W adjacent: the simulator runs the pair's compute in that order
+    on the compute stream, the communication of each on its own stream. A full backward (zero-bubble
+    off) is B then W adjacent; a split one (``enable_zb``) queues its W, and each ``_weight_chunk``
+    runs the oldest queued W (``WeightGradStore``, first in first out).
+    """
+    out = []
+    for r in range(p):
+        s0, s1 = r, 2 * p - 1 - r
+        nf, nb = {s0: 0, s1: 0}, {s0: 0, s1: 0}
+        queued: deque[tuple[int, int]] = deque()
+        acts: list[Action] = []
+
+        def f(s: int) -> None:
+            acts.append(Action(s, "F", nf[s]))
+            nf[s] += 1
+
+        def b(s: int, split: bool = False) -> None:
+            acts.append(Action(s, "B", nb[s]))
+            if split:
+                queued.append((s, nb[s]))
+            else:
+                acts.append(Action(s, "W", nb[s]))
+            nb[s] += 1
+
+        def w() -> None:
+            if queued:
+                acts.append(Action(queued[0][0], "W", queued.popleft()[1]))
+
+        for _ in range(2 * (p - r - 1)):  # step 1
+            f(s0)
+        for _ in range(r + 1):  # step 2
+            f(s0), f(s1)
+        for _ in range(p - r - 1):  # step 3
+            b(s1, True), w(), f(s1)
+        for _ in range(m - 2 * p + r + 1):  # step 4: (F0 & B1), (F1 & B0)
+            f(s0), b(s1), f(s1), b(s0)
+        for _ in range(p - r - 1):  # step 5
+            b(s1), f(s1), b(s0)
+        split = False
+        for i in range(r + 1):  # step 6: the second half of the backwards split
+            split = split or (i == (r + 1) // 2 and r % 2 == 1)
+            b(s1, split)
+            split = split or (i == (r + 1) // 2 and r % 2 == 0)
+            b(s0, split)
+        for _ in range(p - r - 1):  # step 7
+            w(), b(s0, True)
+        for _ in range(r + 1):  # step 8
+            w()
+        out.append(acts)
+    return out
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Everything the simulator needs to know about one schedule, in its one definition.
+
+    ``chunks``: model chunks per rank, or 0 when the user chooses ``virtual_stages`` (>= 2).
+    ``overlaps_f_b``: adjacent (F, B) pairs are DualPipe's overlapped forward-backward chunks.
+    ``min_microbatches(p)``: the fewest micro-batches it runs; ``microbatches_multiple_of_p`` is
+    Megatron-LM's rule for interleaving. ``bubble(p, m, v)``: idle / iteration time per rank with
+    free communication and equal per-chunk work (T_F = T_B = T_W when the backward is split), the
+    makespan taken with a synchronised optimizer step (see ``ideal_bubble_fraction``).
+    """
+
+    name: str
+    build: Callable[[int, int, int], list[list[Action]]]
+    bubble: Callable[[int, int, int], float]
+    stage_map: str = "loop"
+    splits_backward: bool = False
+    chunks: int = 1
+    overlaps_f_b: bool = False
+    min_microbatches: Callable[[int], int] = lambda p: 1
+    microbatches_multiple_of_p: bool = False
+
+    def check(self, p: int, m: int, v: int) -> None:
+        """ValueError naming the field and the numbers when (p, m, v) does not fit the schedule."""
+        if p < 1:
+            raise ValueError(f"pipeline stages must be >= 1, got pp={p}")
+        if m < 1:
+            raise ValueError(f"number of micro-batches must be >= 1, got {m}")
+        if self.chunks == 0 and v < 2:
+            raise ValueError(f"parallelism.virtual_stages must be >= 2 for {self.name}, got {v}")
+        if self.chunks and v != self.chunks:
+            raise ValueError(f"parallelism.virtual_stages must be {self.chunks} for schedule "
+                             f"{self.name!r}, got {v}")
+        if m < self.min_microbatches(p):
+            raise ValueError(f"{self.name} needs at least {self.min_microbatches(p)} micro-batches "
+                             f"with pp = {p}, got {m}")
+        if self.microbatches_multiple_of_p and m % p:
+            # Megatron-LM raises the same error (schedules.py, interleaved schedule).
+            raise ValueError(f"{self.name} needs micro-batches divisible by pp: {m} % {p} = {m % p}")
+
+
+# Schedule name -> definition. A plain dict, as DESIGN.md sec. 6 asks (no registry).
+SCHEDULES: dict[str, Schedule] = {s.name: s for s in (
+    Schedule("gpipe", gpipe, lambda p, m, v: (p - 1) / (m + p - 1)),
+    Schedule("1f1b", one_f_one_b, lambda p, m, v: (p - 1) / (m + p - 1)),
+    Schedule("interleaved-1f1b", interleaved_1f1b, lambda p, m, v: (p - 1) / (v * m + p - 1),
+             chunks=0, microbatches_multiple_of_p=True),
+    Schedule("zero-bubble", zero_bubble_h1, lambda p, m, v: (p - 1) / (3 * m + p - 1),
+             splits_backward=True),
+    Schedule("zb-h2", zero_bubble_h2, lambda p, m, v: (p - 1) / (3 * m + p - 1),
+             splits_backward=True),
+    Schedule("zb-v", zero_bubble_v, lambda p, m, v: (p - 1) / (6 * m + p - 1),
+             stage_map="v", splits_backward=True, chunks=2),
+    Schedule("dualpipe-v", dualpipe_v, lambda p, m, v: (p - 1) / (6 * m + p - 1),
+             stage_map="v", splits_backward=True, chunks=2, overlaps_f_b=True,
+             min_microbatches=lambda p: 2 * p),
+)}
+
+
+def get(name: str) -> Schedule:
+    """The definition of ``name``; ValueError listing the known schedules otherwise."""
     if name not in SCHEDULES:
         raise ValueError(f"parallelism.schedule must be one of {sorted(SCHEDULES)}, got {name!r}")
-    if num_stages < 1:
-        raise ValueError(f"pipeline stages must be >= 1, got pp={num_stages}")
-    if num_microbatches < 1:
-        raise ValueError(f"number of micro-batches must be >= 1, got {num_microbatches}")
-    if name == "interleaved-1f1b":
-        if virtual_stages < 2:
-            raise ValueError(f"parallelism.virtual_stages must be >= 2 for interleaved-1f1b, "
-                             f"got {virtual_stages}")
-        # Megatron-LM raises the same error (schedules.py, interleaved schedule).
-        if num_microbatches % num_stages != 0:
-            raise ValueError(f"interleaved-1f1b needs micro-batches divisible by pp: "
-                             f"{num_microbatches} % {num_stages} = "
-                             f"{num_microbatches % num_stages}")
-    elif virtual_stages != 1:
-        raise ValueError(f"parallelism.virtual_stages must be 1 for schedule {name!r}, "
-                         f"got {virtual_stages}")
+    return SCHEDULES[name]
 
 
 def schedule_actions(name: str, num_stages: int, num_microbatches: int,
                      virtual_stages: int = 1) -> list[list[Action]]:
     """Per physical pipeline rank (0 .. num_stages-1), the ordered actions it executes."""
-    _check(name, num_stages, num_microbatches, virtual_stages)
-    return SCHEDULES[name](num_stages, num_microbatches, virtual_stages)
+    s = get(name)
+    s.check(num_stages, num_microbatches, virtual_stages)
+    return s.build(num_stages, num_microbatches, virtual_stages)
 
 
 def splits_backward(name: str) -> bool:
     """True when the schedule splits the backward into B (input grad) and W (weight grad)."""
-    if name not in SCHEDULES:
-        raise ValueError(f"parallelism.schedule must be one of {sorted(SCHEDULES)}, got {name!r}")
-    return name == "zero-bubble"
+    return get(name).splits_backward
 
 
-def format_grid(actions: list[list[Action]]) -> str:
-    """Printable grid, one row per rank, actions in program order in fixed-width columns."""
-    width = max((len(str(a)) for row in actions for a in row), default=1)
-    label = len(str(max(len(actions) - 1, 0)))
-    return "\n".join(f"rank {r:>{label}}: " + " ".join(f"{str(a):<{width}}" for a in row).rstrip()
-                     for r, row in enumerate(actions))
-
-
-def max_in_flight(actions_of_rank: list[Action]) -> int:
-    """Peak number of (virtual stage, micro-batch) activation sets alive on one rank.
-
-    A set is allocated at its F. It is freed at its W when the rank's list contains a W for it
-    (zero-bubble: B frees the gradient-only part, but W still reads the stage's inputs and the
-    output gradients, so counting until W is the conservative bound of Qi et al. 2024, sec. 3.1);
-    otherwise at its B. For interleaved schedules each set is one chunk, i.e. 1/v of a rank's
-    layers: multiply by the per-chunk activation bytes, not the per-stage ones.
-    """
-    has_w = {(a.stage, a.microbatch) for a in actions_of_rank if a.phase == "W"}
-    live = peak = 0
-    for a in actions_of_rank:
-        key = (a.stage, a.microbatch)
-        if a.phase == "F":
-            live += 1
-            peak = max(peak, live)
-        elif (a.phase == "W") or (a.phase == "B" and key not in has_w):
-            live -= 1
-    return peak
+def stage_map(name: str, num_stages: int) -> StageMap:
+    """The schedule's virtual stage -> rank map for ``num_stages`` ranks."""
+    return StageMap(get(name).stage_map, num_stages)
 
 
 def ideal_bubble_fraction(name: str, p: int, m: int, v: int = 1) -> float:
     """Closed-form bubble fraction: idle time / iteration time on a rank, with free
-    communication and equal work per stage.
+    communication, equal work per chunk and all ranks ending the step together.
 
     gpipe, 1f1b: (p - 1) / (m + p - 1) (Narayanan et al. 2021, sec. 2.2: bubble (p - 1)(t_f + t_b)
     against m (t_f + t_b) of work; any t_f : t_b ratio).
     interleaved-1f1b: (p - 1) / (v m + p - 1) (same section: the bubble is divided by v).
-    zero-bubble (ZB-H1): (p - 1) / (3 m + p - 1), assuming T_F = T_B = T_W (Qi et al. 2024,
-    sec. 3.1: bubble (p - 1)(T_F + T_B - T_W) against m (T_F + T_B + T_W) of work; the bubble
-    time is 1/3 of 1F1B's (p - 1)(T_F + T_B + T_W)). ``zero_bubble_h1`` attains it for m >= p
-    (and the general (p - 1)(T_F + T_B - T_W) whenever T_W <= T_F); with m < p its bubble is
-    larger (with unit times the iteration takes 2p + 2m - 1 slots, not 3m + p - 1).
+    zero-bubble (ZB-H1): (p - 1) / (3 m + p - 1) with T_F = T_B = T_W (Qi et al. 2024, sec. 3.1:
+    bubble (p - 1)(T_F + T_B - T_W), a third of 1F1B's); attained for m >= p.
+    zb-h2: the same (p - 1) T_F of start-up per rank; inside each rank's own span the bubble is
+    (p - 1)(T_F + T_B - 2 T_W) = 0 (Qi et al. sec. 3.1), which only the paper's optimizer
+    post-validation turns into iteration time.
+    zb-v: (p - 1) / (6 m + p - 1) in per-chunk units: the V's start-up, p - 1 chunk forwards, is
+    half a stage each, and every rank then runs back to back (Qi et al. sec. 6).
+    dualpipe-v: (p - 1) / (6 m + p - 1), ZB-V's: DeepSeek-V3's table 2 gives (PP/2 - 1)(F&B + B - 3W)
+    (PP = 2p stages, B the full backward, i.e. 2 units), p - 1 units when the overlapped pair costs
+    one full backward (F&B = 2, the forward hidden); the serial pair the simulator runs attains the
+    same p - 1 units at T_F = T_B = T_W, the start-up being the only idle time.
     """
-    _check(name, p, m, v)
-    if name in ("gpipe", "1f1b"):
-        return (p - 1) / (m + p - 1)
-    if name == "interleaved-1f1b":
-        return (p - 1) / (v * m + p - 1)
-    return (p - 1) / (3 * m + p - 1)
+    s = get(name)
+    s.check(p, m, v)
+    return s.bubble(p, m, v)
