@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, fields
 
 from ..defaults import split_layers
 from ..scenario_checks import ScenarioError
+from ..strategy.schedules import SCHEDULES
 
 # Parallelism keys a plan sets; the scenario's other [parallelism] keys (overlap flags, cp_algorithm,
 # offload_optimizer) are kept, layers_per_stage only when its length matches the plan's pp.
@@ -175,9 +176,10 @@ def _inner(model, tp, pp, dp, cp, ep, batch, space, schedules, layers_per_stage)
             continue
         m = batch // (b * dp)
         for schedule in (schedules if pp > 1 else ("1f1b",)):
-            vs = [1]
-            if schedule == "interleaved-1f1b":
-                vs = _virtual_choices(model.num_layers, pp, layers_per_stage, space.even_chunks) if m % pp == 0 else []
+            chunks = SCHEDULES[schedule].chunks  # 0: the user picks the chunks per rank (interleaving)
+            vs = [chunks] if chunks else []
+            if not chunks and (m % pp == 0 or not SCHEDULES[schedule].microbatches_multiple_of_p):
+                vs = _virtual_choices(model.num_layers, pp, layers_per_stage, space.even_chunks)
             for v in vs:
                 for zero in zeros:
                     for rc in space.recompute:
