@@ -12,8 +12,8 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
-from ..analysis.goodput import checkpoint_bytes, format_summary, goodput_markdown, summarize_runs, sweep_optimum
-from ..analysis.goodput_plot import plot_progress, plot_sweep
+from ..analysis.goodput import (checkpoint_bytes, format_summary, goodput_markdown, plot_progress, plot_sweep,
+                                summarize_runs, sweep_optimum)
 from ..engine.goodput_sim import GoodputConfig, GoodputRun, simulate_goodput
 from ..reliability import (FLEETS, SECONDS_PER_DAY, SECONDS_PER_HOUR, cause_rates, daly_interval_s,
                            expected_goodput, unexpected_rate_per_s, young_interval_s)
