@@ -87,8 +87,10 @@ DEFAULT_DETECTION_S = 600.0
 # (slurm.conf default) and only then starts the requeued job on a replacement.
 DEFAULT_RESCHEDULE_S = 300.0
 # Warm-up (launch, communicator initialisation, first steps) of a restarted job of thousands of GPUs:
-# MegaScale (Jiang et al. NSDI 2024, sec. 3.6) brought initialisation of a 2,048-GPU job from
-# 1,047 s to under 30 s; Llama 3 (sec. 3.3.4) also "reduced job startup ... time". 30 s, the optimised end.
+# MegaScale (Jiang et al. NSDI 2024, sec. 3.6) reports cutting the initialisation of a 2,048-GPU job from
+# about 1,047 s to under 30 s (figures from the paper as recalled: its text is not in this project's
+# sources; check before relying on them); Llama 3 (sec. 3.3.4) also "reduced job startup ... time".
+# 30 s, the optimised end; a stack without those fixes should set reliability.warmup_s ~ 1000.
 DEFAULT_WARMUP_S = 30.0
 # Checkpoint storage: Llama 3's Tectonic fabric sustains 2 TB/s for checkpoint writes (7 TB/s peak),
 # Dubey et al. 2024 sec. 3.3.1; reads get the same sustained rate.

@@ -92,7 +92,9 @@ class ReliabilitySpec:
     checkpoint_mode: str = DEFAULT_CHECKPOINT_MODE  # "sync" | "async"
     storage_write_GBps: float = DEFAULT_STORAGE_GBPS  # aggregate, to persistent storage
     storage_read_GBps: float = DEFAULT_STORAGE_GBPS
-    async_step_slowdown: float = 0.0  # fractional step slowdown while an async checkpoint drains
+    # Fractional step slowdown while an async checkpoint drains. 0 by default: the drain runs on host
+    # CPUs and the frontend network, not the GPUs' fabric, and no interference measurement is published.
+    async_step_slowdown: float = 0.0
     detection_s: float = DEFAULT_DETECTION_S
     reschedule_s: float = DEFAULT_RESCHEDULE_S
     warmup_s: float = DEFAULT_WARMUP_S
