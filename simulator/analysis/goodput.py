@@ -95,8 +95,9 @@ def format_summary(data: dict) -> str:
     lines = [f"{data['scenario']}: {data['num_gpus']} GPUs, step {data['step_time_s']:.3f} s, "
              f"{data['tokens_per_step'] / 1e6:.2f}M tokens/step, {s['seeds']} seed(s)",
              f"checkpoint {c['bytes'] / 1e12:.2f} TB, write {c['write_s']:.1f} s ({c['mode']}), read "
-             f"{c['read_s']:.1f} s, every {c['interval_steps']} steps ({c['interval_s']:.0f} s; Young "
-             f"{c['young_interval_s']:.0f} s, Daly {c['daly_interval_s']:.0f} s)",
+             f"{c['read_s']:.1f} s, " + (f"every {c['interval_steps']} steps ({c['interval_s']:.0f} s; Young "
+                                         f"{c['young_interval_s']:.0f} s, Daly {c['daly_interval_s']:.0f} s)"
+                                         if c["interval_steps"] else "never (nothing fails)"),
              f"goodput                {_fmt(s['goodput'], 100, 1, '%')}",
              f"effective training     {_fmt(s['effective_training_fraction'], 100, 1, '%')}",
              f"interruptions per day  {_fmt(s['interruptions_per_day'])} (unexpected "

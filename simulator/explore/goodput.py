@@ -22,6 +22,7 @@ from ..units import GB
 # Checkpoint intervals of the sweep, as multiples of the Young/Daly optimum (log-spaced, x4 either side).
 SWEEP_FACTORS = (0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0)
 MAX_DAYS = 3650.0  # a --tokens run that has not reached its target after ten years stops
+NO_CHECKPOINTS = 1 << 62  # the interval when nothing fails and none is set: the run never checkpoints
 
 
 def tokens_per_step(scn) -> float:
@@ -49,7 +50,7 @@ def build_config(scn, step_s: float) -> tuple[GoodputConfig, dict]:
     young = young_interval_s(overhead_s, mtbf_s) if lam > 0 else math.inf
     daly = daly_interval_s(overhead_s, mtbf_s) if lam > 0 else math.inf
     optimum = max(1, round(young / step_s)) if math.isfinite(young) else None
-    interval = r.checkpoint_interval_steps or optimum or round(SECONDS_PER_DAY / step_s)
+    interval = r.checkpoint_interval_steps or optimum or NO_CHECKPOINTS  # no failures: no reason to save
     cfg = GoodputConfig(step_s=step_s, interval_steps=max(1, interval), checkpoint_write_s=costs["write_s"],
                         checkpoint_read_s=costs["read_s"], causes=rates, asynchronous=asynchronous,
                         checkpoint_block_s=costs["block_s"], async_step_slowdown=r.async_step_slowdown,
@@ -110,7 +111,7 @@ def run_goodput(scn, step_s: float, days: float | None, tokens: float | None, se
     data = {
         "scenario": scn.name, "num_gpus": scn.num_gpus, "step_time_s": step_s, "tokens_per_step": per_step,
         "horizon_days": days, "target_tokens": tokens,
-        "checkpoint": {**costs, "interval_steps": cfg.interval_steps, "interval_s": cfg.interval_steps * step_s,
+        "checkpoint": {**costs, **_interval(cfg.interval_steps, step_s),
                        "young_interval_s": info["young_s"], "daly_interval_s": info["daly_s"]},
         "failures": {"source": fleet.source if fleet else "none", "mtbf_s": info["mtbf_s"],
                      "expected_unexpected_per_day": info["rate_per_s"] * SECONDS_PER_DAY,
@@ -135,6 +136,12 @@ def write_goodput_results(out: Path, data: dict, runs: list[GoodputRun]) -> Path
                    out / images[1], title=f"{data['scenario']}: checkpoint interval")
     (out / "goodput.md").write_text(goodput_markdown(data, images))
     return out
+
+
+def _interval(steps: int, step_s: float) -> dict:
+    if steps >= NO_CHECKPOINTS:
+        return {"interval_steps": None, "interval_s": None}
+    return {"interval_steps": steps, "interval_s": steps * step_s}
 
 
 def _finite(x):
