@@ -170,5 +170,5 @@ def test_nothing_fails_nothing_is_saved():
     scn = load_scenario(LLAMA3, ["reliability.failure_data='none'", "reliability.straggler_jitter=0"])
     cfg, info = build_config(scn, step_s=7.0)
     assert cfg.causes == () and math.isinf(info["young_s"])
-    run = simulate_goodput(cfg, 0, horizon_s=86400.0)
-    assert run.goodput == pytest.approx(1.0, rel=1e-12) and run.checkpoints == 0
+    run = simulate_goodput(cfg, 0, horizon_s=12_000 * 7.0)  # a whole number of steps: none cut by the horizon
+    assert run.goodput == pytest.approx(1.0, rel=1e-12) and run.checkpoints == 0 and run.steps == 12_000
