@@ -53,6 +53,21 @@ def _progress(done: int, total: int, spec) -> None:
         print(f"  {done}/{total} kernels", file=sys.stderr)
 
 
+def _write_trace_provenance(trace: Path, prov: dict, scn, steps: int) -> Path:
+    """``<trace>.provenance.json`` next to the trace: how it was made (the tables' provenance, the
+    command included), what it holds, and its SHA-256."""
+    import hashlib
+
+    from .tiny_model import ANNOTATION_PREFIX, WARMUP_STEPS
+
+    doc = dict(prov, trace=trace.name, scenario=scn.name, profiled_steps=steps, warmup_steps=WARMUP_STEPS,
+               record_shapes=True, annotations=f"{ANNOTATION_PREFIX}<microbatch>:<layer>:<op>",
+               sha256=hashlib.sha256(trace.read_bytes()).hexdigest())
+    path = trace.with_name(trace.name.removesuffix(".json.gz") + ".provenance.json")
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return path
+
+
 def cmd_profile(device: str | None, out_dir: str | None, scenario: str | None = None, steps: int = 3,
                 presets: bool | None = None) -> int:
     """Profile kernels into tables (the presets' layers on a GPU, the scenario's ops always), NCCL
@@ -100,6 +115,7 @@ def cmd_profile(device: str | None, out_dir: str | None, scenario: str | None = 
             crows = profile_collectives(torch.cuda.device_count())
             write_table(out / COLLECTIVE_TABLE, COLLECTIVE_COLUMNS, collective_rows(crows), prov)
         trace = train_profiled(scn, dev, out / f"{scn.name}.trace.json.gz", steps=steps)
+        _write_trace_provenance(trace, prov, scn, steps)
     finally:
         torch.set_num_threads(threads)
     cluster = next((c for key, c in _CLUSTER_OF_GPU if key in prov["device"]), None) if dev == "cuda" else None

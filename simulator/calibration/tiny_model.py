@@ -29,10 +29,120 @@ NORM_EPS = 1e-5
 # default N(0, 1) embeddings give logits of std ~sqrt(h), whose softmax underflows into denormals that
 # are slow on CPUs and would distort the CPU trace.
 INIT_STD = 0.02
+# Unrecorded steps before the profiled ones: the first steps allocate and warm caches (torch.profiler's
+# schedule(wait, warmup, active) recipe in its documentation uses warmup=1..2).
+WARMUP_STEPS = 2
 
 
 def _tag(mb: int, layer: int, op: str) -> str:
     return f"{ANNOTATION_PREFIX}{mb}:{layer}:{op}"
+
+
+def _check_buildable(spec: ModelSpec) -> None:
+    """The tiny model builds dense GPT / Llama layers only; anything else is one clear error."""
+    if spec.is_moe:
+        raise ValueError(f"model {spec.name}: the tiny model has no MoE layers (num_experts = {spec.num_experts})")
+    for key, value, plain in (("head_dim", spec.q_size, spec.hidden_size), ("qk_norm", spec.qk_norm, False),
+                              ("sandwich_norm", spec.sandwich_norm, False), ("sliding_window", spec.sliding_window, 0),
+                              ("kv_lora_rank", spec.kv_lora_rank, 0), ("qkv_bias", spec.qkv_bias, spec.bias)):
+        if value != plain:
+            raise ValueError(f"model {spec.name}: the tiny model does not build model.{key} = "
+                             f"{getattr(spec, key)!r}")
+
+
+def _norm(spec: ModelSpec):
+    from torch import nn
+
+    h = spec.hidden_size
+    return nn.LayerNorm(h, eps=NORM_EPS) if spec.norm == "layernorm" else nn.RMSNorm(h, eps=NORM_EPS)
+
+
+def _rope(x, cos, sin, hd: int):
+    """Rotary embedding, rotate-half form (Su et al. 2021; GPT-NeoX / Llama implementation)."""
+    import torch
+
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def _block_class(spec: ModelSpec):
+    """One decoder layer; every op region annotated ``sim:<microbatch>:<layer>:<op>``."""
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.profiler import record_function
+
+    h, heads, kv, hd = spec.hidden_size, spec.num_attention_heads, spec.num_kv_heads, spec.head_dim
+    p_drop = GPT_HIDDEN_DROPOUT if spec.dropout else 0.0
+    # the MLP kinds of model/spec.py: plain kinds act on fc1's output, gated ones on its gate half
+    act = {"gelu": F.gelu, "squared-relu": lambda x: F.relu(x) ** 2, "swiglu": F.silu, "geglu": F.gelu}[spec.mlp]
+
+    class Block(nn.Module):
+        def __init__(self, index: int) -> None:
+            super().__init__()
+            self.index = index
+            self.ln1, self.ln2 = _norm(spec), _norm(spec)
+            self.qkv = nn.Linear(h, h + 2 * kv * hd, bias=spec.bias)
+            self.attn_out = nn.Linear(h, h, bias=spec.bias)
+            self.fc1 = nn.Linear(h, (spec.mlp_matrices - 1) * spec.ffn_hidden_size, bias=spec.bias)
+            self.fc2 = nn.Linear(spec.ffn_hidden_size, h, bias=spec.bias)
+
+        def forward(self, x, mb: int, rot):
+            return self._mlp(self._attention(x, mb, rot), mb)
+
+        def _attention(self, x, mb: int, rot):
+            b, s, _ = x.shape
+            with record_function(_tag(mb, self.index, "ln1")):
+                y = self.ln1(x)
+            with record_function(_tag(mb, self.index, "qkv")):
+                q, k, v = self.qkv(y).split([h, kv * hd, kv * hd], dim=-1)
+                q, k, v = (t.view(b, s, n, hd).transpose(1, 2) for t, n in ((q, heads), (k, kv), (v, kv)))
+            if rot is not None:
+                with record_function(_tag(mb, self.index, "rope")):
+                    q, k = _rope(q, *rot, hd), _rope(k, *rot, hd)
+            with record_function(_tag(mb, self.index, "attn_core")):
+                a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != heads)
+                a = a.transpose(1, 2).reshape(b, s, h)
+            with record_function(_tag(mb, self.index, "attn_out")):
+                a = self.attn_out(a)
+            with record_function(_tag(mb, self.index, "attn_residual")):
+                return x + F.dropout(a, p_drop, self.training)
+
+        def _mlp(self, x, mb: int):
+            with record_function(_tag(mb, self.index, "ln2")):
+                y = self.ln2(x)
+            with record_function(_tag(mb, self.index, "fc1")):
+                y = self.fc1(y)
+            with record_function(_tag(mb, self.index, "act")):
+                if spec.gated_mlp:
+                    gate, up = y.chunk(2, dim=-1)
+                    y = act(gate) * up
+                else:
+                    y = act(y)
+            with record_function(_tag(mb, self.index, "fc2")):
+                y = self.fc2(y)
+            with record_function(_tag(mb, self.index, "mlp_residual")):
+                return x + F.dropout(y, p_drop, self.training)
+
+    return Block
+
+
+def _init_weights(model, spec: ModelSpec) -> None:
+    """N(0, INIT_STD) Linear and Embedding weights, zero biases; rotary cos / sin buffers."""
+    import torch
+    from torch import nn
+
+    for mod in model.modules():
+        if isinstance(mod, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(mod.weight, 0.0, INIT_STD)
+            if getattr(mod, "bias", None) is not None:
+                nn.init.zeros_(mod.bias)
+    if model.wpe is None:
+        hd = spec.head_dim
+        inv = 1.0 / (10000 ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+        ang = torch.outer(torch.arange(spec.seq_length, dtype=torch.float32), inv)
+        ang = torch.cat((ang, ang), dim=-1)
+        model.register_buffer("cos", ang.cos(), persistent=False)
+        model.register_buffer("sin", ang.sin(), persistent=False)
 
 
 def build_model(spec: ModelSpec, device: str):
@@ -42,98 +152,21 @@ def build_model(spec: ModelSpec, device: str):
     from torch import nn
     from torch.profiler import record_function
 
-    if spec.is_moe:
-        raise ValueError(f"model {spec.name}: the tiny model has no MoE layers (num_experts = {spec.num_experts})")
-    for key, value, plain in (("head_dim", spec.q_size, spec.hidden_size), ("qk_norm", spec.qk_norm, False),
-                              ("sandwich_norm", spec.sandwich_norm, False), ("sliding_window", spec.sliding_window, 0),
-                              ("kv_lora_rank", spec.kv_lora_rank, 0), ("qkv_bias", spec.qkv_bias, spec.bias)):
-        if value != plain:
-            raise ValueError(f"model {spec.name}: the tiny model does not build model.{key} = "
-                             f"{getattr(spec, key)!r}")
-    h, heads, kv, hd = spec.hidden_size, spec.num_attention_heads, spec.num_kv_heads, spec.head_dim
-    p_drop = GPT_HIDDEN_DROPOUT if spec.dropout else 0.0
-    # the MLP kinds of model/spec.py: plain kinds act on fc1's output, gated ones on its gate half
-    act = {"gelu": F.gelu, "squared-relu": lambda x: F.relu(x) ** 2, "swiglu": F.silu, "geglu": F.gelu}[spec.mlp]
-
-    def norm() -> nn.Module:
-        return nn.LayerNorm(h, eps=NORM_EPS) if spec.norm == "layernorm" else nn.RMSNorm(h, eps=NORM_EPS)
-
-    def rope(x, cos, sin):
-        # rotary embedding, rotate-half form (Su et al. 2021; GPT-NeoX / Llama implementation)
-        x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
-        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
-
-    class Block(nn.Module):
-        def __init__(self, index: int) -> None:
-            super().__init__()
-            self.index = index
-            self.ln1, self.ln2 = norm(), norm()
-            self.qkv = nn.Linear(h, h + 2 * kv * hd, bias=spec.bias)
-            self.attn_out = nn.Linear(h, h, bias=spec.bias)
-            self.fc1 = nn.Linear(h, (spec.mlp_matrices - 1) * spec.ffn_hidden_size, bias=spec.bias)
-            self.fc2 = nn.Linear(spec.ffn_hidden_size, h, bias=spec.bias)
-
-        def forward(self, x, mb: int, rot):
-            b, s, _ = x.shape
-            i = self.index
-
-            def op(name):
-                return record_function(_tag(mb, i, name))
-
-            with op("ln1"):
-                y = self.ln1(x)
-            with op("qkv"):
-                q, k, v = self.qkv(y).split([h, kv * hd, kv * hd], dim=-1)
-                q = q.view(b, s, heads, hd).transpose(1, 2)
-                k = k.view(b, s, kv, hd).transpose(1, 2)
-                v = v.view(b, s, kv, hd).transpose(1, 2)
-            if rot is not None:
-                with op("rope"):
-                    q, k = rope(q, *rot), rope(k, *rot)
-            with op("attn_core"):
-                a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != heads)
-                a = a.transpose(1, 2).reshape(b, s, h)
-            with op("attn_out"):
-                a = self.attn_out(a)
-            with op("attn_residual"):
-                x = x + F.dropout(a, p_drop, self.training)
-            with op("ln2"):
-                y = self.ln2(x)
-            with op("fc1"):
-                y = self.fc1(y)
-            with op("act"):
-                if spec.gated_mlp:
-                    gate, up = y.chunk(2, dim=-1)
-                    y = act(gate) * up
-                else:
-                    y = act(y)
-            with op("fc2"):
-                y = self.fc2(y)
-            with op("mlp_residual"):
-                x = x + F.dropout(y, p_drop, self.training)
-            return x
+    _check_buildable(spec)
+    h = spec.hidden_size
+    block = _block_class(spec)
 
     class TinyGPT(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.wte = nn.Embedding(spec.vocab_size, h)
             self.wpe = nn.Embedding(spec.seq_length, h) if spec.position_embedding == "learned" else None
-            self.blocks = nn.ModuleList(Block(i) for i in range(spec.num_layers))
-            self.final_norm = norm()
+            self.blocks = nn.ModuleList(block(i) for i in range(spec.num_layers))
+            self.final_norm = _norm(spec)
             self.lm_head = nn.Linear(h, spec.vocab_size, bias=False)
             if spec.tie_embeddings:
                 self.lm_head.weight = self.wte.weight
-            for mod in self.modules():
-                if isinstance(mod, (nn.Linear, nn.Embedding)):
-                    nn.init.normal_(mod.weight, 0.0, INIT_STD)
-                    if getattr(mod, "bias", None) is not None:
-                        nn.init.zeros_(mod.bias)
-            if self.wpe is None:
-                inv = 1.0 / (10000 ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
-                ang = torch.outer(torch.arange(spec.seq_length, dtype=torch.float32), inv)
-                ang = torch.cat((ang, ang), dim=-1)
-                self.register_buffer("cos", ang.cos(), persistent=False)
-                self.register_buffer("sin", ang.sin(), persistent=False)
+            _init_weights(self, spec)
 
         def forward(self, idx, targets, mb: int = 0, scale: float = 1.0):
             with record_function(_tag(mb, -1, "embed")):
@@ -155,7 +188,21 @@ def build_model(spec: ModelSpec, device: str):
     return TinyGPT().to(device)
 
 
-def train_profiled(scn, device: str, out_path: str | Path, steps: int = 3, warmup: int = 2,
+def _mixed_precision_adamw(model, cuda: bool):
+    """Megatron-style mixed precision (Micikevicius et al. 2018; Megatron's Float16OptimizerWithFloat16Params):
+    16-bit parameters and kernels, fp32 master weights and gradients for AdamW, no per-op casts."""
+    import torch
+
+    params = [p for p in model.parameters()]
+    master = [p.detach().float().requires_grad_(True) for p in params]
+    for m in master:
+        m.grad = torch.zeros_like(m)
+    opt = torch.optim.AdamW(master, lr=LEARNING_RATE, betas=ADAM_BETAS, eps=ADAM_EPS,
+                            weight_decay=WEIGHT_DECAY, fused=cuda, foreach=None if cuda else True)
+    return params, master, opt
+
+
+def train_profiled(scn, device: str, out_path: str | Path, steps: int = 3, warmup: int = WARMUP_STEPS,
                    seed: int = 0) -> Path:
     """Train ``scn``'s model for warmup + steps optimizer steps (each: all micro-batches of the global
     batch, then AdamW) under torch.profiler; the last ``steps`` are recorded. Returns the trace path
@@ -173,16 +220,9 @@ def train_profiled(scn, device: str, out_path: str | Path, steps: int = 3, warmu
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(tr.dtype)
     if dt is None:
         raise ValueError(f"training.dtype {tr.dtype!r}: the tiny model trains in bf16 or fp16")
-    # Megatron-style mixed precision (Micikevicius et al. 2018; Megatron's Float16OptimizerWithFloat16Params):
-    # 16-bit parameters and kernels, fp32 master weights and gradients for AdamW, no per-op casts.
     model = build_model(spec, device).to(dt)
-    params = [p for p in model.parameters()]
-    master = [p.detach().float().requires_grad_(True) for p in params]
-    for m in master:
-        m.grad = torch.zeros_like(m)
     cuda = device.startswith("cuda")
-    opt = torch.optim.AdamW(master, lr=LEARNING_RATE, betas=ADAM_BETAS, eps=ADAM_EPS,
-                            weight_decay=WEIGHT_DECAY, fused=cuda, foreach=None if cuda else True)
+    params, master, opt = _mixed_precision_adamw(model, cuda)
     n_mb = scn.num_microbatches
     batches = [(torch.randint(0, spec.vocab_size, (tr.micro_batch_size, spec.seq_length), device=device),
                 torch.randint(0, spec.vocab_size, (tr.micro_batch_size, spec.seq_length), device=device))
@@ -192,7 +232,9 @@ def train_profiled(scn, device: str, out_path: str | Path, steps: int = 3, warmu
     out_path.parent.mkdir(parents=True, exist_ok=True)
     raw = out_path.with_name(out_path.name.removesuffix(".gz")) if out_path.name.endswith(".gz") else out_path
     sched = schedule(wait=0, warmup=warmup, active=steps, repeat=1)
-    with profile(activities=activities, schedule=sched,
+    # record_shapes: every op's Input Dims go into the trace, which ``calibrate fit`` and ``compare``
+    # match against the op graph's shapes (the annotations already name the ops of our own model)
+    with profile(activities=activities, schedule=sched, record_shapes=True,
                  on_trace_ready=lambda p: p.export_chrome_trace(str(raw))) as prof:
         for _ in range(warmup + steps):
             for mb, (x, y) in enumerate(batches):
