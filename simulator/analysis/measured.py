@@ -22,8 +22,8 @@ from .plots import CATEGORY_COLOURS
 KERNEL_CATEGORIES = ("gemm", "attention", "norm", "elementwise", "nccl", "memcpy", "other")
 HOST_CATEGORIES = ("cpu_op", "cuda_runtime")
 # Kernel classes (matplotlib "tab10"/"Set2" hues distinct from the simulator categories'), host lanes grey.
-KERNEL_COLOURS = {"gemm": "#1f77b4", "attention": "#17becf", "norm": "#bcbd22", "elementwise": "#ff7f0e", "nccl": "#d62728",
-                  "memcpy": "#8c564b", "cpu_op": "#c7c7c7", "cuda_runtime": "#e0e0e0"}
+KERNEL_COLOURS = {"gemm": "#1f77b4", "attention": "#17becf", "norm": "#bcbd22", "elementwise": "#ff7f0e",
+                  "nccl": "#d62728", "memcpy": "#8c564b", "cpu_op": "#c7c7c7", "cuda_runtime": "#e0e0e0"}
 PALETTE = {**CATEGORY_COLOURS, **KERNEL_COLOURS}
 
 

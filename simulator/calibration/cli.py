@@ -1,6 +1,6 @@
 """The ``calibrate`` commands: profile (kernels -> tables, tiny model -> trace), fit (real traces ->
-tables), compare (a real trace against the simulated scenario) and show (a real trace as a measured run). Each returns an exit code;
-errors are one line on stderr and exit code 2.
+tables), compare (a real trace against the simulated scenario) and show (a real trace as a measured
+run). Each returns an exit code; errors are one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -157,6 +157,7 @@ def cmd_compare(trace_path: str, scenario_path: str, out_dir: str | None) -> int
                       measured_window=tuple(c["measured_window_s"]), simulated_window=tuple(c["simulated_window_s"]))
     err = c["step_time_error"]
     print(coverage_line(c))
+    print(c["placement"])
     print(f"{scn.name}: measured step {c['measured_step_s'] * 1e3:.3f} ms, simulated {c['simulated_step_s'] * 1e3:.3f} ms,"
           f" error {'n/a' if err is None else f'{err:+.1%}'}")
     print(f"wrote {out}/compare.md, compare.json, compare_timeline.png, measured_trace.json")
@@ -218,7 +219,8 @@ def cmd_fit(trace_paths: list[str], scenario_path: str, out_dir: str) -> int:
     except ValueError as exc:
         return _fail(str(exc))
     out = Path(out_dir)
-    command = f"python -m simulator calibrate fit {' '.join(trace_paths)} --scenario {scenario_path} --out {out_dir}"
+    command = (f"python -m simulator calibrate fit {' '.join(trace_paths)} --scenario {scenario_path} "
+               f"--out {out_dir}")
     prov = provenance(fit, scn, command)
     write_table(out / KERNEL_TABLE, KERNEL_COLUMNS, [(r.kind, r.name, r.pass_, r.dtype, r.shape, r.flops, r.bytes,
                                                       r.time_s, r.samples) for r in fit.rows], prov)
