@@ -99,7 +99,7 @@ class _Steps:
 
 class _Run:
     def __init__(self, cfg: GoodputConfig, env: simpy.Environment, seed: int, target_steps: int | None):
-        self.cfg, self.env, self.seed, self.target = cfg, env, seed, target_steps
+        self.cfg, self.env, self.target = cfg, env, target_steps
         self.rng_steps = np.random.default_rng([seed, 1])
         self.rng_fail = np.random.default_rng([seed, 2])
         self._times, self._next = np.empty(0), 0
@@ -254,9 +254,7 @@ class _Run:
         else:
             acc["checkpoint"] += elapsed
         before = self.kept_steps() + (int(np.searchsorted(info, elapsed, "right")) if kind == "segment" else 0)
-        lost_n, lost_s = self.live.take()
-        in_n, in_s = self.inflight.take()
-        acc["lost"] += lost_s + in_s
+        acc["lost"] += self.live.take()[1] + self.inflight.take()[1]
         self.interruptions.append(Interruption(self.env.now, cause.name, cause.component, before - self.committed))
         self.progress += [(self.env.now, before), (self.env.now, self.committed)]
         self.drain_end, self.need_checkpoint, self.planned_pending, self.resume = -np.inf, False, False, None
@@ -282,13 +280,12 @@ class _Run:
         """Planned maintenance: during a segment, finish the step and checkpoint; otherwise carry on and
         take the graceful stop before the next segment."""
         self.interruptions.append(Interruption(self.env.now, cause.name, cause.component, 0))
-        if kind != "segment":
-            category = {"recover": "recovery"}.get(kind, "checkpoint")
-            self.acc[category] += elapsed if kind != "graceful" else 0.0
-            if kind == "graceful":  # already stopping: resume the same stop
-                self.resume = (kind, duration - elapsed, max(0.0, info - elapsed))
-                self.acc["checkpoint"] += max(0.0, elapsed - info)
-                return
+        if kind == "graceful":  # already stopping: resume the same stop
+            self.acc["checkpoint"] += max(0.0, elapsed - info)
+            self.resume = (kind, duration - elapsed, max(0.0, info - elapsed))
+            return
+        if kind != "segment":  # down already (nothing to do) or saving: stop before the next segment
+            self.acc["recovery" if kind == "recover" else "checkpoint"] += elapsed
             self.resume = (kind, duration - elapsed, info)
             self.planned_pending = self.planned_pending or kind != "recover"
             return
