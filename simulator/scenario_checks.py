@@ -6,6 +6,7 @@ Each rule raises ScenarioError with one line naming the key(s) and the numbers.
 from __future__ import annotations
 
 from .strategy.schedules import SCHEDULES
+from .strategy.zero_impl import IMPLEMENTATIONS
 
 
 class ScenarioError(ValueError):
@@ -98,7 +99,7 @@ def _check_batch_and_schedule(m, p, t) -> None:
                                 f"smallest stage in {list(lps)} (each model chunk needs a layer)")
 
 
-_SHARDING = ("megatron-distopt", "deepspeed", "fsdp1", "fsdp2")  # strategy/zero_impl.IMPLEMENTATIONS
+_SHARDING = IMPLEMENTATIONS
 
 
 def _check_sharding(p) -> None:

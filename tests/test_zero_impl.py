@@ -23,7 +23,7 @@ def scn(model=TINY, dp=4, m=1, nodes=1, training=None, **par):
     par.setdefault("dp", dp)
     return scenario_from_dict({"model": dict(model), "parallelism": par,
                                "cluster": {"preset": "dgx-a100-80gb", "num_nodes": nodes,
-                                           "gpus_per_node": dp // nodes},
+                                           "gpus_per_node": dp // nodes, "nics_per_node": min(8, dp // nodes)},
                                "training": {"global_batch_size": dp * m, **(training or {})}})
 
 
@@ -95,7 +95,7 @@ def test_deepspeed_regathers_for_the_recompute_and_what_the_reuse_distance_does_
 def test_coalesce_closes_a_fetch_at_the_bucket_and_counts_per_step():
     b = DS_PREFETCH_BUCKET
     fetches = coalesce([30e6, 30e6, 10e6, 0.0, 100e6], [0, 0, 1, 1, 2], b)
-    assert b == 50e6 and fetches == [Fetch((0,), 60e6), Fetch((1, 2), 110e6)]
+    assert b == 50e6 and fetches == [Fetch((0,), 60e6, tensors=2), Fetch((1, 2), 110e6, tensors=2)]
     assert step_gather_count({"F": fetches, "B": fetches[:1]}, 3) == 9
 
 
@@ -186,7 +186,8 @@ def _first_fetch(tasks, prefix):
 
 
 def test_a_small_all_gather_over_hundreds_of_ranks_pays_every_ring_step():
-    # NCCL's tuner (tuning.cc): baseLat + (nRanks - nNodes) intra-node steps + (nNodes - 1) network
+    # NCCL's tuner (tuning.cc): baseLat + (nRanks - nNodes) intra-node steps, each at least the net
+    # overhead of an inter-node ring (getNetOverhead, AMD hosts on DGX A100), + (nNodes - 1) network
     # steps for a ring all-gather: a ZeRO-3 fetch over 384 ranks costs ~1 ms before any byte moves
     from simulator.cost import nccl_tuner as tuner
     from simulator.cost.collectives import collective_time_s
@@ -197,8 +198,8 @@ def test_a_small_all_gather_over_hundreds_of_ranks_pays_every_ring_step():
     topo = build_topology(CLUSTER_PRESETS["dgx-a100-80gb"].with_nodes(48))
     t = collective_time_s(Collective("all_gather", 8.0, tuple(range(384)), "dp"), topo, "ring/ll")
     ll = 0
-    want = (tuner.BASE_LAT_US["ring"][ll] + (384 - 48) * tuner.HW_LAT_US["nvlink"]["ring"][ll]
-            + 47 * tuner.HW_LAT_US["net"]["ring"][ll]) * US
+    intra = max(tuner.HW_LAT_US["nvlink"]["ring"][ll], tuner.net_overhead_us("ampere", "ll"))
+    want = (tuner.BASE_LAT_US["ring"][ll] + (384 - 48) * intra + 47 * tuner.HW_LAT_US["net"]["ring"][ll]) * US
     assert t == pytest.approx(want, rel=1e-3) and t > 0.3e-3
 
 
@@ -213,3 +214,64 @@ def test_the_static_estimate_counts_the_gathers_the_lowering_issues(par):
     s = scn(WIDE, m=2, **par)
     lowered = sum(t.comm.size_bytes for t in gathers(lower(s).graph))
     assert _gathered_params(s, 0) * s.training.dtype_bytes * s.num_microbatches == lowered
+
+
+def test_deepspeed_2021_gathers_each_tensor_alone_with_host_work_per_rank():
+    """DeepSpeed 2021 issues one all-gather per parameter tensor of a coalesced fetch, each after a
+    host task: a zero-filled full buffer, one Python view op per rank and one copy kernel per rank."""
+    from simulator.cost.compute import EAGER_OP_HOST_S, RooflineCompute
+    from simulator.hardware.gpus import GPU_PRESETS
+    new = lower(scn(SMALL, zero_stage=3, sharding="deepspeed", m=2)).graph
+    old = lower(scn(SMALL, zero_stage=3, sharding="deepspeed-2021", m=2)).graph
+    fetches = [f for f in new.tasks if f in gathers(new)]
+    per_tensor = gathers(old)
+    # the same bytes, one collective per tensor: SMALL's first fetch holds embed + 4 + 2 tensors
+    assert sum(t.comm.size_bytes for t in per_tensor) == pytest.approx(sum(t.comm.size_bytes for t in fetches))
+    assert len(per_tensor) > len(fetches)
+    hosts = [t for t in old.tasks if t.name.endswith(".host") and "param_all_gather" in t.name]
+    assert len(hosts) == len(per_tensor) and all(t.stream == "compute" for t in hosts)
+    rc = RooflineCompute(GPU_PRESETS["a100-sxm4-80gb"], "bf16")
+    eff = rc.eff
+    host = hosts[0]
+    full = next(t.comm.size_bytes for t in per_tensor if t.name == host.name[:-len(".host")])
+    want = (4 * EAGER_OP_HOST_S + 4 * (2 * full / 4 / rc.mem_Bps + eff.kernel_overhead_s)
+            + full / rc.mem_Bps + eff.kernel_overhead_s)
+    assert rc.work_time_s(host.work) == pytest.approx(want)
+
+
+def test_deepspeed_2021_host_work_grows_with_the_group():
+    """The per-rank host work of one list all-gather is proportional to the ranks (half the compute and
+    twice the host work per gather at 1,536 GPUs against 768 in Narayanan et al. 2021 Table 2)."""
+    from simulator.cost.compute import RooflineCompute
+    from simulator.hardware.gpus import GPU_PRESETS
+    from simulator.strategy.zero_impl import list_all_gather_host_work
+    rc = RooflineCompute(GPU_PRESETS["a100-sxm4-80gb"], "bf16")
+    t = {n: rc.work_time_s(list_all_gather_host_work("g", n, 906e6)) for n in (384, 768, 1536)}
+    fill = 906e6 / rc.mem_Bps + rc.eff.kernel_overhead_s
+    copies = 2 * 906e6 / rc.mem_Bps
+    assert (t[1536] - fill - copies) == pytest.approx(2 * (t[768] - fill - copies))
+    assert (t[768] - fill - copies) == pytest.approx(2 * (t[384] - fill - copies))
+    assert t[1536] > 7e-3  # 1,536 x ~5.3 us
+
+
+def test_deepspeed_2021_synchronizes_the_device_and_all_reduces_gradient_buckets():
+    """Each 2021 gather's host task waits for every earlier collective of the rank (torch.cuda.
+    synchronize); gradients are all-reduced per reduce_bucket_size bucket (contiguous_gradients =
+    false), each after the previous bucket (reduction_stream.synchronize): 2x a reduce-scatter's bytes."""
+    g = lower(scn(SMALL, zero_stage=3, sharding="deepspeed-2021", m=2, training={"grad_dtype": "bf16"})).graph
+    by_id = {t.id: t for t in g.tasks}
+    comm_before = set()
+    for t in g.tasks:
+        if t.name.endswith(".host") and "param_all_gather" in t.name:
+            earlier = {c for c in comm_before if by_id[c].stream in ("comm_dp", "comm_dp_rs")}
+            last = {max((c for c in earlier if by_id[c].stream == s), default=None) for s in ("comm_dp", "comm_dp_rs")}
+            assert {x for x in last if x is not None} <= set(t.deps)
+        if t.comm is not None:
+            comm_before.add(t.id)
+    reductions = [t for t in g.tasks if t.comm is not None and t.comm.axis == "dp" and t.stream == "comm_dp_rs"]
+    assert reductions and all(t.comm.op == "all_reduce" for t in reductions)
+    phi = lower(scn(SMALL, zero_stage=3, sharding="deepspeed-2021", m=2)).stage_params[0]["dense"]
+    assert sum(t.comm.size_bytes for t in reductions) == pytest.approx(2 * phi * 2)  # 2 micro-batches, bf16
+    for prev, t in zip(reductions, reductions[1:]):
+        host = by_id[t.deps[0]]
+        assert host.name.endswith(".host") and prev.id in host.deps

@@ -92,6 +92,11 @@ EFFICIENCIES: dict[str, Efficiency] = {
                             dense_flops_per_clock_per_sm=8192),
 }
 
+# Host time of one eager PyTorch op issued from Python while the GPU waits (an OpWork of kind "host",
+# shape (ops,)): PyTorch operator micro-benchmark of a tiny view op on a CUDA tensor, "Forward
+# Execution Time (us) : 3.333" (split, pytorch/pytorch PR #32194, 2020), measured by others.
+EAGER_OP_HOST_S = 3.333e-6
+
 # CUTLASS/cuBLAS tensor-core GEMM output tile for bf16 on Ampere/Hopper (128 x 256), NVIDIA
 # "Matrix Multiplication Background User's Guide": tile and wave quantization.
 GEMM_TILE_M = 128
@@ -154,6 +159,8 @@ class RooflineCompute:
         return t
 
     def _op_time_s(self, op: OpWork) -> float:
+        if op.kind == "host":  # ops issued from Python with the GPU idle: no kernel of their own
+            return op.shape[0] * EAGER_OP_HOST_S
         mem_s = op.bytes / self.mem_Bps
         if op.kind == "gemm" and op.flops > 0:
             m, n, k = op.shape if len(op.shape) == 3 else (1 << 14, 1 << 14, 1 << 14)

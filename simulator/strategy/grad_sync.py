@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from ..tasks import OpWork
 from .context import COMPUTE, LowerCtx
-from .zero_impl import FSDP2_COPY_PASSES, hsdp_groups
+from .zero_impl import FSDP2_COPY_PASSES, hsdp_groups, list_all_gather_host_work
 
 # Megatron-core DistributedDataParallelConfig: bucket_size = max(40M, 1M x dp) parameters.
 BUCKET_MIN_PARAMS = 40_000_000
@@ -74,7 +74,8 @@ def _to_host(ctx: LowerCtx, rank: int, name: str, params: float, group_size: int
 def reduce_gradients(ctx: LowerCtx, rank: int, ready: list[Ready], end_dep: int, tag: str = "",
                      stream: str = STREAM_DP) -> list[int]:
     """Bucketed gradient reduction (with its offload copies) on ``stream``; returns the tasks the step
-    waits for. DeepSpeed ZeRO-3 reduces on its own reduction stream (stage3.py reduction_stream)."""
+    waits for. DeepSpeed ZeRO-3 reduces on its own reduction stream (stage3.py reduction_stream); the
+    2021 engine all-reduces its buckets (``_ds2021_all_reduce``)."""
     par = ctx.par
     gbytes = ctx.scn.training.grad_dtype_bytes
     op = "all_reduce" if par.zero_stage == 0 else "reduce_scatter"
@@ -82,7 +83,9 @@ def reduce_gradients(ctx: LowerCtx, rank: int, ready: list[Ready], end_dep: int,
     for k, (tid, dense, expert) in enumerate(buckets(ready, par.dp * par.cp, par.zero_stage)):
         dep = tid if par.overlap_grad_reduce else end_dep
         for params, group, kind in zip((dense, expert), _groups(ctx, rank), ("dense", "expert")):
-            if params > 0 and len(group) > 1:
+            if params > 0 and len(group) > 1 and par.sharding == "deepspeed-2021":
+                t = _ds2021_all_reduce(ctx, rank, f"grad_all_reduce.{tag}{kind}{k}", params, group, dep, stream)
+            elif params > 0 and len(group) > 1:
                 t = ctx.comm(rank, stream, f"grad_{op}.{tag}{kind}{k}", op, params * gbytes, group, "dp",
                              "comm_dp", (dep,))
                 out.append(_to_host(ctx, rank, f"grads_to_host.{tag}{kind}{k}", params, len(group), t)
@@ -92,21 +95,53 @@ def reduce_gradients(ctx: LowerCtx, rank: int, ready: list[Ready], end_dep: int,
     return out
 
 
+def _ds2021_all_reduce(ctx: LowerCtx, rank: int, name: str, params: float, group: tuple[int, ...], dep: int,
+                       stream: str) -> int:
+    """DeepSpeed 2021 ZeRO-3 with its default contiguous_gradients = false (constants.py v0.3.13-v0.4.0):
+    reduce_ipg_grads falls back to buffered_reduce_fallback, an all-reduce of each flattened
+    reduce_bucket_size bucket on the reduction stream, issued after reduction_stream.synchronize() has
+    made the host wait for the previous bucket (so the compute stream waits too)."""
+    prev = ctx.builder.last_on(rank, stream)
+    wait = ctx.compute(rank, f"{name}.host", (OpWork(f"{name}.reduction_stream_sync", "host", 0.0, 0.0, (1,)),),
+                       (dep,) + (() if prev is None else (prev,)), "comm_dp")
+    return ctx.comm(rank, stream, name, "all_reduce", params * ctx.scn.training.grad_dtype_bytes, group, "dp",
+                    "comm_dp", (wait,))
+
+
 def shard_groups(ctx: LowerCtx, rank: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(dense shard group, dense replicate group): HSDP shards inside ``shard_group_size`` ranks."""
     return hsdp_groups(ctx.group("dp_cp", rank), rank, ctx.par.shard_group_size)
 
 
-def zero3_gather(ctx: LowerCtx, rank: int, name: str, dense: float, expert: float, dep: int | None) -> list[int]:
+def zero3_gather(ctx: LowerCtx, rank: int, name: str, dense: float, expert: float, dep: int | None,
+                 tensors: int = 1) -> list[int]:
     """ZeRO-3 / FSDP: all-gather 16-bit parameters (a unit's, or DeepSpeed's coalesced submodules')
-    over the shard group before their use."""
+    over the shard group before their use. DeepSpeed 2021 gathers each of the ``tensors`` parameter
+    tensors alone, after a device-wide synchronization, with its per-rank host work on the issuing
+    thread (``_ds2021_host``)."""
     out = []
     groups = (shard_groups(ctx, rank)[0], _groups(ctx, rank)[1])
+    per_tensor = ctx.par.sharding == "deepspeed-2021"
     for params, group, kind in zip((dense, expert), groups, ("", ".expert")):
         if params > 0 and len(group) > 1:
-            out.append(ctx.comm(rank, STREAM_DP, f"{name}.param_all_gather{kind}", "all_gather",
-                                params * ctx.dtype_bytes, group, "dp", "comm_dp", () if dep is None else (dep,)))
+            count = max(tensors, 1) if per_tensor else 1
+            for k in range(count):
+                tag = f"{name}.param_all_gather{kind}" + (f".t{k}" if count > 1 else "")
+                nbytes = params / count * ctx.dtype_bytes
+                deps = () if dep is None else (dep,)
+                if per_tensor:
+                    deps = (_ds2021_host(ctx, rank, tag, len(group), nbytes, deps),)
+                out.append(ctx.comm(rank, STREAM_DP, tag, "all_gather", nbytes, group, "dp", "comm_dp", deps))
     return out
+
+
+def _ds2021_host(ctx: LowerCtx, rank: int, name: str, ranks: int, full_bytes: float, deps: tuple) -> int:
+    """DeepSpeed 2021: the host work of one per-tensor list collective (``zero_impl``), on the compute
+    stream (no kernel of the step is launched meanwhile), after ``torch.cuda.synchronize()``: it waits
+    for every stream of the rank (compute, gathers, reduce-scatters)."""
+    synced = tuple(t for t in (ctx.builder.last_on(rank, s) for s in (STREAM_DP, STREAM_DP_RS)) if t is not None)
+    return ctx.compute(rank, f"{name}.host", list_all_gather_host_work(name, ranks, full_bytes), deps + synced,
+                       "comm_dp")
 
 
 def zero3_reduce(ctx: LowerCtx, rank: int, name: str, dense: float, expert: float, dep: int) -> list[int]:

@@ -26,7 +26,7 @@ from .layer_emit import column_backward, layer_backward, layer_forward, layer_we
 from .mesh import DeviceMesh
 from .schedules import Action, StageMap, schedule_actions, splits_backward, stage_map
 from .sharding import grad_accumulation_bytes_per_param, linear_params, params_per_rank
-from .zero_impl import FSDP, FSDP2_COPY_PASSES, chunk_fetches, submodule_params
+from .zero_impl import DEEPSPEED, FSDP, FSDP2_COPY_PASSES, chunk_fetches, submodule_params
 
 
 @dataclass(frozen=True)
@@ -253,7 +253,8 @@ class _Emitter:
                     expert = sum(self._params(self._units(vs)[u])[1] for u in f.units if u not in expert_done)
                     expert_done |= set(f.units)
                     name = units[j] if units[j] in ("embed", "head") else "L" + units[j]
-                    issued[k] = zero3_gather(self.ctx, r, f"{prefix}.{name}.g{k}", f.params, expert, before)
+                    issued[k] = zero3_gather(self.ctx, r, f"{prefix}.{name}.g{k}", f.params, expert, before,
+                                             f.tensors)
             waits = tuple(t for k, f in enumerate(fetches) if pos[i] in f.units for t in issued.get(k, ()))
             if fsdp2 and waits:
                 d, e = self._params(unit)
@@ -350,7 +351,7 @@ class _Emitter:
         ZeRO-3 reduce-scatters each unit, ZeRO-2 buckets this micro-batch, ZeRO-0/1 wait for the last
         micro-batch (reduced in ``_finish``)."""
         ctx, stage = self.ctx, self.ctx.par.zero_stage
-        if self.zero3 and ctx.par.sharding == "deepspeed":  # reduce_bucket_size buckets, own stream
+        if self.zero3 and ctx.par.sharding in DEEPSPEED:  # reduce_bucket_size buckets, own stream
             ready = [(tid,) + self._params(unit) for unit, tid in units]
             self.grad_waits[r] += reduce_gradients(ctx, r, ready, end, f"{action}.vs{vs}.", STREAM_DP_RS)
             return

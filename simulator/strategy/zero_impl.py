@@ -26,15 +26,32 @@ collectives in each (one rule per framework, used by the lowering, the static es
   the groups. FSDP2 (per-parameter DTensor sharding) copies the gathered buffer out into the
   parameters (``foreach_all_gather_copy_out``) and the gradients into the reduce-scatter input
   (``torch._chunk_cat``): two extra HBM passes over the unit's bytes each.
+- "deepspeed-2021": the same coordinator as DeepSpeed released it in 2021 (v0.3.13-v0.5, the engine
+  of the ZeRO-3 runs in Narayanan et al. 2021), whose per-parameter collectives cost host time that
+  grows with the group (``list_collective_host_work``): each prefetched parameter is gathered alone
+  (``_allgather_param``: a zero-filled full-size buffer, ``torch.cuda.synchronize()``, a Python loop
+  over the ranks narrowing one view per rank, ``torch.distributed.all_gather`` of that list, whose
+  ProcessGroupNCCL copies the gathered buffer out into the ``world_size`` views one ``copy_`` at a
+  time); every submodule's fetch synchronizes the device (``_synchronize_communication``:
+  ``torch.cuda.synchronize()``, all streams). The host work runs while the GPU waits for the next
+  kernels, so it is charged on the compute stream; its cost per all-gather is proportional to the
+  group size. Gradients: ZeRO-3's default ``contiguous_gradients = false`` (constants.py v0.3.13 to
+  v0.4.0) sends reduce_ipg_grads to buffered_reduce_fallback, an all-reduce of each flattened
+  ``reduce_bucket_size`` bucket, after ``reduction_stream.synchronize()`` (the host waits for the
+  previous bucket): 2x the bytes of a reduce-scatter, and the backward stalls behind each bucket.
 - "megatron-distopt": Megatron-core's distributed optimizer (ZeRO-1; see ``grad_sync``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-IMPLEMENTATIONS = ("megatron-distopt", "deepspeed", "fsdp1", "fsdp2")
+from ..tasks import OpWork
+
+IMPLEMENTATIONS = ("megatron-distopt", "deepspeed", "deepspeed-2021", "fsdp1", "fsdp2")
 FSDP = ("fsdp1", "fsdp2")
+DEEPSPEED = ("deepspeed", "deepspeed-2021")
 
 # DeepSpeed ZeRO-3 defaults, deepspeed/runtime/zero/constants.py (v0.3.13, March 2021, unchanged in
 # later releases' zero/config.py): ZERO_OPTIMIZATION_PREFETCH_BUCKET_SIZE_DEFAULT = 50000000,
@@ -48,6 +65,10 @@ DS_PERSISTENCE_THRESHOLD = 100_000
 # the gradients and writes the reduce-scatter input (torch/distributed/_composable/fsdp/
 # _fsdp_collectives.py, foreach_all_gather_copy_out / foreach_reduce): 2 bytes moved per byte.
 FSDP2_COPY_PASSES = 2
+# DeepSpeed 2021 list all-gathers: per rank of the group, one Python-level view op (``narrow``) in the
+# engine's loop (an OpWork of kind "host", costed in cost/compute) and one ``copy_`` kernel that
+# ProcessGroupNCCL issues out of the flat NCCL buffer (torch/lib/c10d/ProcessGroupNCCL.cpp in PyTorch
+# 1.8: allgather of a tensor list through flatten_for_scatter_gather, one copy_ per list entry).
 
 
 @dataclass(frozen=True)
@@ -58,6 +79,7 @@ class Fetch:
     units: tuple[int, ...]
     params: float
     prefetch: bool = True
+    tensors: int = 1  # parameter tensors gathered: DeepSpeed 2021 issues one all-gather per tensor
 
 
 def submodule_params(linears: list[tuple[float, float]]) -> list[float]:
@@ -74,10 +96,10 @@ def coalesce(sizes: list[float], owners: list[int], bucket: float = DS_PREFETCH_
     stage3_max_live_parameters (``deepspeed_prefetch_allowed``)."""
     out: list[Fetch] = []
     units: list[int] = []
-    total = 0.0
+    total, tensors = 0.0, 0
 
     def close() -> None:
-        out.append(Fetch(tuple(units), total, not out or deepspeed_prefetch_allowed(out[-1].params)))
+        out.append(Fetch(tuple(units), total, not out or deepspeed_prefetch_allowed(out[-1].params), tensors))
 
     for size, unit in zip(sizes, owners):
         if size <= 0:
@@ -85,12 +107,24 @@ def coalesce(sizes: list[float], owners: list[int], bucket: float = DS_PREFETCH_
         if not units or units[-1] != unit:
             units.append(unit)
         total += size
+        tensors += 1
         if total >= bucket:
             close()
-            units, total = [], 0.0
+            units, total, tensors = [], 0.0, 0
     if units:
         close()
     return out
+
+
+def list_all_gather_host_work(name: str, ranks: int, full_bytes: float) -> tuple[OpWork, ...]:
+    """The work DeepSpeed 2021 puts on the issuing thread for one parameter's all-gather over ``ranks``
+    ranks: the torch.zeros full-size output buffer, ``ranks`` Python view ops, ``ranks`` copy kernels
+    of one rank's chunk (read + write) out of the flat NCCL buffer. Proportional to the group: 1,536
+    ranks cost 1,536 x ~5 us."""
+    chunk = 2 * full_bytes / ranks
+    return (OpWork(f"{name}.zero_fill", "memcpy", 0.0, full_bytes, (1, 1)),
+            OpWork(f"{name}.rank_views", "host", 0.0, 0.0, (ranks,)),
+            *(OpWork(f"{name}.rank_copy", "memcpy", 0.0, chunk, (1, 1)),) * ranks)
 
 
 def deepspeed_prefetch_allowed(live_params: float) -> bool:
@@ -136,7 +170,7 @@ def pass_fetches(impl: str, zero_stage: int, unit_subs: list[list[float]], recom
         bwd = [Fetch((i,), totals[i]) for i in range(n - 1, -1, -1)
                if totals[i] > 0 and zero_stage == 3 and i not in kept]
         return {"F": fwd, "B": bwd}
-    if impl != "deepspeed":
+    if impl not in DEEPSPEED:
         raise ValueError(f"pass_fetches: sharding {impl!r} has no per-unit parameter gathers")
     fwd = coalesce([s for sub in unit_subs for s in sub], [i for i, sub in enumerate(unit_subs) for _ in sub])
     sizes, owners = [], []
@@ -157,7 +191,7 @@ def chunk_fetches(sharding: str, zero_stage: int, recompute: str, units: list[st
     """``pass_fetches`` of one model chunk: ``units`` its units in forward order ("embed", layer
     indices, "head"), ``unit_dense`` their dense parameters on the rank, ``layer_subs`` one layer's
     DeepSpeed submodule sizes (``submodule_params``). One rule for the lowering and the estimate."""
-    ds = sharding == "deepspeed"
+    ds = sharding in DEEPSPEED
     layers = {i for i, u in enumerate(units) if u not in ("embed", "head")}
     subs = [layer_subs if ds and i in layers else submodule_params([(unit_dense[i], 0.0)]) if ds
             else [unit_dense[i]] for i in range(len(units))]
@@ -182,7 +216,7 @@ def step_bytes_per_rank(impl: str, zero_stage: int, params: float, dp: int, dtyp
     w, g = dtype_bytes * f, grad_bytes * f
     if zero_stage == 0:
         return {"all_gather": 0.0, "reduce_scatter": 0.0, "all_reduce": 2 * params * g}
-    if zero_stage == 3 and impl not in FSDP:
+    if zero_stage == 3 and impl in DEEPSPEED:
         raise ValueError(f"step_bytes_per_rank: {impl!r} ZeRO-3 gathers depend on recompute and the reuse "
                          f"distance; count them with chunk_fetches")
     if zero_stage == 3 or (zero_stage == 2 and impl in FSDP):
