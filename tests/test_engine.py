@@ -96,3 +96,23 @@ def test_validate_rejects_cycles_and_dangling_deps():
     b.add("a", "compute", 0, "compute", "compute", (5,), work=W())
     with pytest.raises(ValueError, match="unknown task"):
         b.build((0,), True).validate()
+
+
+def test_cycle_between_static_lanes_of_one_rank_is_a_deadlock_not_a_spin():
+    # a (compute) waits for x (a static comm lane of the same rank), x waits for a: before, the
+    # rank's list scheduler waited on env.any_of([]), which fires at once, forever
+    from simulator.tasks import InternalError
+    b = TaskGraphBuilder()
+    b.add("a", "compute", 0, "compute", "compute", (1,), work=W())
+    b.add("x", "comm", 0, "comm_dp", "comm_dp", (0,), comm=Collective("all_reduce", 8.0, (0, 1), "dp"))
+    with pytest.raises(InternalError, match="cycle among the streams of rank 0: 'a' .* waits for 'x'"):
+        simulate_graph(b.build((0,), True), StubCost({"a": 1.0, "x": 1.0}))
+
+
+def test_cycle_through_a_network_stream_is_a_deadlock():
+    from simulator.tasks import InternalError
+    b = TaskGraphBuilder()
+    b.add("a", "compute", 0, "compute", "compute", (1,), work=W())
+    b.add("net", "comm", 0, "comm_dp", "comm_dp", (0,), comm=Collective("all_reduce", 8.0, (0, 1), "dp"))
+    with pytest.raises(InternalError, match="2 tasks never ran"):
+        simulate_graph(b.build((0,), True), StubCost({"a": 1.0, "net": 1.0}))

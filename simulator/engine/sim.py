@@ -6,10 +6,17 @@ stream synchronises with simpy time only when it must wait for another stream, o
 transfer whose time depends on concurrent traffic (``engine/network``). This lazy clock is exact:
 static tasks do not interact with other streams except through dependencies, which carry their
 end times. Events are created only for tasks that another stream waits on.
+
+The parts, in SimPy's style (state objects plus generator processes): ``Clocks`` (task start and
+end times and the events waited on), ``Transfers`` (network tasks and their contention),
+``Barrier`` (a collective simulated on several ranks), the ``stream`` process for streams with
+network or barrier tasks, and the ``static_lanes`` process that runs all static streams of one
+rank as a list scheduler. ``simulate_graph`` wires them together.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -41,157 +48,197 @@ class SimResult:
     contention_s: dict  # category -> seconds network transfers took beyond their time alone
 
 
+class Clocks:
+    """Start and end time of every task (end None until it ran), and the events of the tasks some
+    process waits on, created on the first wait and fired by ``finish``."""
+
+    __slots__ = ("env", "start", "end", "waiters")
+
+    def __init__(self, env: simpy.Environment, n: int) -> None:
+        self.env = env
+        self.start = [0.0] * n
+        self.end: list[float | None] = [None] * n
+        self.waiters: dict[int, simpy.Event] = {}
+
+    def finish(self, i: int, t_end: float) -> None:
+        self.end[i] = t_end
+        ev = self.waiters.pop(i, None)
+        if ev is not None:
+            ev.succeed()
+
+    def event(self, i: int) -> simpy.Event:
+        """The event that fires when task i finishes (i has not finished yet)."""
+        ev = self.waiters.get(i)
+        if ev is None:
+            ev = self.waiters[i] = self.env.event()
+        return ev
+
+
+class Transfers:
+    """Tasks whose time depends on concurrent traffic: each runs its CommPlan through the flow
+    network from a given start; the time beyond its isolated time is charged to its category."""
+
+    def __init__(self, env: simpy.Environment, cost: TaskCost, capacity_Bps: dict) -> None:
+        self.env, self.cost = env, cost
+        self.net = FlowNetwork(env, capacity_Bps)
+        self.contention: dict[str, float] = {}
+
+    def run(self, t: Task, begin: float) -> Generator:
+        """Process body: wait until ``begin``, run the transfer; returns its end time."""
+        env = self.env
+        if begin > env.now:
+            yield env.timeout(begin - env.now)
+        elapsed = yield from self.net.run(self.cost.comm_plan(t))
+        extra = elapsed - self.cost.isolated_s(t)
+        if extra > 1e-12 * max(elapsed, 1.0):
+            self.contention[t.category] = self.contention.get(t.category, 0.0) + extra
+        return env.now
+
+
+class Barrier:
+    """One collective simulated on several ranks (full mode). Participants arrive with their
+    stream clocks; the last to arrive runs it from the latest clock, and all leave at its end."""
+
+    __slots__ = ("needed", "arrived", "latest_s", "begin_s", "end_s", "done")
+
+    def __init__(self, env: simpy.Environment, needed: int) -> None:
+        self.needed, self.arrived = needed, 0
+        self.latest_s = self.begin_s = self.end_s = 0.0
+        self.done = env.event()
+
+    def arrive(self, clock: float, dur: float | None, run: Callable[[float], Generator]) -> Generator:
+        """Process body for one participant; returns (begin, end). ``dur`` is the static duration,
+        or None: then ``run(begin)`` is the transfer's process body, returning its end."""
+        self.arrived += 1
+        self.latest_s = max(self.latest_s, clock) if self.arrived > 1 else clock
+        if self.arrived < self.needed:
+            yield self.done
+            return self.begin_s, self.end_s
+        self.begin_s = self.latest_s
+        if dur is None:
+            self.end_s = yield from run(self.begin_s)
+        else:
+            self.end_s = self.begin_s + dur
+        self.done.succeed()
+        return self.begin_s, self.end_s
+
+
+def stream(clocks: Clocks, tasks: list[Task], durations: list, ids: tuple[int, ...],
+           barriers: dict[int, Barrier], transfers: Transfers) -> Generator:
+    """A stream with network or barrier tasks: program order, each task after its dependencies."""
+    end, start = clocks.end, clocks.start
+    clock = 0.0
+    for i in ids:
+        t = tasks[i]
+        for d in t.deps:
+            e = end[d]
+            if e is None:
+                yield clocks.event(d)
+                e = end[d]
+                assert e is not None
+            if e > clock:
+                clock = e
+        dur = durations[i]
+        barrier = barriers.get(t.sync_key) if t.sync_key >= 0 else None
+        if barrier is not None:
+            start[i], clock = yield from barrier.arrive(clock, dur, lambda b, t=t: transfers.run(t, b))
+        elif dur is None:
+            start[i] = clock
+            clock = yield from transfers.run(t, clock)
+        else:
+            start[i] = clock
+            clock += dur
+        clocks.finish(i, clock)
+
+
+def static_lanes(clocks: Clocks, tasks: list[Task], durations: list, rank: int,
+                 lanes: list[tuple[int, ...]], group_of: list[int]) -> Generator:
+    """All static streams of one rank in one process: a list scheduler that advances every lane
+    whose next task's dependencies are known, and waits on simpy only when all are blocked by tasks
+    of other processes. Exact, and free of the per-dependency context switches. When every lane
+    waits on a task of this same process, they wait on each other: a dependency cycle."""
+    end, start, finish, env = clocks.end, clocks.start, clocks.finish, clocks.env
+    pos = [0] * len(lanes)
+    clocks_s = [0.0] * len(lanes)
+    left = sum(len(ids) for ids in lanes)
+    while left:
+        blocked: list[int] = []
+        before = left
+        for j, ids in enumerate(lanes):
+            k, clock = pos[j], clocks_s[j]
+            while k < len(ids):
+                i = ids[k]
+                for d in tasks[i].deps:
+                    e = end[d]
+                    if e is None:
+                        if group_of[d] != rank:  # only another process can resolve it
+                            blocked.append(d)
+                        break
+                    if e > clock:
+                        clock = e
+                else:
+                    start[i] = clock
+                    clock += durations[i]
+                    finish(i, clock)
+                    k += 1
+                    continue
+                break
+            left -= k - pos[j]
+            pos[j], clocks_s[j] = k, clock
+        if left and left == before:
+            if not blocked:
+                raise InternalError(_cycle_message(tasks, end, rank, lanes, pos))
+            # every lane waits on another process's task: wake on the first
+            yield clocks.event(blocked[0]) if len(blocked) == 1 else \
+                env.any_of([clocks.event(d) for d in blocked])
+
+
+def _cycle_message(tasks: list[Task], end: list, rank: int, lanes: list, pos: list[int]) -> str:
+    stuck = [tasks[ids[k]] for ids, k in zip(lanes, pos) if k < len(ids)]
+    t = stuck[0]
+    waits = next(tasks[d].name for d in t.deps if end[d] is None)
+    return (f"simulation deadlocked: a dependency cycle among the streams of rank {rank}: "
+            f"{t.name!r} ({t.stream}) waits for {waits!r}, which its own rank cannot reach")
+
+
 def simulate_graph(graph: TaskGraph, cost: TaskCost, capacity_Bps: dict | None = None,
                    rank_labels: dict | None = None, metadata: dict | None = None) -> SimResult:
     tasks = graph.tasks
     n = len(tasks)
     env = simpy.Environment()
-    net = FlowNetwork(env, capacity_Bps or {})
+    clocks = Clocks(env, n)
+    transfers = Transfers(env, cost, capacity_Bps or {})
     durations = [cost.duration_s(t) for t in tasks]
-    start = [0.0] * n
-    end: list[float | None] = [None] * n
-    waiters: dict[int, simpy.Event] = {}
-    # Collectives simulated on several ranks (full mode): participants meet at a barrier.
     participants: dict[int, int] = {}
     for t in tasks:
         if t.sync_key >= 0:
             participants[t.sync_key] = participants.get(t.sync_key, 0) + 1
-    barriers: dict[int, list] = {}  # key -> [arrived, max_clock, event, end]
-
-    contention: dict[str, float] = {}
-
-    def slowdown(t: Task, elapsed: float) -> None:
-        extra = elapsed - cost.isolated_s(t)
-        if extra > 1e-12 * max(elapsed, 1.0):
-            contention[t.category] = contention.get(t.category, 0.0) + extra
-
-    def finish(i: int, t_end: float) -> None:
-        end[i] = t_end
-        ev = waiters.pop(i, None)
-        if ev is not None:
-            ev.succeed()
-
-    def run_stream(ids: tuple[int, ...]):
-        clock = 0.0
-        for i in ids:
-            t = tasks[i]
-            for d in t.deps:
-                e = end[d]
-                if e is None:
-                    ev = waiters.get(d)
-                    if ev is None:
-                        ev = waiters[d] = env.event()
-                    yield ev
-                    e = end[d]
-                if e > clock:
-                    clock = e
-            if t.sync_key >= 0 and participants[t.sync_key] > 1:
-                clock = yield from barrier(t, i, clock)
-                start[i] = barriers[t.sync_key][4]
-                finish(i, clock)
-                continue
-            dur = durations[i]
-            start[i] = clock
-            if dur is None:
-                if clock > env.now:
-                    yield env.timeout(clock - env.now)
-                elapsed = yield from net.run(cost.comm_plan(t))
-                slowdown(t, elapsed)
-                clock = env.now
-            else:
-                clock += dur
-            finish(i, clock)
-
-    def barrier(t: Task, i: int, clock: float):
-        state = barriers.get(t.sync_key)
-        if state is None:
-            state = barriers[t.sync_key] = [0, clock, env.event(), 0.0, 0.0]
-        state[0] += 1
-        state[1] = max(state[1], clock)
-        if state[0] < participants[t.sync_key]:
-            yield state[2]
-            return state[3]
-        begin = state[1]
-        state[4] = begin
-        dur = durations[i]
-        if dur is None:
-            if begin > env.now:
-                yield env.timeout(begin - env.now)
-            elapsed = yield from net.run(cost.comm_plan(t))
-            slowdown(t, elapsed)
-            state[3] = env.now
-        else:
-            state[3] = begin + dur
-        state[2].succeed()
-        return state[3]
-
-    def wait_for(d: int):
-        ev = waiters.get(d)
-        if ev is None:
-            ev = waiters[d] = env.event()
-        return ev
-
-    def run_static(rank: int, lanes: list[tuple[int, ...]]):
-        """Several static streams of one rank in one process: a list scheduler that advances every
-        lane whose next task's dependencies are known, and waits on simpy only when all are blocked
-        by tasks of other processes. Exact, and free of the per-dependency context switches."""
-        pos = [0] * len(lanes)
-        clocks = [0.0] * len(lanes)
-        left = sum(len(ids) for ids in lanes)
-        while left:
-            blocked: list[int] = []
-            before = left
-            for j, ids in enumerate(lanes):
-                k, clock = pos[j], clocks[j]
-                while k < len(ids):
-                    i = ids[k]
-                    for d in tasks[i].deps:
-                        e = end[d]
-                        if e is None:
-                            if group_of[d] != rank:  # only another process can resolve it
-                                blocked.append(d)
-                            break
-                        if e > clock:
-                            clock = e
-                    else:
-                        start[i] = clock
-                        clock += durations[i]
-                        finish(i, clock)
-                        k += 1
-                        continue
-                    break
-                left -= k - pos[j]
-                pos[j], clocks[j] = k, clock
-            if left and left == before:  # every lane waits on another process's task: wake on the first
-                yield wait_for(blocked[0]) if len(blocked) == 1 else env.any_of([wait_for(d) for d in blocked])
-
-    def is_static(ids: tuple[int, ...]) -> bool:
-        return all(durations[i] is not None and not (tasks[i].sync_key >= 0 and participants[tasks[i].sync_key] > 1)
-                   for i in ids)
-
-    static_lanes: dict[int, list[tuple[int, ...]]] = {}
+    barriers = {k: Barrier(env, c) for k, c in participants.items() if c > 1}
+    static: dict[int, list[tuple[int, ...]]] = {}
     group_of = [-1] * n  # the rank whose static process runs the task, -1 for a network stream's task
     for (rank, _stream), ids in graph.streams.items():
-        if is_static(ids):
-            static_lanes.setdefault(rank, []).append(ids)
+        if all(durations[i] is not None and tasks[i].sync_key not in barriers for i in ids):
+            static.setdefault(rank, []).append(ids)
             for i in ids:
                 group_of[i] = rank
         else:
-            env.process(run_stream(ids))
-    for rank, lanes in static_lanes.items():
-        env.process(run_static(rank, lanes))
+            env.process(stream(clocks, tasks, durations, ids, barriers, transfers))
+    for rank, lanes in static.items():
+        env.process(static_lanes(clocks, tasks, durations, rank, lanes, group_of))
     env.run()
-    missing = [tasks[i].name for i in range(n) if end[i] is None]
+    missing = [tasks[i].name for i in range(n) if clocks.end[i] is None]
     if missing:
         raise InternalError(f"simulation deadlocked: {len(missing)} tasks never ran, first {missing[0]!r}")
+    end: list[float] = clocks.end  # type: ignore[assignment]
+    trace = Trace(_events(tasks, clocks.start, end), "simulated", dict(rank_labels or {}), dict(metadata or {}))
+    return SimResult(trace, clocks.start, end, max(end) if n else 0.0, transfers.net.link_stats(),
+                     transfers.contention)
+
+
+def _events(tasks: list[Task], start: list[float], end: list[float]) -> tuple[TraceEvent, ...]:
     flops: dict[int, float] = {}  # work tuples are shared between tasks: sum each once
     for t in tasks:
         if id(t.work) not in flops:
             flops[id(t.work)] = t.flops
-    events = tuple(
-        TraceEvent(t.name, t.category, t.rank, t.stream, start[t.id], end[t.id], t.stage, t.microbatch,
-                   t.chunk, t.phase, t.layer, flops[id(t.work)], t.mem_delta_bytes)
-        for t in tasks)
-    makespan = max(end) if n else 0.0  # type: ignore[type-var]
-    trace = Trace(events, "simulated", dict(rank_labels or {}), dict(metadata or {}))
-    return SimResult(trace, start, end, makespan, net.link_stats(), contention)  # type: ignore[arg-type]
+    return tuple(TraceEvent(t.name, t.category, t.rank, t.stream, start[t.id], end[t.id], t.stage, t.microbatch,
+                            t.chunk, t.phase, t.layer, flops[id(t.work)], t.mem_delta_bytes) for t in tasks)
