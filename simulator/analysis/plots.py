@@ -93,6 +93,33 @@ def _save(fig: Figure, path, dpi: int) -> Path:
     return path
 
 
+def _timeline_bars(trace: Trace, lane_of: dict) -> dict[tuple[str, str], tuple[list, list, list]]:
+    """(category, phase shade) -> (starts, ends, lanes) of the events on the drawn lanes."""
+    t0 = trace.start_s
+    groups: dict[tuple[str, str], tuple[list, list, list]] = {}
+    for e in trace.events:
+        lane = lane_of.get((e.rank, e.stream))
+        if lane is None:
+            continue
+        cat = e.category if e.category in CATEGORY_COLOURS else "other"
+        g = groups.setdefault((cat, e.phase if e.phase in PHASE_SHADES else ""), ([], [], []))
+        g[0].append(e.start_s - t0)
+        g[1].append(e.end_s - t0)
+        g[2].append(lane)
+    return groups
+
+
+def _timeline_legend(cats: set, seen: set) -> list[Patch]:
+    """Category colours, then the phase key in grey (F lighter, B full colour, W darker), then idle."""
+    handles = [Patch(facecolor=CATEGORY_COLOURS[c], label=c) for c in sorted(cats, key=list(CATEGORY_COLOURS).index)]
+    if seen & set(PHASE_SHADES):
+        handles += [Patch(facecolor=event_colour("other", "F"), label="F: lighter")] * ("F" in seen)
+        handles.append(Patch(facecolor=event_colour("other", "B"), label="B: full colour"))
+        handles += [Patch(facecolor=event_colour("other", "W"), label="W: darker")] * ("W" in seen)
+    handles.append(Patch(facecolor="white", edgecolor="#999999", label="idle"))
+    return handles
+
+
 def plot_timeline(trace: Trace, path, title: str = "", max_ranks: int = 32) -> Path:
     """Gantt chart: one lane per (rank, stream), bars coloured by category and shaded by phase."""
     if max_ranks < 1:
@@ -103,20 +130,8 @@ def plot_timeline(trace: Trace, path, title: str = "", max_ranks: int = 32) -> P
     keep = set(ranks)
     lanes = sorted({(e.rank, e.stream) for e in trace.events if e.rank in keep},
                    key=lambda k: (k[0], stream_pos[k[1]]))
-    lane_of = {k: i for i, k in enumerate(lanes)}
     scale, unit = _time_unit(trace.duration_s)
-    t0 = trace.start_s
-    groups: dict[tuple, tuple[list, list, list]] = {}
-    for e in trace.events:
-        lane = lane_of.get((e.rank, e.stream))
-        if lane is None:
-            continue
-        cat = e.category if e.category in CATEGORY_COLOURS else "other"
-        g = groups.setdefault((cat, e.phase if e.phase in PHASE_SHADES else ""), ([], [], []))
-        g[0].append(e.start_s - t0)
-        g[1].append(e.end_s - t0)
-        g[2].append(lane)
-
+    groups = _timeline_bars(trace, {k: i for i, k in enumerate(lanes)})
     width_in, dpi = 16.0, 100
     fig = Figure(figsize=(width_in, min(2.0 + 0.2 * max(len(lanes), 4), 60.0)))
     ax = fig.add_subplot()
@@ -139,17 +154,8 @@ def plot_timeline(trace: Trace, path, title: str = "", max_ranks: int = 32) -> P
     ax.set_xlabel(f"time since start ({unit})")
     shown = "" if len(ranks) == len(all_ranks) else f" ({len(ranks)} of {len(all_ranks)} ranks)"
     ax.set_title((title or f"Timeline, {trace.source} run") + shown)
-
-    cats = sorted({c for c, _ in groups}, key=list(CATEGORY_COLOURS).index)
-    handles = [Patch(facecolor=CATEGORY_COLOURS[c], label=c) for c in cats]
-    seen = {e.phase for e in trace.events if e.rank in keep}
-    if seen & set(PHASE_SHADES):  # phase key, in grey: F lighter, B full colour, W darker
-        handles += [Patch(facecolor=event_colour("other", "F"), label="F: lighter")] * ("F" in seen)
-        handles.append(Patch(facecolor=event_colour("other", "B"), label="B: full colour"))
-        handles += [Patch(facecolor=event_colour("other", "W"), label="W: darker")] * ("W" in seen)
-    handles.append(Patch(facecolor="white", edgecolor="#999999", label="idle"))
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8,
-              frameon=False)
+    ax.legend(handles=_timeline_legend(set(c for c, _ in groups), {e.phase for e in trace.events if e.rank in keep}),
+              loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
     # The axes take 0.72 of the width, as half_px_s above assumes.
     fig.subplots_adjust(left=0.16, right=0.88, top=1.0 - 0.6 / fig.get_figheight(),
                         bottom=0.7 / fig.get_figheight())
@@ -194,6 +200,33 @@ def plot_bubbles(trace: Trace, path, title: str = "") -> Path:
                         clip_on=True)
         ax.text(1.005, row, f"{fractions[stage]:.1%}", transform=ax.get_yaxis_transform(),
                 va="center", fontsize=9)
+    _draw_bubble_boxes(ax, idle_x0, idle_x1, idle_y, boxes, scale, px_per_s)
+    ax.set_xlim(0.0, max((t1 - t0) * scale, 1e-12))
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([f"stage {s}" for s in rows], fontsize=9)
+    ax.set_xlabel(f"time since start ({unit})")
+    mean = sum(fractions.values()) / len(fractions)
+    ax.set_title(f"{title or f'Pipeline schedule, {len(rows)} stages'} (mean bubble {mean:.1%})")
+    ax.text(1.005, 1.0, "bubble", transform=ax.transAxes, va="bottom", fontsize=9)
+    handles = _bubble_legend({p for p, _ in boxes})
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
+    fig.subplots_adjust(left=left, right=right, top=1.0 - 0.5 / fig.get_figheight(),
+                        bottom=1.0 / fig.get_figheight())
+    return _save(fig, path, dpi=dpi)
+
+
+def _bubble_legend(phases: set) -> list[Patch]:
+    ordered = sorted(phases, key=lambda p: "FRBWO".find(p))
+    handles = [Patch(facecolor=ACTION_COLOURS.get(p, "#bdbdbd"),
+                     label=f"{p} ({PHASE_NAMES.get(p, 'other')})") for p in ordered]
+    handles.append(Patch(facecolor=IDLE_FACE, edgecolor=IDLE_EDGE, hatch="////", label="idle"))
+    return handles
+
+
+def _draw_bubble_boxes(ax, idle_x0: list, idle_x1: list, idle_y: list, boxes: dict, scale: float,
+                       px_per_s: float) -> None:
+    """Idle slots hatched grey under the action boxes, one PolyCollection per (phase, chunk parity)."""
     if idle_x0:
         ax.add_collection(PolyCollection(
             _boxes(np.array(idle_x0) * scale, np.array(idle_x1) * scale, idle_y, 0.8),
@@ -207,20 +240,3 @@ def plot_bubbles(trace: Trace, path, title: str = "") -> Path:
             _boxes(np.array(x0) * scale, np.array(x1) * scale, y, 0.8),
             facecolors=[_mix(colour, "white", 0.3 * odd)], edgecolors="white",
             linewidths=edge_lw, zorder=2))
-
-    ax.set_xlim(0.0, max((t1 - t0) * scale, 1e-12))
-    ax.set_ylim(len(rows) - 0.5, -0.5)
-    ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([f"stage {s}" for s in rows], fontsize=9)
-    ax.set_xlabel(f"time since start ({unit})")
-    mean = sum(fractions.values()) / len(fractions)
-    ax.set_title(f"{title or f'Pipeline schedule, {len(rows)} stages'} (mean bubble {mean:.1%})")
-    ax.text(1.005, 1.0, "bubble", transform=ax.transAxes, va="bottom", fontsize=9)
-    phases = sorted({p for p, _ in boxes}, key=lambda p: "FRBWO".find(p))
-    handles = [Patch(facecolor=ACTION_COLOURS.get(p, "#bdbdbd"),
-                     label=f"{p} ({PHASE_NAMES.get(p, 'other')})") for p in phases]
-    handles.append(Patch(facecolor=IDLE_FACE, edgecolor=IDLE_EDGE, hatch="////", label="idle"))
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
-    fig.subplots_adjust(left=left, right=right, top=1.0 - 0.5 / fig.get_figheight(),
-                        bottom=1.0 / fig.get_figheight())
-    return _save(fig, path, dpi=dpi)
