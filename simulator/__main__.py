@@ -10,12 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import NoReturn
 from pathlib import Path
 
 from .tasks import InternalError
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, as for every other bad input
+    def error(self, message: str) -> NoReturn:  # one line, exit 2, as for every other bad input
         print(f"error: {message}", file=sys.stderr)
         raise SystemExit(2)
 

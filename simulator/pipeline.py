@@ -17,7 +17,7 @@ from .analysis.memory import MemoryReport, memory_report
 from .analysis.metrics import critical_rank, exposed_breakdown, summarize
 from .cost.model import CostModel
 from .cost.siblings import fast_mode_cost
-from .engine.sim import SimResult, simulate_graph
+from .engine.sim import SimResult, TaskCost, simulate_graph
 from .hardware.topology import Topology, build_topology
 from .model.opgraph import build_op_graph
 from .scenario import Scenario
@@ -57,12 +57,13 @@ def simulate(scn: Scenario, full: bool = False) -> RunResult:
         from .cost.calibrated import CalibrationTables
         tables = CalibrationTables.load(scn.cost.tables)
     cost = CostModel(scn, topo, tables)
-    engine_cost = cost
+    engine_cost: TaskCost = cost
     if not full:  # the network also carries the sibling groups' copies of the representatives' transfers
-        engine_cost, why = fast_mode_cost(cost, plan.mesh, plan.graph, topo)
-        if engine_cost is None:
+        fast, why = fast_mode_cost(cost, plan.mesh, plan.graph, topo)
+        if fast is None:
             print(f"notice: simulating every rank (--full): {why}", file=sys.stderr)
             return simulate(scn, full=True)
+        engine_cost = fast
     sim = simulate_graph(plan.graph, engine_cost, topo.capacity_Bps, plan.rank_labels, dict(plan.graph.meta))
     cost.warn_missing()
     trace = sim.trace

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 from dataclasses import dataclass
 
 from .defaults import (DEFAULT_CHECKPOINT_MODE, DEFAULT_DETECTION_S, DEFAULT_FAILURE_DATA, DEFAULT_RESCHEDULE_S,
@@ -116,14 +117,14 @@ def parse_reliability(table: dict) -> ReliabilitySpec:
     if unknown:
         raise ScenarioError(f"[reliability] unknown key(s) {sorted(unknown)}; known: {', '.join(sorted(RELIABILITY_KEYS))}")
     types = {f.name: _KINDS[str(f.type)] for f in dataclasses.fields(ReliabilitySpec)}
-    values = {}
+    values: dict[str, Any] = {}
     for key, value in table.items():
         kind = types[key]
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if (kind is int and isinstance(value, bool)) or not isinstance(value, kind):
             raise ScenarioError(f"reliability.{key} must be {kind.__name__}, got {value!r}")
-        if kind is float and not math.isfinite(value):
+        if isinstance(value, float) and not math.isfinite(value):
             raise ScenarioError(f"reliability.{key} must be a finite number, got {value!r}")
         values[key] = value
     return ReliabilitySpec(**values)

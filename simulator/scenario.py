@@ -186,7 +186,7 @@ def _typed(section: str, key: str, value, kind: type):
         return float(value)
     if kind is int and isinstance(value, bool) or not isinstance(value, kind):
         raise ScenarioError(f"{section}.{key} must be {kind.__name__}, got {value!r}")
-    if kind is float and not math.isfinite(value):  # TOML accepts nan and inf
+    if isinstance(value, float) and not math.isfinite(value):  # TOML accepts nan and inf
         raise ScenarioError(f"{section}.{key} must be a finite number, got {value!r}")
     return value
 

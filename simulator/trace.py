@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .units import S_TO_US
 
@@ -19,7 +19,7 @@ from .units import S_TO_US
 COMPUTE_STREAM = "compute"  # the stream whose idle time is the pipeline bubble
 
 # Optional per-event fields written as Chrome-trace args, with the defaults that are omitted.
-_ARG_DEFAULTS = {"stage": -1, "microbatch": -1, "chunk": -1, "phase": "", "layer": -1,
+_ARG_DEFAULTS: dict[str, Any] = {"stage": -1, "microbatch": -1, "chunk": -1, "phase": "", "layer": -1,
                  "flops": 0.0, "mem_delta_bytes": 0.0}
 # otherData key holding source, rank labels and metadata as one JSON string, so that reading our
 # own file back restores their types (Perfetto shows otherData values as plain strings).

@@ -67,7 +67,10 @@ def _column(u: str, v: str) -> str:
 def _nodes_of(name: str, topo: Topology, leaf_nodes: dict) -> list[int]:
     if name.startswith("leaf"):
         return leaf_nodes.get(name, [])
-    num = int(_NUM.search(name).group())
+    found = _NUM.search(name)
+    if found is None:
+        raise ValueError(f"topology node name {name!r} has no number")
+    num = int(found.group())
     if name.startswith(("gpu", "pcie")):
         return [num // topo.cluster.gpus_per_node]
     return [num]  # nvs{m}, nic{m}.{k}, host{m}

@@ -123,7 +123,7 @@ def _draw(ax, trace: Trace, lanes: list[tuple[int, str]], t0: float, scale: floa
         x0, x1 = (c[0] - t0) * scale, (c[1] - t0) * scale
         by_cat.setdefault(e.category, []).append(((x0, y - 0.4), (x0, y + 0.4), (x1, y + 0.4), (x1, y - 0.4)))
     for cat, boxes in by_cat.items():
-        ax.add_collection(PolyCollection(np.array(boxes), facecolors=PALETTE.get(cat, PALETTE["other"]),
+        ax.add_collection(PolyCollection(boxes, facecolors=PALETTE.get(cat, PALETTE["other"]),
                                          edgecolors="none"))
     ax.set_yticks(range(len(lanes)))
     ax.set_yticklabels([f"{trace.label(r)} · {s}" for r, s in lanes], fontsize=7)

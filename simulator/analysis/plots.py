@@ -8,6 +8,7 @@ PolyCollection per colour (vectorised), which keeps 200k-event timelines to seco
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from matplotlib.collections import PolyCollection
@@ -41,7 +42,8 @@ IDLE_FACE, IDLE_EDGE = "#f0f0f0", "#a0a0a0"
 
 def _mix(colour: str, towards: str, amount: float) -> tuple[float, float, float]:
     a, b = np.array(to_rgb(colour)), np.array(to_rgb(towards))
-    return tuple(float(x) for x in (1.0 - amount) * a + amount * b)
+    r, g, b_ = ((1.0 - amount) * a + amount * b).tolist()
+    return float(r), float(g), float(b_)
 
 
 def event_colour(category: str, phase: str) -> tuple[float, float, float]:
@@ -55,8 +57,9 @@ def _time_unit(duration_s: float) -> tuple[float, str]:
     return (1.0, "s") if duration_s >= 10.0 else (1.0 / MS, "ms")
 
 
-def _boxes(x0, x1, y, height) -> np.ndarray:
-    """(n, 4, 2) rectangle vertices for bars [x0, x1] centred on y."""
+def _boxes(x0, x1, y, height) -> Any:
+    """(n, 4, 2) rectangle vertices for bars [x0, x1] centred on y (an array: PolyCollection takes it
+    as its sequence of polygons, which matplotlib's stubs do not spell, hence Any)."""
     x0, x1, y = (np.asarray(a, dtype=float) for a in (x0, x1, y))
     lo, hi = y - height / 2.0, y + height / 2.0
     return np.stack([np.stack([x0, lo], -1), np.stack([x0, hi], -1),
@@ -67,7 +70,9 @@ def _coalesce(x0: np.ndarray, x1: np.ndarray, lane: np.ndarray, tol: float):
     """Merge bars of one lane whose gap is at most ``tol``; returns (x0, x1, lane) arrays."""
     order = np.lexsort((x0, lane))
     x0, x1, lane = x0[order], x1[order], lane[order]
-    out0, out1, outy = [], [], []
+    out0: list[float] = []
+    out1: list[float] = []
+    outy: list[int] = []
     for a, b, y in zip(x0.tolist(), x1.tolist(), lane.tolist()):
         if outy and outy[-1] == y and a <= out1[-1] + tol:
             out1[-1] = max(out1[-1], b)

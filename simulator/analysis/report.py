@@ -7,6 +7,7 @@ are ignored, so measured runs and older metrics files render too.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..units import GiB, MS
@@ -117,7 +118,7 @@ def _image_link(image: str, out_dir: Path) -> str:
 
 
 def write_report(out_dir, metrics: dict, images: list[str],
-                 sections: list[tuple[str, str]] = ()) -> Path:
+                 sections: Sequence[tuple[str, str]] = ()) -> Path:
     """Write ``out_dir/report.md``: summary, time and memory breakdowns, extra sections, images."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -136,13 +137,13 @@ def write_report(out_dir, metrics: dict, images: list[str],
 
     memory = metrics.get("memory_bytes") or {}
     if memory:
-        total = _num(memory, "total")
+        mem_total = _num(memory, "total")
         keys = [k for k in MEMORY_KEYS if k in memory]
         keys += sorted(k for k in memory if k not in MEMORY_KEYS and k != "total")
         table = [(k, f"{float(memory[k]) / GiB:.2f}",
-                  fmt_pct(float(memory[k]) / total if total else None)) for k in keys]
-        if total is not None:
-            table.append(("**total**", f"{total / GiB:.2f}", fmt_pct(1.0)))
+                  fmt_pct(float(memory[k]) / mem_total if mem_total else None)) for k in keys]
+        if mem_total is not None:
+            table.append(("**total**", f"{mem_total / GiB:.2f}", fmt_pct(1.0)))
         md += ["## Memory (peak per GPU, worst rank)", "",
                _table(("component", "GiB", "% of total"), table), "",
                f"Peak {_memory_line(metrics)}.", ""]

@@ -115,9 +115,9 @@ def _latencies(algorithm: str, protocol: str, op: str, shape: GroupShape,
     if algorithm == "nvls_tree":
         return 0.0, [tuner.nvls_tree_latency_s(n_nodes)]
     if algorithm == "hierarchical":
-        lat = {"intra": tuner.step_latency_s("ring", protocol, "nvlink"),
-               "inter": tuner.step_latency_s("ring", protocol, "net")}
-        return tuner.base_latency_s("ring", protocol), [lat[ph.tag] for ph in phases]
+        per_tag = {"intra": tuner.step_latency_s("ring", protocol, "nvlink"),
+                   "inter": tuner.step_latency_s("ring", protocol, "net")}
+        return tuner.base_latency_s("ring", protocol), [per_tag[ph.tag] for ph in phases]
     return 0.0, [tuner.p2p_latency_s(protocol, n_nodes)]
 
 

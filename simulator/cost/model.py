@@ -48,30 +48,35 @@ class CostModel:
             params = sum(w.shape[0] for w in task.work if w.shape)
             return params / (CPU_ADAM_PARAMS_PER_S_PER_NODE / self.scn.cluster.gpus_per_node)
         c = task.comm
+        assert c is not None, task.name  # a comm task carries its Collective (tasks.TaskGraphBuilder)
         if c.axis == "tp" and self._in_one_node(c.group):
-            key = (c.op, c.size_bytes, len(c.group), c.overlap)
-            t = self._static_comm.get(key)
+            ckey = (c.op, c.size_bytes, len(c.group), c.overlap)
+            t = self._static_comm.get(ckey)
             if t is None:
                 t = collective_time_s(c, self.topo, self.algorithms.get(c.op))
                 if c.overlap:
                     site, gemm = c.overlap
                     t = exposed_comm_s(site, self._work_time_s((gemm,)), t, len(c.group),
                                        self.roofline.eff.num_sms)
-                self._static_comm[key] = t
+                self._static_comm[ckey] = t
             return t
         return None
 
     def comm_plan(self, task: Task) -> CommPlan:
-        if task.comm.axis == "host":
-            return self._host_plan(task.comm)[0]
-        return plan_collective(task.comm, self.topo, self.algorithms.get(task.comm.op))
+        c = task.comm
+        assert c is not None, task.name
+        if c.axis == "host":
+            return self._host_plan(c)[0]
+        return plan_collective(c, self.topo, self.algorithms.get(c.op))
 
     def isolated_s(self, task: Task) -> float:
         """The transfer's time with the network to itself (what the engine's run of its plan takes
         alone, ``cost/collectives``): the baseline against which contention is measured."""
-        if task.comm.axis == "host":
-            return self._host_plan(task.comm)[1]
-        return collective_time_s(task.comm, self.topo, self.algorithms.get(task.comm.op))
+        c = task.comm
+        assert c is not None, task.name
+        if c.axis == "host":
+            return self._host_plan(c)[1]
+        return collective_time_s(c, self.topo, self.algorithms.get(c.op))
 
     def _host_plan(self, c: Collective) -> tuple[CommPlan, float]:
         """A device-to-host ("d2h") or host-to-device ("h2d") copy: one flow over the GPU's PCIe

@@ -15,6 +15,7 @@ from ..hardware.topology import SPINE, Topology
 from ..strategy.mesh import DeviceMesh
 from ..tasks import Collective, Task, TaskGraph
 from .collectives import plan_collective
+from .model import CostModel
 from .plan import CommPlan, CommStep
 
 # Mesh axes whose groups partition each stage's ranks (strategy/mesh.py DeviceMesh.group).
@@ -129,7 +130,8 @@ def shared_binding_links(topo: Topology) -> str:
     return _shared_links(topo)[1]
 
 
-def fast_mode_cost(cost, mesh: DeviceMesh, graph: TaskGraph, topo: Topology) -> tuple[object | None, str]:
+def fast_mode_cost(cost: CostModel, mesh: DeviceMesh, graph: TaskGraph,
+                   topo: Topology) -> tuple[CostModel | SiblingCost | None, str]:
     """(TaskCost, '') for the representative-rank mode: ``cost`` itself when none of the
     representatives' flows crosses a shared link that can bind, else a SiblingCost charging the
     sibling flows that cross such links; (None, why) when some transfer has no symmetric set of
@@ -138,7 +140,7 @@ def fast_mode_cost(cost, mesh: DeviceMesh, graph: TaskGraph, topo: Topology) -> 
     if not shared:
         return cost, ""
     network = [t for t in graph.tasks if t.kind == "comm" and cost.duration_s(t) is None]
-    contact = set()
+    contact: set = set()
     for t in network:
         for step in cost.comm_plan(t).steps:
             for f in step.flows:
@@ -188,6 +190,7 @@ class SiblingCost:
 
     def _build(self, task: Task) -> CommPlan:
         c = task.comm
+        assert c is not None, task.name
         own = self.cost.comm_plan(task)
         if c.axis == "host":  # GPU <-> host copies cross only the GPU's own PCIe links
             return own

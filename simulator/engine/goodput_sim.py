@@ -110,7 +110,8 @@ class _Run:
         self.replace_pending = self.planned_pending = self.need_checkpoint = False
         self.resume: tuple | None = None
         self.spares = cfg.hot_spares
-        self.checkpoints, self.interruptions, self.progress = 0, [], [(0.0, 0)]
+        self.interruptions: list[Interruption] = []
+        self.checkpoints, self.progress = 0, [(0.0, 0)]
         self.phase: tuple = ("idle", 0.0, 0.0, None)
         self.proc = env.process(self.trainer())
         if cfg.causes and sum(c.rate_per_s for c in cfg.causes) > 0:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import Generator, Mapping
+from typing import Any, Generator, Mapping
 
 import simpy
 
@@ -49,7 +49,7 @@ class FlowNetwork:
         self._busy_since: dict = {}
         self.flows_started = 0
 
-    def run(self, plan: CommPlan) -> Generator:
+    def run(self, plan: CommPlan) -> Generator[simpy.Event, Any, float]:
         """Execute ``plan``: ``elapsed_s = yield from net.run(plan)`` returns when its last step
         ends, with the seconds it took (compare with the uncontended time for contention).
 

@@ -17,7 +17,9 @@ rank as a list scheduler. ``simulate_graph`` wires them together.
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
+from typing import Any
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 import simpy
@@ -26,6 +28,8 @@ from ..cost.plan import CommPlan
 from ..tasks import InternalError, Task, TaskGraph
 from ..trace import Trace, TraceEvent
 from .network import FlowNetwork
+
+Process = Generator[simpy.Event, Any, Any]  # a simpy process body: yields events, returns its result
 
 
 class TaskCost(Protocol):
@@ -83,7 +87,7 @@ class Transfers:
         self.net = FlowNetwork(env, capacity_Bps)
         self.contention: dict[str, float] = {}
 
-    def run(self, t: Task, begin: float) -> Generator:
+    def run(self, t: Task, begin: float) -> Generator[simpy.Event, Any, float]:
         """Process body: wait until ``begin``, run the transfer; returns its end time."""
         env = self.env
         if begin > env.now:
@@ -106,7 +110,8 @@ class Barrier:
         self.latest_s = self.begin_s = self.end_s = 0.0
         self.done = env.event()
 
-    def arrive(self, clock: float, dur: float | None, run: Callable[[float], Generator]) -> Generator:
+    def arrive(self, clock: float, dur: float | None,
+               run: Callable[[float], Generator[simpy.Event, Any, float]]) -> Generator[simpy.Event, Any, tuple[float, float]]:
         """Process body for one participant; returns (begin, end). ``dur`` is the static duration,
         or None: then ``run(begin)`` is the transfer's process body, returning its end."""
         self.arrived += 1
@@ -123,8 +128,8 @@ class Barrier:
         return self.begin_s, self.end_s
 
 
-def stream(clocks: Clocks, tasks: list[Task], durations: list, ids: tuple[int, ...],
-           barriers: dict[int, Barrier], transfers: Transfers) -> Generator:
+def stream(clocks: Clocks, tasks: tuple[Task, ...], durations: list[float | None], ids: tuple[int, ...],
+           barriers: dict[int, Barrier], transfers: Transfers) -> Process:
     """A stream with network or barrier tasks: program order, each task after its dependencies."""
     end, start = clocks.end, clocks.start
     clock = 0.0
@@ -141,7 +146,7 @@ def stream(clocks: Clocks, tasks: list[Task], durations: list, ids: tuple[int, .
         dur = durations[i]
         barrier = barriers.get(t.sync_key) if t.sync_key >= 0 else None
         if barrier is not None:
-            start[i], clock = yield from barrier.arrive(clock, dur, lambda b, t=t: transfers.run(t, b))
+            start[i], clock = yield from barrier.arrive(clock, dur, partial(transfers.run, t))
         elif dur is None:
             start[i] = clock
             clock = yield from transfers.run(t, clock)
@@ -151,8 +156,8 @@ def stream(clocks: Clocks, tasks: list[Task], durations: list, ids: tuple[int, .
         clocks.finish(i, clock)
 
 
-def static_lanes(clocks: Clocks, tasks: list[Task], durations: list, rank: int,
-                 lanes: list[tuple[int, ...]], group_of: list[int]) -> Generator:
+def static_lanes(clocks: Clocks, tasks: tuple[Task, ...], durations: list, rank: int,
+                 lanes: list[tuple[int, ...]], group_of: list[int]) -> Process:
     """All static streams of one rank in one process: a list scheduler that advances every lane
     whose next task's dependencies are known, and waits on simpy only when all are blocked by tasks
     of other processes. Exact, and free of the per-dependency context switches. When every lane
@@ -193,7 +198,7 @@ def static_lanes(clocks: Clocks, tasks: list[Task], durations: list, rank: int,
                 env.any_of([clocks.event(d) for d in blocked])
 
 
-def _cycle_message(tasks: list[Task], end: list, rank: int, lanes: list, pos: list[int]) -> str:
+def _cycle_message(tasks: tuple[Task, ...], end: list, rank: int, lanes: list, pos: list[int]) -> str:
     stuck = [tasks[ids[k]] for ids, k in zip(lanes, pos) if k < len(ids)]
     t = stuck[0]
     waits = next(tasks[d].name for d in t.deps if end[d] is None)
@@ -235,7 +240,7 @@ def simulate_graph(graph: TaskGraph, cost: TaskCost, capacity_Bps: dict | None =
                      transfers.contention)
 
 
-def _events(tasks: list[Task], start: list[float], end: list[float]) -> tuple[TraceEvent, ...]:
+def _events(tasks: tuple[Task, ...], start: list[float], end: list[float]) -> tuple[TraceEvent, ...]:
     flops: dict[int, float] = {}  # work tuples are shared between tasks: sum each once
     for t in tasks:
         if id(t.work) not in flops:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..hardware.clusters import CLUSTER_PRESETS
+from ..scenario import Scenario
 from ..scenario_checks import ScenarioError
 from ..units import GiB
 from .enumerate import PLAN_FIELDS, RECOMPUTE_ORDER, Plan, SearchSpace, enumerate_plans, valid_plans
@@ -37,7 +38,7 @@ CSV_COLUMNS = ("label",) + PLAN_FIELDS + ESTIMATE_COLUMNS + RESULT_COLUMNS
 @dataclass
 class Candidate:
     plan: Plan
-    scn: object
+    scn: Scenario
     memory_bytes: float
     bound_s: float
     tp_bound_s: float

@@ -80,7 +80,8 @@ class _Keys:
     """A config dict that remembers which keys were read, so the rest can be refused by name."""
 
     def __init__(self, cfg: dict, model_type: str) -> None:
-        self.cfg, self.model_type, self.read = cfg, model_type, set()
+        self.cfg, self.model_type = cfg, model_type
+        self.read: set[str] = set()
 
     def get(self, *keys: str, default=None):
         """The first of ``keys`` set (HF aliases: hidden_size / n_embd); required if no default."""

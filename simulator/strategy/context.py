@@ -9,11 +9,15 @@ allocate, ``free_last`` makes its latest one release (tasks.Task.mem_delta_bytes
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..model.opgraph import OpGraph
 from ..tasks import Collective, OpWork, TaskGraphBuilder
 from .blocks import LayerBlocks
 from .mesh import DeviceMesh
+
+if TYPE_CHECKING:  # scenario is this layer's reader and imports strategy: a type-only import
+    from ..scenario import Scenario
 
 COMPUTE = "compute"
 # Stream of the asynchronous TP collectives of the backward (Megatron-LM launches them with
@@ -24,7 +28,7 @@ _ACTIVATION_CATEGORIES = ("compute", "recompute")
 
 @dataclass
 class LowerCtx:
-    scn: object  # scenario.Scenario
+    scn: Scenario
     mesh: DeviceMesh
     graph: OpGraph
     blocks: LayerBlocks

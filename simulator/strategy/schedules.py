@@ -156,24 +156,25 @@ def zero_bubble_v(p: int, m: int, v: int = 2) -> list[list[Action]]:
         nf, nb, nw = {s0: 0, s1: 0}, {s0: 0, s1: 0}, {s0: 0, s1: 0}
         acts: list[Action] = []
 
-        def run(s: int, phase: str, counter: dict) -> None:
-            acts.append(Action(s, phase, counter[s]))
-            counter[s] += 1
+        def run(*steps: tuple[int, str, dict[int, int]]) -> None:
+            for s, phase, counter in steps:
+                acts.append(Action(s, phase, counter[s]))
+                counter[s] += 1
 
         for _ in range(2 * (p - r) - 1):
-            run(s0, "F", nf)
+            run((s0, "F", nf))
         for _ in range(r):
-            run(s1, "F", nf), run(s0, "F", nf)
+            run((s1, "F", nf), (s0, "F", nf))
         for _ in range(p - r):
-            run(s1, "F", nf), run(s1, "B", nb), run(s1, "W", nw)
+            run((s1, "F", nf), (s1, "B", nb), (s1, "W", nw))
         while nf[s1] < nf[s0] or nf[s0] < count:
             if nf[s0] < count:
-                run(s0, "F", nf)
-            run(s0, "B", nb), run(s0, "W", nw), run(s1, "F", nf), run(s1, "B", nb), run(s1, "W", nw)
+                run((s0, "F", nf))
+            run((s0, "B", nb), (s0, "W", nw), (s1, "F", nf), (s1, "B", nb), (s1, "W", nw))
         for _ in range(r):
-            run(s0, "B", nb), run(s1, "B", nb)
+            run((s0, "B", nb), (s1, "B", nb))
         for _ in range(p - r):
-            run(s0, "B", nb), run(s0, "W", nw)
+            run((s0, "B", nb), (s0, "W", nw))
         acts += [Action(s1, "W", i) for i in range(nw[s1], nb[s1])]
         acts += [Action(s0, "W", i) for i in range(nw[s0], nb[s0])]
         out.append([a for a in acts if a.microbatch < m])
@@ -219,13 +220,21 @@ def dualpipe_v(p: int, m: int, v: int = 2) -> list[list[Action]]:
         for _ in range(2 * (p - r - 1)):  # step 1
             f(s0)
         for _ in range(r + 1):  # step 2
-            f(s0), f(s1)
+            f(s0)
+            f(s1)
         for _ in range(p - r - 1):  # step 3
-            b(s1, True), w(), f(s1)
+            b(s1, True)
+            w()
+            f(s1)
         for _ in range(m - 2 * p + r + 1):  # step 4: (F0 & B1), (F1 & B0)
-            f(s0), b(s1), f(s1), b(s0)
+            f(s0)
+            b(s1)
+            f(s1)
+            b(s0)
         for _ in range(p - r - 1):  # step 5
-            b(s1), f(s1), b(s0)
+            b(s1)
+            f(s1)
+            b(s0)
         split = False
         for i in range(r + 1):  # step 6: the second half of the backwards split
             split = split or (i == (r + 1) // 2 and r % 2 == 1)
@@ -233,7 +242,8 @@ def dualpipe_v(p: int, m: int, v: int = 2) -> list[list[Action]]:
             split = split or (i == (r + 1) // 2 and r % 2 == 0)
             b(s0, split)
         for _ in range(p - r - 1):  # step 7
-            w(), b(s0, True)
+            w()
+            b(s0, True)
         for _ in range(r + 1):  # step 8
             w()
         out.append(acts)
