@@ -151,6 +151,9 @@ def cluster_from_table(table: dict, where: str = "cluster", base: ClusterSpec | 
         if not isinstance(table["nvls"], bool):
             raise ValueError(f"{where}.nvls must be true or false, got {table['nvls']!r}")
         f["nvls"] = table["nvls"]
+    if base is not None and "gpus_per_node" in f and "nics_per_node" not in f:
+        # a preset node cut to fewer GPUs keeps at most one NIC per GPU (the default rule)
+        f["nics_per_node"] = min(base.nics_per_node, f["gpus_per_node"])
     spec = replace(base, **f) if base is not None else _new_cluster(where, f)
     if spec.nics_per_node > spec.gpus_per_node:
         raise ValueError(f"{where}.nics_per_node ({spec.nics_per_node}) exceeds gpus_per_node "
