@@ -35,6 +35,9 @@ class ParallelSpec:
     dp: int = 1
     cp: int = 1
     ep: int = 1
+    # expert tensor parallelism of MoE parallel folding (Megatron-Core expert_tensor_parallel_size);
+    # 0 -> tp, Megatron-Core's default. EP x ETP spans the tp x cp x dp ranks of a stage.
+    etp: int = 0
     sequence_parallel: bool = False
     zero_stage: int = 0
     schedule: str = "1f1b"
@@ -52,6 +55,15 @@ class ParallelSpec:
     @property
     def num_gpus(self) -> int:
         return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp or self.tp
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert-data-parallel degree (expert gradients' reduction group): tp·cp·dp / (ep·etp)."""
+        return max(1, self.tp * self.cp * self.dp // (self.ep * self.expert_tp))
 
 
 @dataclass(frozen=True, slots=True)

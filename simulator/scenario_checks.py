@@ -47,19 +47,33 @@ def _check_model_split(m, p, t) -> None:
         # the unfused path materialises the full s x s scores; windows are a FlashAttention feature
         raise ScenarioError(f"model.sliding_window = {m.sliding_window} needs training.attention = 'flash' "
                             f"(the unfused path computes all {m.seq_length} x {m.seq_length} scores)")
-    for key in ("moe_ffn_hidden_size", "moe_shared_expert_ffn_hidden_size"):
-        if m.is_moe and getattr(m, key) % p.tp:  # expert tensor parallelism = tp (sharding.py)
-            raise ScenarioError(f"parallelism.tp = {p.tp} does not divide model.{key} = {getattr(m, key)}")
-    if p.ep > 1 and m.num_experts % p.ep:
-        raise ScenarioError(f"parallelism.ep = {p.ep} does not divide model.num_experts = {m.num_experts}")
-    if p.ep > 1 and (p.dp * p.cp) % p.ep:
-        raise ScenarioError(f"parallelism.ep = {p.ep} does not divide dp*cp = {p.dp}*{p.cp} = {p.dp * p.cp} "
-                            f"(experts are spread over data-parallel ranks)")
+    _check_experts(m, p)
     if m.seq_length % p.cp:
         raise ScenarioError(f"parallelism.cp = {p.cp} does not divide model.seq_length = {m.seq_length}")
     if p.sequence_parallel and (m.seq_length // p.cp) % p.tp:
         raise ScenarioError(f"sequence_parallel: tp = {p.tp} does not divide the sequence "
                             f"{m.seq_length}/cp={m.seq_length // p.cp}")
+
+
+def _check_experts(m, p) -> None:
+    """EP x ETP folded over the tp x cp x dp ranks of a stage (Megatron-Core MoE parallel folding:
+    parallel_state.py requires world_size % (etp·ep·pp) == 0, i.e. etp·ep | tp·cp·dp)."""
+    etp, ranks = p.etp or p.tp, p.tp * p.cp * p.dp
+    if p.etp < 0:
+        raise ScenarioError(f"parallelism.etp must be >= 0 (0: etp = tp), got {p.etp}")
+    if m.is_moe and m.moe_ffn_hidden_size % etp:  # routed experts are split by expert TP (sharding.py)
+        raise ScenarioError(f"parallelism.etp = {etp} does not divide model.moe_ffn_hidden_size = {m.moe_ffn_hidden_size}")
+    if m.is_moe and m.moe_shared_expert_ffn_hidden_size % p.tp:  # shared experts run in the dense TP group
+        raise ScenarioError(f"parallelism.tp = {p.tp} does not divide model.moe_shared_expert_ffn_hidden_size = "
+                            f"{m.moe_shared_expert_ffn_hidden_size}")
+    if p.ep > 1 and m.num_experts % p.ep:
+        raise ScenarioError(f"parallelism.ep = {p.ep} does not divide model.num_experts = {m.num_experts}")
+    if ranks % (p.ep * etp):
+        raise ScenarioError(f"parallelism.ep*etp = {p.ep}*{etp} = {p.ep * etp} does not divide the tp*cp*dp = "
+                            f"{p.tp}*{p.cp}*{p.dp} = {ranks} ranks of a pipeline stage (MoE parallel folding)")
+    if etp != p.tp and p.tp > 1 and not p.sequence_parallel:
+        # Megatron-Core's MoELayer refuses MoE with TP and no SP in training: TP ranks would hold copies
+        raise ScenarioError(f"parallelism.etp = {etp} differs from tp = {p.tp}: needs sequence_parallel = true")
 
 
 def _check_batch_and_schedule(m, p, t) -> None:

@@ -57,3 +57,43 @@ def test_ep_and_edp_split_the_data_parallel_ranks():
 def test_unknown_axis_is_rejected():
     with pytest.raises(ValueError, match="unknown mesh axis 'xp'"):
         MESH.group("xp", 0)
+
+
+# ---- MoE parallel folding (Megatron-Core parallel_state.py: expert RankGenerator tp=etp, ep, dp=edp, cp=1) ----
+@pytest.mark.parametrize("pp,dp,cp,tp,ep,etp", [(16, 32, 1, 2, 64, 1), (2, 4, 2, 2, 4, 2), (2, 4, 2, 2, 8, 1),
+                                                (3, 8, 1, 4, 4, 2), (2, 2, 2, 2, 2, 4), (4, 6, 1, 2, 3, 1)])
+def test_folded_expert_groups_partition_each_stage_and_never_span_two(pp, dp, cp, tp, ep, etp):
+    mesh = DeviceMesh(pp=pp, dp=dp, cp=cp, tp=tp, ep=ep, etp=etp)
+    edp = tp * cp * dp // (ep * etp)
+    assert mesh.edp == edp
+    for axis, size in (("ep", ep), ("etp", etp), ("edp", edp)):
+        groups = {mesh.group(axis, r) for r in range(mesh.size)}
+        assert all(len(g) == size for g in groups)
+        assert sorted(r for g in groups for r in g) == list(range(mesh.size))  # a partition of all ranks
+        assert all(len({mesh.stage_of(r) for r in g}) == 1 for g in groups)  # inside one pipeline stage
+    # an EP x ETP x EDP rank of the stage is exactly one local rank: etp_i + etp·(ep_i + ep·edp_i)
+    for r in range(mesh.size):
+        local = r % mesh.stage_size
+        assert mesh.group("etp", r)[local % etp] == r
+        assert mesh.group("ep", r)[local // etp % ep] == r
+        assert mesh.group("edp", r)[local // (etp * ep)] == r
+
+
+def test_deepseek_v3_plan_folds_ep64_over_tp2_dp32_and_leaves_no_expert_data_parallelism():
+    # dgxc-benchmarking DeepSeek-V3 plan: TP2 PP16 EP64 ETP1 DP32 on 1,024 H100: EDP = 2·32/64 = 1
+    mesh = DeviceMesh(pp=16, dp=32, cp=1, tp=2, ep=64, etp=1)
+    assert mesh.group("ep", 0) == tuple(range(64)) and mesh.group("ep", 64) == tuple(range(64, 128))
+    assert mesh.group("edp", 5) == (5,) and mesh.group("etp", 5) == (5,)
+    # both TP ranks of a DP replica are in the EP group: experts are spread over TP x DP
+    assert {mesh.coords(r)[3] for r in mesh.group("ep", 0)} == {0, 1}
+
+
+def test_expert_tp_equal_to_tp_keeps_the_unfolded_groups():
+    # etp = tp (Megatron's default): EP = ep consecutive (dp, cp) indices at one TP index, as before folding
+    mesh = DeviceMesh(pp=2, dp=4, cp=2, tp=2, ep=4)
+    flat = lambda r: mesh.coords(r)[1] * mesh.cp + mesh.coords(r)[2]  # noqa: E731
+    for r in range(mesh.size):
+        g = mesh.group("ep", r)
+        assert [flat(x) for x in g] == list(range(flat(r) - flat(r) % 4, flat(r) - flat(r) % 4 + 4))
+        assert {mesh.coords(x)[3] for x in g} == {mesh.coords(r)[3]}
+        assert mesh.group("etp", r) == mesh.group("tp", r)

@@ -212,8 +212,15 @@ def test_head_dim_qk_norm_sandwich_and_window_ops():
     assert {"post_attn_norm", "post_mlp_norm"} <= {o.name for o in g.layer}
     core = op(g.layer, "attn_core")
     assert core.shape == (1, 4, 32, 32, 32)
-    # 2 global layers + 2 windowed: keys per query min(8, i) sum to 36 + 24·8 = 228 of 528
-    assert core.fwd_flops == pytest.approx(4 * 4 * 32 * 32 * 32 * (2 + 2 * 228 / 528) / 4)
+    # every 2nd layer global (layers 1 and 3), the others windowed: keys per query min(8, i) sum to
+    # 36 + 24·8 = 228 of the causal 528; each layer's template carries its own FLOPs
+    full = 4 * 4 * 32 * 32 * 32
+    assert [op(g.layer_ops(i), "attn_core").fwd_flops for i in range(4)] == pytest.approx(
+        [full * 228 / 528, full, full * 228 / 528, full])
+    assert g.layer_ops(1) is g.layer and g.layer_ops(0) is g.layer_ops(2) is g.windowed_layer
+    assert g.fwd_flops() - 4 * sum(o.fwd_flops for o in g.layer if o.name != "attn_core") - sum(
+        o.fwd_flops for o in g.embed + g.head) == pytest.approx(full * (2 + 2 * 228 / 528))
+    assert m.attention_flops_fraction() == pytest.approx((2 + 2 * 228 / 528) / 4)
     assert g.num_params() == m.num_params()
 
 
@@ -277,8 +284,7 @@ def test_moe_forward_gemm_flops_are_two_per_active_weight(name):
     active parameters (OpenAI gpt-oss model card, Table 1)."""
     m = MODEL_PRESETS[name]
     g = build_op_graph(m, 1)
-    core = sum(o.fwd_flops for o in g.layer if o.kind == "attention") * (m.num_layers - m.moe_first_dense_layers) + \
-        sum(o.fwd_flops for o in g.dense_layer if o.kind == "attention") * m.moe_first_dense_layers
+    core = sum(o.fwd_flops for i in range(m.num_layers) for o in g.layer_ops(i) if o.kind == "attention")
     lookup = 0 if m.tie_embeddings else m.vocab_size * m.hidden_size
     per_token = (g.fwd_flops() - core) / (2 * m.seq_length)
     assert per_token == pytest.approx(m.num_active_params() - lookup, rel=1e-3)

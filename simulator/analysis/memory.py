@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from ..model.spec import ModelSpec
 from ..strategy import activation_memory as am
-from ..strategy.lower import chunk_sizes
+from ..strategy.lower import chunk_layers
 from ..strategy.schedules import schedule_actions, splits_backward
 from ..tasks import InternalError
 from ..trace import Trace, TraceEvent
@@ -88,7 +88,7 @@ def model_state_bytes(params: int, zero_stage: int, dp: int, dtype_bytes: int, g
     }
 
 
-def layer_param_counts(model: ModelSpec, tp: int, ep: int = 1, dense_mlp: bool = False) -> dict:
+def layer_param_counts(model: ModelSpec, tp: int, ep: int = 1, dense_mlp: bool = False, etp: int = 0) -> dict:
     """{"dense", "expert"} parameters of one transformer layer on one (tp, ep) rank; see
     ``rank_param_counts`` for the layout. ``dense_mlp``: one of an MoE model's first dense layers."""
     h = model.hidden_size
@@ -104,15 +104,15 @@ def layer_param_counts(model: ModelSpec, tp: int, ep: int = 1, dense_mlp: bool =
         attn = h * (q_cols + 2 * kv_cols) + o_rows * h + model.qk_norm_params()
         attn += ((q_cols + 2 * kv_cols) if model.qkv_bias else 0) + (h if model.bias else 0)
 
-    def mlp(width: int) -> int:
-        fc1_cols = (model.mlp_matrices - 1) * width // tp
-        return h * fc1_cols + (width // tp) * h + ((fc1_cols + h) if model.bias else 0)
+    def mlp(width: int, split: int = tp) -> int:
+        fc1_cols = (model.mlp_matrices - 1) * width // split
+        return h * fc1_cols + (width // split) * h + ((fc1_cols + h) if model.bias else 0)
 
     dense = attn + model.norms_per_layer * model.norm_params()
     if model.is_moe and not dense_mlp:
         shared = mlp(model.moe_shared_expert_ffn_hidden_size) if model.moe_shared_expert_ffn_hidden_size else 0
         return {"dense": dense + model.router_params_per_layer() + shared,
-                "expert": (model.num_experts // ep) * mlp(model.moe_ffn_hidden_size)}
+                "expert": (model.num_experts // ep) * mlp(model.moe_ffn_hidden_size, etp or tp)}
     return {"dense": dense + mlp(model.ffn_hidden_size), "expert": 0}
 
 
@@ -121,7 +121,7 @@ def rank_param_counts(model: ModelSpec, parallel, stage: int) -> dict:
 
     Column- and row-parallel weights and the column-parallel biases are split by tp; the row-parallel
     output biases and the norms are replicated (Shoeybi et al. 2019, sec. 3). GQA with fewer KV heads
-    than tp replicates them (one per rank). Experts: num_experts/ep per rank, each split by tp
+    than tp replicates them (one per rank). Experts: num_experts/ep per rank, each split by etp
     (expert tensor parallelism = tp); the router is replicated. The first stage holds the word
     embedding (vocab-parallel, V/tp rows) and the learned position table (replicated); the last stage
     holds the final norm and the LM head (V/tp rows), which with tied embeddings is a copy of the
@@ -130,12 +130,12 @@ def rank_param_counts(model: ModelSpec, parallel, stage: int) -> dict:
     pp, tp = parallel.pp, parallel.tp
     if not 0 <= stage < pp:
         raise ValueError(f"rank_param_counts: stage {stage} outside 0..{pp - 1}")
-    layer = layer_param_counts(model, tp, parallel.ep)
+    layer = layer_param_counts(model, tp, parallel.ep, etp=parallel.etp)
     per_stage = list(parallel.layers_per_stage) if parallel.layers_per_stage else [model.num_layers // pp] * pp
     layers, first = per_stage[stage], sum(per_stage[:stage])
     # an MoE model's first dense layers (DeepSeek first_k_dense_replace), counted in layer order
     n_dense = max(0, min(model.moe_first_dense_layers, first + layers) - first) if model.is_moe else 0
-    dense_layer = layer_param_counts(model, tp, parallel.ep, dense_mlp=True)
+    dense_layer = layer_param_counts(model, tp, parallel.ep, dense_mlp=True, etp=parallel.etp)
     dense = (layers - n_dense) * layer["dense"] + n_dense * dense_layer["dense"]
     experts = (layers - n_dense) * layer["expert"]
     h = model.hidden_size
@@ -210,7 +210,7 @@ def static_buffers(scn, counts: dict, trace_has_buffers: bool = False) -> dict:
         # gathers a layer's weights per use: no persistent copy.)
         out["fp8_weight_cache"] = params * FP8_WEIGHT_COPY_BYTES
     if par.zero_stage >= 3 and not trace_has_buffers and par.dp * par.cp > 1:
-        layer = layer_param_counts(scn.model, par.tp, par.ep)
+        layer = layer_param_counts(scn.model, par.tp, par.ep, etp=par.etp)
         per_layer = layer["dense"] + layer["expert"]
         out["zero3_gathered"] = per_layer * (ZERO3_GATHERED_LAYERS * _param_bytes(tr.dtype) + tr.grad_dtype_bytes)
     return out
@@ -240,7 +240,7 @@ def memory_report(scn, stage_params: dict, trace: Trace) -> MemoryReport:
     for e in trace.events:
         by_rank.setdefault(e.rank, []).append(e)
     dense_dp = par.shard_group_size or par.dp * par.cp  # HSDP shards inside its shard group
-    expert_dp = max(1, dense_dp // par.ep)
+    expert_dp = par.expert_dp  # MoE parallel folding: tp·cp·dp/(ep·etp) (strategy/mesh)
     per_rank, timeline, act_timeline, detail = {}, {}, {}, {}
     for rank, counts in stage_params.items():
         state = _add(model_state_bytes(counts.get("dense", 0), par.zero_stage, dense_dp, _param_bytes(tr.dtype),
@@ -296,15 +296,10 @@ def schedule_trace(scn, stages: list[int] | None = None, recompute_workspace: bo
     v, schedule = (par.virtual_stages, par.schedule) if p > 1 else (1, "1f1b")
     args = (m, tr.micro_batch_size, par.tp, par.sequence_parallel, par.cp)
     d = tr.dtype_bytes  # as the lowering passes it
-    att = scn.training.attention
-    layer = am.layer_activation_bytes(*args, par.recompute, d, par.ep, att)
-    transient = am.layer_activation_bytes(*args, "none", d, par.ep, att) - layer if recompute_workspace else 0.0
-    split = splits_backward(schedule)
-    at_b, at_w = am.layer_activation_split(*args, par.recompute, d, par.ep, att) if split else (layer, 0.0)
-    size = {"embed": am.embedding_activation_bytes(*args, d), "head": am.head_activation_bytes(*args, d),
-            "layer": layer}
+    mem = am.layer_memories(scn, splits_backward(schedule), recompute_workspace)  # each layer by its kind
+    size = {"embed": am.embedding_activation_bytes(*args, d), "head": am.head_activation_bytes(*args, d)}
     rows = schedule_actions(schedule, p, scn.num_microbatches, v)
-    sizes_of_chunk = chunk_sizes(par.layers_per_stage, v)  # uneven chunks, exactly as the lowering
+    layers_of_chunk = chunk_layers(par.layers_per_stage, v)  # uneven chunks, exactly as the lowering
     events: list[TraceEvent] = []
     for stage in (range(p) if stages is None else stages):
         clock = 0.0
@@ -317,23 +312,24 @@ def schedule_trace(scn, stages: list[int] | None = None, recompute_workspace: bo
             clock += 1.0
 
         for a in rows[stage]:
-            n = sizes_of_chunk[a.stage]
-            units = ["embed"] * (a.stage == 0) + ["layer"] * n + ["head"] * (a.stage == p * v - 1)
+            layers = layers_of_chunk[a.stage]
+            units = ["embed"] * (a.stage == 0) + list(layers) + ["head"] * (a.stage == p * v - 1)
             if a.phase == "F":
                 for u in units:
-                    emit(a, size[u], "F")
+                    emit(a, size[u] if isinstance(u, str) else mem[u].stored, "F")
             elif a.phase == "W":
-                for _ in range(n):
-                    emit(a, -at_w, "W")
+                for i in layers:
+                    emit(a, -mem[i].at_w, "W")
             else:
                 for u in reversed(units):
-                    if u != "layer":
+                    if isinstance(u, str):
                         emit(a, -size[u], "B")
                         continue
-                    alloc = transient + max(-at_b, 0.0)  # re-materialised, or dY for W beyond what B frees
+                    lm = mem[u]
+                    alloc = lm.transient + max(-lm.at_b, 0.0)  # re-materialised, or dY for W beyond what B frees
                     if alloc:
-                        emit(a, alloc, "R" if transient else "B")
-                    emit(a, -(transient + max(at_b, 0.0)), "B")
+                        emit(a, alloc, "R" if lm.transient else "B")
+                    emit(a, -(lm.transient + max(lm.at_b, 0.0)), "B")
     labels = {s: f"stage {s}" for s in (range(p) if stages is None else stages)}
     return Trace(tuple(events), source="schedule", rank_labels=labels)
 

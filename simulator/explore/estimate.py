@@ -25,10 +25,10 @@ from ..cost.model import CostModel
 from ..hardware.topology import build_topology
 from ..model.opgraph import build_op_graph
 from ..strategy import activation_memory as am
-from ..strategy.blocks import build_blocks
+from ..strategy.blocks import build_blocks, layer_blocks
 from ..strategy.mesh import DeviceMesh
 from ..strategy.layer_emit import overlap_site
-from ..strategy.lower import chunk_sizes
+from ..strategy.lower import chunk_layers
 from ..strategy.schedules import schedule_actions, splits_backward
 from ..strategy.sharding import grad_accumulation_bytes_per_param, linear_params, params_per_rank
 from ..strategy.zero_impl import FSDP, chunk_fetches, hsdp_groups, submodule_params
@@ -80,12 +80,20 @@ class EstimateCache:
         return self._get(key, lambda: [_profile(acts) for acts in self.actions(scn)])
 
     def blocks(self, scn):
+        """The main layer's blocks (embedding and head included)."""
+        return self._blocks(scn, build_blocks, "blocks")
+
+    def layer_blocks(self, scn) -> tuple:
+        """Every layer's blocks by its kind (``strategy.blocks.layer_blocks``, as the lowering)."""
+        return self._blocks(scn, layer_blocks, "layer_blocks")
+
+    def _blocks(self, scn, build, what: str):
         p, t = scn.parallel, scn.training
         gkey = ("graph", repr(scn.model), t.micro_batch_size, t.dtype)
         graph = self._get(gkey, lambda: build_op_graph(scn.model, t.micro_batch_size, t.dtype))
         acc = grad_accumulation_bytes_per_param(t.grad_accumulation_fusion, t.grad_dtype_bytes, t.dtype_bytes)
-        return self._get(gkey + (p.tp, p.sequence_parallel, p.cp, p.ep, acc),
-                         lambda: build_blocks(graph, p.tp, p.sequence_parallel, p.cp, p.ep, acc))
+        return self._get(gkey + (what, p.tp, p.sequence_parallel, p.cp, p.ep, p.etp, acc),
+                         lambda: build(graph, p.tp, p.sequence_parallel, p.cp, p.ep, acc, p.etp))
 
     def _cost_key(self, scn) -> str:
         return repr((scn.cluster, scn.training.dtype, scn.training.attention, scn.cost))
@@ -182,26 +190,24 @@ def _counter(items) -> dict:
 # ---- memory ---------------------------------------------------------------------------------
 def _phase_memory(scn) -> dict:
     """Per virtual stage: {"b": bytes alive from F to B, "w": bytes alive from F to W, "F"/"B"/"W": peak
-    above the level before the action}, following analysis.memory.schedule_trace unit by unit."""
+    above the level before the action}, following analysis.memory.schedule_trace unit by unit (each
+    layer by its kind, ``activation_memory.layer_memories``)."""
     m, par, tr = scn.model, scn.parallel, scn.training
     schedule, v = _schedule(scn)
     args = (m, tr.micro_batch_size, par.tp, par.sequence_parallel, par.cp)
-    d, att = tr.dtype_bytes, tr.attention
-    layer = am.layer_activation_bytes(*args, par.recompute, d, par.ep, att)
-    transient = am.layer_activation_bytes(*args, "none", d, par.ep, att) - layer
-    at_b, at_w = am.layer_activation_split(*args, par.recompute, d, par.ep, att) \
-        if splits_backward(schedule) else (layer, 0.0)
-    size = {"embed": am.embedding_activation_bytes(*args, d), "head": am.head_activation_bytes(*args, d),
-            "layer": layer}
-    sizes = chunk_sizes(par.layers_per_stage, v)
-    nv = len(sizes)
+    d = tr.dtype_bytes
+    mem = am.layer_memories(scn, splits_backward(schedule))
+    size = {"embed": am.embedding_activation_bytes(*args, d), "head": am.head_activation_bytes(*args, d)}
+    chunks = chunk_layers(par.layers_per_stage, v)
+    nv = len(chunks)
     out = {}
-    for vs, n in enumerate(sizes):
-        units = ["embed"] * (vs == 0) + ["layer"] * n + ["head"] * (vs == nv - 1)
-        extra = sum(size[u] for u in units if u != "layer")
-        entry = {"b": n * at_b + extra, "w": n * at_w, "F": n * layer + extra, "W": 0.0}
+    for vs, layers in enumerate(chunks):
+        extra = size["embed"] * (vs == 0) + size["head"] * (vs == nv - 1)
+        entry = {"b": sum(mem[i].at_b for i in layers) + extra, "w": sum(mem[i].at_w for i in layers),
+                 "F": sum(mem[i].stored for i in layers) + extra, "W": 0.0}
+        units = ["embed"] * (vs == 0) + list(layers) + ["head"] * (vs == nv - 1)
         level = peak = 0.0
-        for delta in _b_deltas(units, size, transient, at_b):
+        for delta in _b_deltas(units, size, mem):
             level += delta
             peak = max(peak, level)
         entry["B"] = peak
@@ -209,16 +215,17 @@ def _phase_memory(scn) -> dict:
     return out
 
 
-def _b_deltas(units, size, transient, at_b) -> list[float]:
+def _b_deltas(units, size, mem) -> list[float]:
     out = []
     for u in reversed(units):
-        if u != "layer":
+        if isinstance(u, str):
             out.append(-size[u])
             continue
-        alloc = transient + max(-at_b, 0.0)
+        lm = mem[u]
+        alloc = lm.transient + max(-lm.at_b, 0.0)
         if alloc:
             out.append(alloc)
-        out.append(-(transient + max(at_b, 0.0)))
+        out.append(-(lm.transient + max(lm.at_b, 0.0)))
     return out
 
 
@@ -249,21 +256,18 @@ def memory_totals(scn, cache: EstimateCache | None = None) -> list[float]:
     for s, act in enumerate(activation_peaks(scn, cache)):
         counts = rank_param_counts(scn.model, par, s)
         state = [model_state_bytes(counts[k], par.zero_stage, dp, pbytes, tr.grad_dtype_bytes, par.offload_optimizer,
-                                   opt) for k, dp in (("dense", dense_dp), ("expert", max(1, dense_dp // par.ep)))]
+                                   opt) for k, dp in (("dense", dense_dp), ("expert", par.expert_dp))]
         fixed = sum(static_buffers(scn, counts).values()) + FRAGMENTATION_FRACTION * act
         out.append(sum(sum(x.values()) for x in state) + fixed + act)
     return out
 
 
 # ---- time lower bound ----------------------------------------------------------------------------
-def _phase_times(scn, cache: EstimateCache) -> dict:
-    """(virtual stage, phase) -> (compute seconds, blocking TP seconds) of one micro-batch on the
-    compute stream: the forward's TP/SP collectives, SP's all-gather of output gradients in B and the
-    recompute; the asynchronous input-gradient collectives of B and W are left out."""
+def _layer_times(scn, cache: EstimateCache, b) -> tuple[float, float, float, float, float]:
+    """(F compute, F blocking TP, B compute, B blocking TP, W compute) seconds of one layer of the kind
+    whose blocks are ``b``, one micro-batch."""
     par = scn.parallel
-    schedule, v = _schedule(scn)
-    split = splits_backward(schedule)
-    b = cache.blocks(scn)
+    split = splits_backward(_schedule(scn)[0])
     work = lambda w, k=1: cache.work_s(scn, w, k)  # noqa: E731
     ring = par.cp > 1 and par.cp_algorithm == "ring"
     sp = par.sequence_parallel
@@ -291,19 +295,42 @@ def _phase_times(scn, cache: EstimateCache) -> dict:
     elif par.recompute == "selective":
         b_c += seg_s(b.attn_core, "F")
     w_c = sum(seg_s(s, "W") for s in segs) if split else 0.0
+    return f_c, f_tp, b_c, b_tp, w_c
+
+
+def _phase_times(scn, cache: EstimateCache) -> dict:
+    """(virtual stage, phase) -> (compute seconds, blocking TP seconds) of one micro-batch on the
+    compute stream: the forward's TP/SP collectives, SP's all-gather of output gradients in B and the
+    recompute; the asynchronous input-gradient collectives of B and W are left out. Each layer is
+    costed by its kind (``strategy.blocks.layer_blocks``, as the lowering)."""
+    par = scn.parallel
+    schedule, v = _schedule(scn)
+    split = splits_backward(schedule)
+    b = cache.blocks(scn)
+    work = lambda w: cache.work_s(scn, w)  # noqa: E731
+    sp = par.sequence_parallel
+    memo: dict = {}
+    per_layer = [_kind_times(scn, cache, lb, memo) for lb in cache.layer_blocks(scn)]
     embed_tp = cache.tp_s(scn, "reduce_scatter" if sp else "all_reduce")
     gather = cache.tp_s(scn, "all_gather") if sp else 0.0
-    sizes = chunk_sizes(par.layers_per_stage, v)
-    nv = len(sizes)
+    chunks = chunk_layers(par.layers_per_stage, v)
+    nv = len(chunks)
     out = {}
-    for vs, n in enumerate(sizes):
+    for vs, layers in enumerate(chunks):
         first, last = vs == 0, vs == nv - 1
-        out[vs, "F"] = (n * f_c + first * work(b.embed.fwd) + last * work(b.head.fwd),
-                        n * f_tp + first * embed_tp + last * gather)
-        out[vs, "B"] = (n * b_c + first * (0.0 if split else work(b.embed.bwd))
-                        + last * work(b.head.bwd_b if split else b.head.bwd), n * b_tp + first * gather)
-        out[vs, "W"] = (n * w_c + first * work(b.embed.bwd_w) + last * work(b.head.bwd_w), 0.0)
+        f_c, f_tp, b_c, b_tp, w_c = (sum(per_layer[i][k] for i in layers) for k in range(5))
+        out[vs, "F"] = (f_c + first * work(b.embed.fwd) + last * work(b.head.fwd), f_tp + first * embed_tp + last * gather)
+        out[vs, "B"] = (b_c + first * (0.0 if split else work(b.embed.bwd))
+                        + last * work(b.head.bwd_b if split else b.head.bwd), b_tp + first * gather)
+        out[vs, "W"] = (w_c + first * work(b.embed.bwd_w) + last * work(b.head.bwd_w), 0.0)
     return out
+
+
+def _kind_times(scn, cache: EstimateCache, lb, memo: dict) -> tuple:
+    key = ("times", id(lb))
+    if key not in memo:
+        memo[key] = _layer_times(scn, cache, lb)
+    return memo[key]
 
 
 def _dp_stream_s(scn, cache: EstimateCache, stage: int) -> float:
@@ -316,7 +343,7 @@ def _dp_stream_s(scn, cache: EstimateCache, stage: int) -> float:
     par, tr = scn.parallel, scn.training
     if par.dp * par.cp == 1:
         return 0.0
-    mesh = DeviceMesh(pp=par.pp, dp=par.dp, cp=par.cp, tp=par.tp, ep=par.ep)
+    mesh = DeviceMesh(pp=par.pp, dp=par.dp, cp=par.cp, tp=par.tp, ep=par.ep, etp=par.etp)
     group = mesh.group("dp_cp", mesh.rank(pp=stage))
     params = rank_param_counts(scn.model, par, stage)["dense"]
     grads, weights = params * tr.grad_dtype_bytes, params * tr.dtype_bytes
@@ -337,17 +364,17 @@ def _gathered_params(scn, stage: int) -> float:
     chunk it holds, by the framework's rule (``zero_impl.chunk_fetches``, as the lowering issues them)."""
     par, tp, ep = scn.parallel, scn.parallel.tp, scn.parallel.ep
     graph = build_op_graph(scn.model, scn.training.micro_batch_size, scn.training.dtype)
-    layer = params_per_rank(graph, tp, ep, 1, False, False)["dense"]
+    layer = [params_per_rank(graph, tp, ep, (i,), False, False, par.etp)["dense"] for i in range(scn.model.num_layers)]
     embed = params_per_rank(graph, tp, ep, 0, True, False)["dense"]
     head = (params_per_rank(graph, tp, ep, 0, True, True)["dense"] - embed if par.pp == 1
             else params_per_rank(graph, tp, ep, 0, False, True)["dense"])
     subs = submodule_params(linear_params(graph, tp, ep))
-    sizes = chunk_sizes(par.layers_per_stage, _schedule(scn)[1])
+    chunks = chunk_layers(par.layers_per_stage, _schedule(scn)[1])
     total = 0.0
-    for vs in range(stage, len(sizes), par.pp):
-        units = (["embed"] if vs == 0 else []) + [str(i) for i in range(sizes[vs])] + (
-            ["head"] if vs == len(sizes) - 1 else [])
-        dense = [embed if u == "embed" else head if u == "head" else layer for u in units]
+    for vs in range(stage, len(chunks), par.pp):
+        units = (["embed"] if vs == 0 else []) + [str(i) for i in chunks[vs]] + (
+            ["head"] if vs == len(chunks) - 1 else [])
+        dense = [embed if u == "embed" else head if u == "head" else layer[int(u)] for u in units]
         fetches = chunk_fetches(par.sharding, par.zero_stage, par.recompute, units, dense, subs)
         total += sum(f.params for v in fetches.values() for f in v)
     return total
@@ -360,7 +387,7 @@ def _pp_stream_s(scn, cache: EstimateCache, rank: int, prof: RankProfile) -> flo
     nv = par.pp * _schedule(scn)[1]
     if nv == 1:
         return 0.0
-    mesh = DeviceMesh(pp=par.pp, dp=par.dp, cp=par.cp, tp=par.tp, ep=par.ep)
+    mesh = DeviceMesh(pp=par.pp, dp=par.dp, cp=par.cp, tp=par.tp, ep=par.ep, etp=par.etp)
     size = tr.micro_batch_size * (m.seq_length // par.cp) * m.hidden_size * tr.dtype_bytes / par.tp
     total = 0.0
     for (vs, phase), count in prof.head + prof.tail:

@@ -2,9 +2,10 @@
 
 Each op carries its forward and backward FLOPs, HBM bytes, parameters, shape and the rule by which
 tensor parallelism divides it; ``strategy/sharding`` turns an op into one rank's work. All layers
-are identical, so the graph holds one layer template plus the embedding and head ops; a pattern of
-windowed and global attention layers (Gemma 2, GPT-OSS) is averaged into the template's attention
-FLOPs (``ModelSpec.attention_flops_fraction``).
+of one kind are identical, so the graph holds one template per layer kind (MoE or dense MLP: an
+MoE model's first dense layers; global or sliding-window attention, as Gemma 2 / GPT-OSS alternate
+them, ``ModelSpec.is_windowed_layer``) plus the embedding and head ops; ``OpGraph.layer_ops(i)``
+names the template of layer i, the one rule the lowering and the estimators follow.
 
 FLOP convention (Narayanan et al. 2021 eq. 3; Korthikanti et al. 2022 §5; PaLM App. B MFU):
 only matrix multiplications count. A GEMM of (m, n, k) costs 2·m·n·k forward and twice that
@@ -63,9 +64,12 @@ class OpGraph:
     micro_batch_size: int
     dtype_bytes: int
     embed: tuple[Op, ...]
-    layer: tuple[Op, ...]  # one transformer layer (an MoE layer for MoE models)
+    layer: tuple[Op, ...]  # one transformer layer (an MoE layer for MoE models), global attention
     head: tuple[Op, ...]
     dense_layer: tuple[Op, ...] = ()  # the first model.moe_first_dense_layers layers (dense MLP)
+    # the same two with sliding-window attention (models with windowed layers only)
+    windowed_layer: tuple[Op, ...] = ()
+    windowed_dense_layer: tuple[Op, ...] = ()
 
     @property
     def tokens(self) -> int:
@@ -82,14 +86,25 @@ class OpGraph:
         return int(self._total(lambda op: op.params))
 
     def layer_ops(self, index: int) -> tuple[Op, ...]:
-        """The ops of layer ``index`` (0-based): the dense template for the first dense layers."""
-        return self.dense_layer if index < self.model.moe_first_dense_layers else self.layer
+        """The ops of layer ``index`` (0-based): the dense template for an MoE model's first dense
+        layers, the windowed one for a sliding-window layer."""
+        dense = index < self.model.moe_first_dense_layers
+        if self.model.is_windowed_layer(index):
+            return self.windowed_dense_layer if dense else self.windowed_layer
+        return self.dense_layer if dense else self.layer
+
+    def layer_kinds(self) -> list[tuple[tuple[Op, ...], int]]:
+        """(template, number of layers using it) over the distinct templates, in first-use order."""
+        counts: dict = {}
+        for i in range(self.model.num_layers):
+            ops = self.layer_ops(i)
+            n = counts.setdefault(id(ops), [ops, 0])
+            n[1] += 1
+        return [(ops, n) for ops, n in counts.values()]
 
     def _total(self, f) -> float:
-        dense = self.model.moe_first_dense_layers
-        layer = sum(f(op) for op in self.layer) * (self.model.num_layers - dense)
-        layer += sum(f(op) for op in self.dense_layer) * dense
-        return sum(f(op) for op in self.embed) + layer + sum(f(op) for op in self.head)
+        layers = sum(n * sum(f(op) for op in ops) for ops, n in self.layer_kinds())
+        return sum(f(op) for op in self.embed) + layers + sum(f(op) for op in self.head)
 
 
 # ---- work formulas shared with strategy/sharding --------------------------------------------
@@ -162,7 +177,7 @@ def _residual(name: str, block: str, m: ModelSpec, tokens: int, d: int) -> Op:
     return _vector(name, "elementwise", block, tokens, m.hidden_size, 3 * d, grad_sum, 0, "sequence", d)
 
 
-def _attention_ops(m: ModelSpec, b: int, d: int) -> list[Op]:
+def _attention_ops(m: ModelSpec, b: int, d: int, windowed: bool = False) -> list[Op]:
     h, q, kv, s, t = m.hidden_size, m.q_size, m.kv_hidden_size, m.seq_length, b * m.seq_length
     n_qkv = q + 2 * kv  # GQA: Q is h x heads·head_dim, K and V h x kv_heads·head_dim (Ainslie 2023)
     ops = [_norm("ln1", "attn", m, t, d)]
@@ -183,9 +198,9 @@ def _attention_ops(m: ModelSpec, b: int, d: int) -> list[Op]:
     # MLA's QK^T runs over head_dim and AV over v_head_dim: the shape carries their mean, so that
     # 4·b·heads·s²·mean and the Q+O, K+V bytes are exact.
     hd = (m.head_dim + m.v_head_dim) // 2
-    # Sliding windows scale the score FLOPs (ModelSpec.attention_flops_fraction, averaged over the
-    # layers); the kernel still reads every K and V once, so the bytes do not change.
-    f = attention_flops(b, heads, s, s, hd) * m.attention_flops_fraction()
+    # A sliding window scales the score FLOPs (ModelSpec.window_flops_fraction); the kernel still
+    # reads every K and V once, so the bytes do not change.
+    f = attention_flops(b, heads, s, s, hd) * (m.window_flops_fraction() if windowed else 1.0)
     ops.append(Op("attn_core", "attention", "attn", f, 2 * f, 0.0,
                   attention_bytes(b, heads, kvh, s, s, hd, d),
                   attention_bytes(b, heads, kvh, s, s, hd, d, backward=True),
@@ -310,10 +325,13 @@ def build_op_graph(model: ModelSpec, micro_batch_size: int, dtype: str = "bf16")
     model.check()
     d = _dtype_bytes("bf16" if dtype == "fp8" else dtype)
     b = micro_batch_size
-    attn = _attention_ops(model, b, d)
-    layer = tuple(attn + _mlp_ops(model, b, d))
-    dense = tuple(attn + _mlp_ops(model, b, d, dense=True)) if model.moe_first_dense_layers else ()
-    if dtype == "fp8":
-        from .fp8 import fp8_layer  # fp8 builds on this module's Op
-        layer, dense = fp8_layer(layer), fp8_layer(dense) if dense else ()
-    return OpGraph(model, b, d, tuple(_embed_ops(model, b, d)), layer, tuple(_head_ops(model, b, d)), dense)
+    from .fp8 import fp8_layer  # fp8 builds on this module's Op
+    kinds: dict = {}
+    for i in range(model.num_layers):
+        dense, windowed = i < model.moe_first_dense_layers, model.is_windowed_layer(i)
+        if (dense, windowed) not in kinds:
+            ops = tuple(_attention_ops(model, b, d, windowed) + _mlp_ops(model, b, d, dense=dense))
+            kinds[dense, windowed] = fp8_layer(ops) if dtype == "fp8" else ops
+    main = next(kinds[k] for k in ((False, False), (False, True), (True, False), (True, True)) if k in kinds)
+    return OpGraph(model, b, d, tuple(_embed_ops(model, b, d)), main, tuple(_head_ops(model, b, d)),
+                   kinds.get((True, False), ()), kinds.get((False, True), ()), kinds.get((True, True), ()))

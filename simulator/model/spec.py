@@ -196,17 +196,29 @@ class ModelSpec:
             return self.kv_lora_rank + self.qk_rope_head_dim
         return 2 * self.kv_hidden_size
 
-    def attention_flops_fraction(self) -> float:
-        """Score FLOPs relative to full causal attention, averaged over the layers (the op graph
-        holds one layer template). A windowed query at position i scores min(w, i) keys: sum over
-        s queries w(w+1)/2 + (s - w)·w against s(s+1)/2 for the causal prefix."""
+    def is_windowed_layer(self, index: int) -> bool:
+        """Layer ``index`` (0-based) attends through the sliding window: every layer with pattern 0,
+        else all but every N-th ((index + 1) % N == 0 is global: HF Gemma2 ``is_sliding = not
+        layer_idx % 2``, Gemma 3 ``(layer_idx + 1) % sliding_window_pattern``, GPT-OSS layer_types
+        sliding/full alternating from layer 0)."""
+        w, n = self.sliding_window, self.sliding_window_pattern
+        if w == 0 or w >= self.seq_length:
+            return False
+        return not n or (index + 1) % n != 0
+
+    def window_flops_fraction(self) -> float:
+        """Score FLOPs of a windowed layer relative to full causal attention. A windowed query at
+        position i scores min(w, i) keys: sum over s queries w(w+1)/2 + (s - w)·w against s(s+1)/2
+        for the causal prefix."""
         s, w = self.seq_length, self.sliding_window
         if w == 0 or w >= s:
             return 1.0
-        windowed = (w * (w + 1) / 2 + (s - w) * w) / (s * (s + 1) / 2)
-        n = self.sliding_window_pattern
-        global_layers = self.num_layers // n if n else 0
-        return (global_layers + (self.num_layers - global_layers) * windowed) / self.num_layers
+        return (w * (w + 1) / 2 + (s - w) * w) / (s * (s + 1) / 2)
+
+    def attention_flops_fraction(self) -> float:
+        """Score FLOPs relative to full causal attention, averaged over the layers."""
+        windowed = sum(self.is_windowed_layer(i) for i in range(self.num_layers))
+        return (self.num_layers - windowed + windowed * self.window_flops_fraction()) / self.num_layers
 
     def _mlp_params(self, width: int) -> int:
         h = self.hidden_size

@@ -60,7 +60,8 @@ def _check(model: ModelSpec, micro_batch_size: int, tp: int, cp: int, ep: int, d
 
 
 def activation_terms(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool, cp: int,
-                     dtype_bytes: int = 2, ep: int = 1) -> list[ActivationTerm]:
+                     dtype_bytes: int = 2, ep: int = 1, dense_mlp: bool = False,
+                     etp: int = 0) -> list[ActivationTerm]:
     """Every tensor one layer keeps from its forward to its backward, bytes on one rank.
 
     Notation of Korthikanti et al. 2022 (sec. 4.1): T = (s/cp)*b local tokens, h hidden, f the MLP
@@ -80,10 +81,12 @@ def activation_terms(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool,
     T*top_k*cf token-slots (its own tokens' share of all experts: with balanced routing the tokens a
     rank sends equal the slots it receives, so ep does not divide them). Expert tensors follow the
     dense rule (expert tensor parallelism = tp, Megatron-Core's default). The router adds its logits.
+    With MoE parallel folding (expert TP etp != tp, SP) a rank's expert tensors hold its own tokens'
+    slots times etp (the expert-TP all-gather), over ffn/etp columns (``sharding._expert_tokens``).
     CP: the sequence is split over cp ranks, and ring attention scores local queries against the
     whole sequence: (s/cp) x s scores per head.
-    Layers are taken as the model's MoE layer; an MoE model's first dense layers
-    (ModelSpec.moe_first_dense_layers) are not distinguished.
+    ``dense_mlp``: one of an MoE model's first dense layers (ModelSpec.moe_first_dense_layers), whose
+    MLP is the dense ffn_hidden_size one.
     """
     _check(model, micro_batch_size, tp, cp, ep, dtype_bytes)
     d = dtype_bytes
@@ -91,8 +94,8 @@ def activation_terms(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool,
     h, r = model.hidden_size, tp if sp else 1
     drop = has_dropout(model)
     terms = _attention_terms(model, micro_batch_size, tp, r, cp, d, drop)
-    if model.is_moe:
-        terms += _moe_terms(model, d, tokens, tp, r)
+    if model.is_moe and not dense_mlp:
+        terms += _moe_terms(model, d, tokens, tp, r, etp or tp, sp)
     else:
         terms += _mlp_terms("", d, tokens, h, model.ffn_hidden_size, tp, r, model.gated_mlp)
     if drop:
@@ -142,7 +145,7 @@ def _attention_terms(model: ModelSpec, micro_batch_size: int, t: int, r: int, cp
     return terms
 
 
-def _moe_terms(model: ModelSpec, d: int, tokens: int, t: int, r: int) -> list[ActivationTerm]:
+def _moe_terms(model: ModelSpec, d: int, tokens: int, t: int, r: int, etp: int, sp: bool) -> list[ActivationTerm]:
     """The MoE block's tensors: router logits, the experts' MLP tensors over the token slots, the
     expert outputs kept for the combine, and the shared experts' (see ``activation_terms``)."""
     T = ActivationTerm
@@ -150,7 +153,11 @@ def _moe_terms(model: ModelSpec, d: int, tokens: int, t: int, r: int) -> list[Ac
     slots = tokens * model.moe_top_k * model.moe_capacity_factor
     terms = [T("router_logits", d * tokens * model.num_experts / r),
              T("router_logits_grad", d * tokens * model.num_experts / r, weight_grad=True, stored_at_f=False)]
-    terms += _mlp_terms("expert_", d, slots, h, model.moe_ffn_hidden_size, t, r, gated)
+    if etp != t and (sp or t == 1):  # folded expert TP: own tokens' slots x etp, over ffn/etp columns
+        expert = _mlp_terms("expert_", d, slots / t * etp, h, model.moe_ffn_hidden_size, etp, etp, gated)
+    else:
+        expert = _mlp_terms("expert_", d, slots, h, model.moe_ffn_hidden_size, t, r, gated)
+    terms += expert
     terms.append(T("expert_output", d * slots * h / r))  # kept to weight the combine by the router probs
     if model.moe_shared_expert_ffn_hidden_size:  # shared experts read fc1_input like a dense MLP
         terms += [x for x in _mlp_terms("shared_", d, tokens, h, model.moe_shared_expert_ffn_hidden_size,
@@ -180,7 +187,8 @@ def _check_recompute(recompute: str) -> None:
 
 
 def layer_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool, cp: int,
-                           recompute: str, dtype_bytes: int = 2, ep: int = 1, attention: str = "unfused") -> float:
+                           recompute: str, dtype_bytes: int = 2, ep: int = 1, attention: str = "unfused",
+                           dense_mlp: bool = False, etp: int = 0) -> float:
     """Bytes one transformer layer keeps for one micro-batch on one rank until its backward.
 
     none: every forward tensor (Korthikanti et al. 2022: sbh(34 + 5as/h) unsharded, sbh(10 + 24/t +
@@ -192,7 +200,7 @@ def layer_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp:
     dropped exactly as selective recompute drops them.
     """
     _check_recompute(recompute)
-    terms = activation_terms(model, micro_batch_size, tp, sp, cp, dtype_bytes, ep)
+    terms = activation_terms(model, micro_batch_size, tp, sp, cp, dtype_bytes, ep, dense_mlp, etp)
     if recompute == "full":
         return next(x.bytes for x in terms if x.name == "attn_norm_input")
     drop_core = recompute == "selective" or attention != "unfused"  # fused kernels keep no s^2 scores
@@ -200,16 +208,16 @@ def layer_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp:
 
 
 def weight_grad_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool, cp: int,
-                      dtype_bytes: int = 2, ep: int = 1) -> float:
+                      dtype_bytes: int = 2, ep: int = 1, dense_mlp: bool = False, etp: int = 0) -> float:
     """Bytes the W pass of one layer needs: each weight GEMM's input X and output gradient dY.
     For a GPT layer with t = 1 this is 32sbh, Qi et al. 2024 Table 1 (X: 2+2+2+8, dY: 6+2+8+2)."""
-    terms = activation_terms(model, micro_batch_size, tp, sp, cp, dtype_bytes, ep)
+    terms = activation_terms(model, micro_batch_size, tp, sp, cp, dtype_bytes, ep, dense_mlp, etp)
     return sum(x.bytes for x in terms if x.weight_grad)
 
 
 def layer_activation_split(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool, cp: int,
                            recompute: str, dtype_bytes: int = 2, ep: int = 1,
-                           attention: str = "unfused") -> tuple[float, float]:
+                           attention: str = "unfused", dense_mlp: bool = False, etp: int = 0) -> tuple[float, float]:
     """(freed at B, freed at W) for schedules that split the backward (zero-bubble).
 
     F allocates ``layer_activation_bytes``. B consumes what only the input gradient needs and
@@ -219,9 +227,47 @@ def layer_activation_split(model: ModelSpec, micro_batch_size: int, tp: int, sp:
     little was stored at F, e.g. with full recompute, where B recomputes the forward and must then
     keep X and dY for W; the lowering applies a negative "freed" amount as an allocation at B.
     """
-    total = layer_activation_bytes(model, micro_batch_size, tp, sp, cp, recompute, dtype_bytes, ep, attention)
-    at_w = weight_grad_bytes(model, micro_batch_size, tp, sp, cp, dtype_bytes, ep)
+    total = layer_activation_bytes(model, micro_batch_size, tp, sp, cp, recompute, dtype_bytes, ep, attention,
+                                   dense_mlp, etp)
+    at_w = weight_grad_bytes(model, micro_batch_size, tp, sp, cp, dtype_bytes, ep, dense_mlp, etp)
     return total - at_w, at_w
+
+
+@dataclass(frozen=True, slots=True)
+class LayerMemory:
+    """Activation bytes of one layer kind and micro-batch on one rank, as the lowering moves them:
+    ``stored`` allocated by F; freed ``at_b`` by B and ``at_w`` by W (B frees all when the schedule
+    does not split the backward); ``transient``: what a recompute re-materialises from the recompute
+    to the end of the layer's backward."""
+
+    stored: float
+    at_b: float
+    at_w: float
+    transient: float
+
+
+def layer_memory(scn, split_backward: bool, dense_mlp: bool = False, recompute_workspace: bool = True) -> LayerMemory:
+    """The one rule for a layer's activation deltas (lowering, ``analysis.memory.schedule_trace`` and
+    the search's estimate): a scenario's plan, a layer of the MoE or of the dense kind
+    (``OpGraph.layer_ops``: an MoE model's first dense layers)."""
+    m, par, tr = scn.model, scn.parallel, scn.training
+    args = (m, tr.micro_batch_size, par.tp, par.sequence_parallel, par.cp)
+    kw = {"dense_mlp": dense_mlp and m.is_moe, "etp": par.etp}
+    d, att, ep = tr.dtype_bytes, tr.attention, par.ep
+    stored = layer_activation_bytes(*args, par.recompute, d, ep, att, **kw)
+    transient = 0.0
+    if par.recompute != "none" and recompute_workspace:
+        transient = layer_activation_bytes(*args, "none", d, ep, att, **kw) - stored
+    at_b, at_w = layer_activation_split(*args, par.recompute, d, ep, att, **kw) if split_backward else (stored, 0.0)
+    return LayerMemory(stored, at_b, at_w, transient)
+
+
+def layer_memories(scn, split_backward: bool, recompute_workspace: bool = True) -> tuple[LayerMemory, ...]:
+    """``layer_memory`` of every layer index, by its kind (one object per kind)."""
+    m = scn.model
+    kinds = {dense: layer_memory(scn, split_backward, dense, recompute_workspace)
+             for dense in {i < m.moe_first_dense_layers for i in range(m.num_layers)}}
+    return tuple(kinds[i < m.moe_first_dense_layers] for i in range(m.num_layers))
 
 
 def embedding_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool, cp: int,

@@ -2,7 +2,8 @@
 
 The op graph is split into the segments between communication points (TP/SP collectives, CP K/V
 exchange, EP all-to-all), each segment sharded once by ``strategy/sharding``. The lowering reuses
-these tuples for every layer and micro-batch, which keeps lowering and costing O(segments).
+these tuples for every layer of a kind and every micro-batch (``layer_blocks``: one LayerBlocks per
+distinct layer template, ``OpGraph.layer_ops``), which keeps lowering and costing O(segments).
 """
 
 from __future__ import annotations
@@ -55,11 +56,12 @@ def _cut(name: str, bwd_b: Work, bwd_w: Work, bwd: Work) -> dict:
             "bwd_b_pre": bwd_b[:j + 1], "bwd_b_post": bwd_b[j + 1:]}
 
 
-def _segment(name: str, ops: tuple[Op, ...], tp: int, sp: bool, cp: int, ep: int, acc: float = 0.0) -> Segment:
-    b = shard_ops_backward(ops, tp, sp, cp, ep, "B")
-    w = shard_ops_backward(ops, tp, sp, cp, ep, "W", acc)
-    bw = shard_ops_backward(ops, tp, sp, cp, ep, "BW", acc)
-    return Segment(name, shard_ops(ops, tp, sp, cp, ep), b, w, bw, **_cut(name, b, w, bw))
+def _segment(name: str, ops: tuple[Op, ...], tp: int, sp: bool, cp: int, ep: int, acc: float = 0.0,
+             etp: int = 0) -> Segment:
+    b = shard_ops_backward(ops, tp, sp, cp, ep, "B", 0.0, etp)
+    w = shard_ops_backward(ops, tp, sp, cp, ep, "W", acc, etp)
+    bw = shard_ops_backward(ops, tp, sp, cp, ep, "BW", acc, etp)
+    return Segment(name, shard_ops(ops, tp, sp, cp, ep, etp), b, w, bw, **_cut(name, b, w, bw))
 
 
 @dataclass(frozen=True)
@@ -95,14 +97,18 @@ class LayerBlocks:
 
 
 def build_blocks(graph: OpGraph, tp: int, sp: bool, cp: int, ep: int,
-                 grad_accum_bytes_per_param: float = 0.0) -> LayerBlocks:
-    attn = tuple(op for op in graph.layer if op.block == "attn")
-    mlp = tuple(op for op in graph.layer if op.block == "mlp")
+                 grad_accum_bytes_per_param: float = 0.0, etp: int = 0,
+                 layer: tuple[Op, ...] | None = None) -> LayerBlocks:
+    """The blocks of one layer template (``layer``, default the model's main layer, ``graph.layer``)
+    on one rank; ``etp``: expert tensor parallelism (0 -> tp)."""
+    ops = graph.layer if layer is None else layer
+    attn = tuple(op for op in ops if op.block == "attn")
+    mlp = tuple(op for op in ops if op.block == "mlp")
     core_at = next(i for i, op in enumerate(attn) if op.kind == "attention")
     experts_at = [i for i, op in enumerate(mlp) if op.tp_split == "expert"]
 
     def seg(name: str, ops: tuple[Op, ...]) -> Segment:
-        return _segment(name, ops, tp, sp, cp, ep, grad_accum_bytes_per_param)
+        return _segment(name, ops, tp, sp, cp, ep, grad_accum_bytes_per_param, etp)
 
     if experts_at:
         lo, hi = experts_at[0], experts_at[-1] + 1
@@ -119,6 +125,20 @@ def build_blocks(graph: OpGraph, tp: int, sp: bool, cp: int, ep: int,
         core_flops_fwd=sum(w.flops for w in core.fwd),
         core_steps={"F": split_work(core.fwd, cp), "B": split_work(core.bwd_b, cp), "BW": split_work(core.bwd, cp)},
         layer_w=tuple(w for s in segs for w in s.bwd_w), attn=seg("attn", attn))
+
+
+def layer_blocks(graph: OpGraph, tp: int, sp: bool, cp: int, ep: int, grad_accum_bytes_per_param: float = 0.0,
+                 etp: int = 0) -> tuple[LayerBlocks, ...]:
+    """The blocks of every layer (index -> LayerBlocks), built once per distinct template: layers of
+    one kind share the same object (and so the same work tuples, which the cost model caches by id)."""
+    built: dict = {}
+    out = []
+    for i in range(graph.model.num_layers):
+        ops = graph.layer_ops(i)
+        if id(ops) not in built:
+            built[id(ops)] = build_blocks(graph, tp, sp, cp, ep, grad_accum_bytes_per_param, etp, ops)
+        out.append(built[id(ops)])
+    return tuple(out)
 
 
 def split_work(work: Work, parts: int) -> Work:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from ..model.opgraph import OpGraph
 from ..tasks import Collective, OpWork, TaskGraphBuilder
+from .activation_memory import LayerMemory
 from .blocks import LayerBlocks
 from .mesh import DeviceMesh
 
@@ -34,8 +35,10 @@ class LowerCtx:
     blocks: LayerBlocks
     full: bool
     builder: TaskGraphBuilder = field(default_factory=TaskGraphBuilder)
-    # bytes a recomputed layer re-materialises from its recompute until its backward ends
-    recompute_transient_bytes: float = 0.0
+    # per layer index: its blocks (shared by the layers of one template, ``blocks.layer_blocks``) and
+    # its activation deltas (``activation_memory.layer_memory``); empty: every layer is ``blocks``
+    layers: tuple[LayerBlocks, ...] = ()
+    layer_mem: tuple[LayerMemory, ...] = ()
     _sync_keys: dict = field(default_factory=dict)
     _sync_seq: dict = field(default_factory=dict)
     _pending_alloc: dict = field(default_factory=dict)  # rank -> bytes the next kernel allocates
@@ -58,6 +61,14 @@ class LowerCtx:
         reduce-scatter's input, of an all-gather's output)."""
         m = self.scn.model
         return self.scn.training.micro_batch_size * (m.seq_length // self.par.cp) * m.hidden_size * self.dtype_bytes
+
+    def layer_blocks(self, layer: int) -> LayerBlocks:
+        """The blocks of layer ``layer`` (its template's, ``OpGraph.layer_ops``)."""
+        return self.layers[layer] if self.layers else self.blocks
+
+    def transient_bytes(self, layer: int) -> float:
+        """Bytes a recomputed layer re-materialises from its recompute until its backward ends."""
+        return self.layer_mem[layer].transient if self.layer_mem else 0.0
 
     def stage(self, rank: int) -> int:
         s = self._stage.get(rank)

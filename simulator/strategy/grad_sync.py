@@ -15,7 +15,8 @@
   (DeepSpeed); HSDP all-reduces the reduced shards across replicas.
 - ZeRO-Offload (Ren et al. 2021 §4.2): each reduced gradient shard is copied to the host over PCIe
   as soon as it is reduced, Adam runs on the CPU, the updated 16-bit shard comes back over PCIe.
-Expert parameters are reduced and gathered over the expert-data-parallel group (dp·cp/ep ranks).
+Expert parameters are reduced and gathered over the expert-data-parallel group (tp·cp·dp/(ep·etp)
+ranks, ``mesh.DeviceMesh``).
 """
 
 from __future__ import annotations
@@ -171,7 +172,7 @@ def optimizer_step(ctx: LowerCtx, rank: int, deps: list[int], dense: float, expe
     """Adam over this rank's shard (ZeRO >= 1 shards it over the data-parallel group), on the GPU or,
     with offload, on the host CPU followed by the copy of the updated 16-bit shard back to the GPU."""
     par = ctx.par
-    dense_n, expert_n = par.shard_group_size or par.dp * par.cp, max(1, par.dp * par.cp // par.ep)
+    dense_n, expert_n = par.shard_group_size or par.dp * par.cp, par.expert_dp
     shard = dense / dense_n + expert / expert_n if par.zero_stage else dense + expert
     gbytes = ctx.scn.training.grad_dtype_bytes
     if not par.offload_optimizer:

@@ -63,7 +63,7 @@ def overlap_site(par, site: str, work, last: bool = False, moe: bool = False) ->
 
 def _core(ctx: LowerCtx, rank: int, part: str, dep: int | None, name: str, meta: dict, category: str) -> int:
     """The attention core, with the CP exchange when cp > 1; ``part`` is "F", "B" or "BW"."""
-    core = ctx.blocks.attn_core
+    core = ctx.layer_blocks(meta["layer"]).attn_core
     work = {"F": core.fwd, "B": core.bwd_b, "BW": core.bwd}[part]
     cp = ctx.par.cp
     if cp == 1:
@@ -82,7 +82,7 @@ def _core(ctx: LowerCtx, rank: int, part: str, dep: int | None, name: str, meta:
     # The backward circulates K, V and the dK, dV accumulators: twice the bytes (Liu et al. 2023 §3).
     size = kv * (1 if part == "F" else 2)
     nxt = group[(group.index(rank) + 1) % cp]
-    step_work = ctx.blocks.core_steps[part]
+    step_work = ctx.layer_blocks(meta["layer"]).core_steps[part]
     last, prev_send = dep, None
     for j in range(cp):
         send = None
@@ -95,14 +95,24 @@ def _core(ctx: LowerCtx, rank: int, part: str, dep: int | None, name: str, meta:
 
 
 def _experts(ctx: LowerCtx, rank: int, part: str, dep: int, name: str, meta: dict, category: str) -> int:
-    seg = ctx.blocks.experts
+    """The routed experts between the EP dispatch and combine all-to-alls (with MoE parallel folding,
+    the expert-TP all-gather and reduce-scatter inside them)."""
+    seg = ctx.layer_blocks(meta["layer"]).experts
     work = {"F": seg.fwd, "B": seg.bwd_b, "BW": seg.bwd}[part]
     if ctx.par.ep == 1:
         return ctx.compute(rank, f"{name}.experts", work, (dep,), category, **meta)
     group = ctx.group("ep", rank)
     size = a2a_bytes(ctx)
     a = ctx.comm(rank, "comm_ep", f"{name}.dispatch", "all_to_all", size, group, "ep", "comm_ep", (dep,), **meta)
+    etp = ctx.par.expert_tp
+    folded = etp > 1 and etp != ctx.par.tp  # with etp = tp the SP all-gather before the MLP block stands for it
+    if folded:  # Megatron-core alltoall dispatcher: the received tokens all-gathered over the expert-TP group
+        a = ctx.comm(rank, "comm_ep", f"{name}.etp_all_gather", "all_gather", size * etp, ctx.group("etp", rank),
+                     "ep", "comm_ep", (a,), **meta)
     e = ctx.compute(rank, f"{name}.experts", work, (a,), category, **meta)
+    if folded:
+        e = ctx.comm(rank, "comm_ep", f"{name}.etp_reduce_scatter", "reduce_scatter", size * etp,
+                     ctx.group("etp", rank), "ep", "comm_ep", (e,), **meta)
     return ctx.comm(rank, "comm_ep", f"{name}.combine", "all_to_all", size, group, "ep", "comm_ep", (e,), **meta)
 
 
@@ -134,7 +144,7 @@ def column_backward(ctx: LowerCtx, rank: int, seg: Segment, dep: int | None, nam
 
 def layer_forward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, category: str = "compute") -> int:
     """Emit one layer's forward after ``deps``; returns its last task."""
-    b, sp = ctx.blocks, ctx.par.sequence_parallel
+    b, sp = ctx.layer_blocks(meta["layer"]), ctx.par.sequence_parallel
     dense = b.experts is None
     x = ctx.join(rank, f"{name}.wait", deps, **meta)
     if sp:
@@ -163,15 +173,15 @@ def layer_backward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, split_
                    free_bytes: float = 0.0) -> int:
     """Emit one layer's backward (input gradient only when ``split_w``), with its recompute first;
     returns its last task, which releases ``free_bytes`` of activations. A recomputed layer's
-    re-materialised activations (``ctx.recompute_transient_bytes``) live from the recompute until
+    re-materialised activations (``ctx.transient_bytes``) live from the recompute until
     the layer's backward ends."""
-    b, sp = ctx.blocks, ctx.par.sequence_parallel
+    b, sp = ctx.layer_blocks(meta["layer"]), ctx.par.sequence_parallel
     part = "B" if split_w else "BW"
     rmeta = {**meta, "phase": "R"}
-    transient = ctx.recompute_transient_bytes if recompute in ("full", "selective") else 0.0
+    transient = ctx.transient_bytes(meta["layer"]) if recompute in ("full", "selective") else 0.0
     x = ctx.join(rank, f"{name}.wait", deps, **meta)
     if recompute == "full":
-        ctx.alloc_next(rank, ctx.recompute_transient_bytes)
+        ctx.alloc_next(rank, transient)
         x = layer_forward(ctx, rank, _d(x), f"{name}.R", rmeta, "recompute")
     if sp:  # conjugate of the MLP's exit reduce-scatter
         x = tp_op(ctx, rank, x, f"{name}.mlp_grad", "all_gather", meta,
@@ -192,7 +202,7 @@ def layer_backward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, split_
         if recompute == "selective":
             # Korthikanti et al. 2022 §4.3: the attention core's forward (with its CP exchange) is
             # recomputed right before its backward
-            ctx.alloc_next(rank, ctx.recompute_transient_bytes)
+            ctx.alloc_next(rank, transient)
             x = _core(ctx, rank, "F", x, f"{name}.R", rmeta, "recompute")
         x = _core(ctx, rank, part, x, name, meta, "compute")
         x = column_backward(ctx, rank, b.attn_pre, x, f"{name}.attn", meta, split_w, free_bytes + transient)
@@ -209,4 +219,5 @@ def layer_weight_grad(ctx: LowerCtx, rank: int, dep: int | None, name: str, meta
         size = ctx.full_activation_bytes()
         deps += tuple(ctx.tp_collective(rank, f"{name}.{blk}.input_all_gather", "all_gather", size, _d(dep),
                                         COMM_TP, **meta) for blk in ("mlp", "attn"))
-    return ctx.compute(rank, f"{name}.W", ctx.blocks.layer_w, deps, mem_delta_bytes=-free_bytes, **meta)
+    return ctx.compute(rank, f"{name}.W", ctx.layer_blocks(meta["layer"]).layer_w, deps, mem_delta_bytes=-free_bytes,
+                       **meta)

@@ -15,9 +15,8 @@ from dataclasses import dataclass
 
 from ..model.opgraph import build_op_graph
 from ..tasks import InternalError, TaskGraph
-from .activation_memory import (embedding_activation_bytes, head_activation_bytes, layer_activation_bytes,
-                                layer_activation_split)
-from .blocks import build_blocks
+from .activation_memory import embedding_activation_bytes, head_activation_bytes, layer_memories
+from .blocks import build_blocks, layer_blocks
 from .context import LowerCtx
 from ..tasks import OpWork
 from .grad_sync import (STREAM_DP_RS, gather_parameters, last_compute, optimizer_step, reduce_gradients,
@@ -74,11 +73,12 @@ def chunk_layers(layers_per_stage: tuple[int, ...], v: int,
 
 def lower(scn, full: bool = False) -> LoweredPlan:
     par, tr, model = scn.parallel, scn.training, scn.model
-    mesh = DeviceMesh(pp=par.pp, dp=par.dp, cp=par.cp, tp=par.tp, ep=par.ep)
+    mesh = DeviceMesh(pp=par.pp, dp=par.dp, cp=par.cp, tp=par.tp, ep=par.ep, etp=par.etp)
     graph = build_op_graph(model, tr.micro_batch_size, tr.dtype)
     acc = grad_accumulation_bytes_per_param(tr.grad_accumulation_fusion, tr.grad_dtype_bytes, tr.dtype_bytes)
-    blocks = build_blocks(graph, par.tp, par.sequence_parallel, par.cp, par.ep, acc)
-    ctx = LowerCtx(scn, mesh, graph, blocks, full)
+    blocks = build_blocks(graph, par.tp, par.sequence_parallel, par.cp, par.ep, acc, par.etp)
+    per_layer = layer_blocks(graph, par.tp, par.sequence_parallel, par.cp, par.ep, acc, par.etp)
+    ctx = LowerCtx(scn, mesh, graph, blocks, full, layers=per_layer)
     v = par.virtual_stages if par.pp > 1 else 1
     schedule = par.schedule if par.pp > 1 else "1f1b"
     actions = schedule_actions(schedule, par.pp, scn.num_microbatches, v)
@@ -89,8 +89,8 @@ def lower(scn, full: bool = False) -> LoweredPlan:
     for r in ranks:
         s = mesh.stage_of(r)
         held = smap.stages_of(s, v)
-        stage_params[r] = params_per_rank(graph, par.tp, par.ep, par.layers_per_stage[s], 0 in held,
-                                          par.pp * v - 1 in held)
+        own = tuple(i for vs in held for i in layers[vs])  # the stage's layers, each of its own kind
+        stage_params[r] = params_per_rank(graph, par.tp, par.ep, own, 0 in held, par.pp * v - 1 in held, par.etp)
     _Emitter(ctx, actions, layers, ranks, splits_backward(schedule), stage_params, smap).run()
     labels = {r: f"stage {mesh.stage_of(r)} (rank {r})" for r in ranks}
     meta = {"num_stages": par.pp, "virtual_stages": v, "num_microbatches": scn.num_microbatches,
@@ -119,32 +119,29 @@ class _Emitter:
         self.plans: dict = {}  # virtual stage -> zero_impl.pass_fetches
         self.act = self._activation_terms()
         g, tp, ep = ctx.graph, par.tp, par.ep
-        layer = params_per_rank(g, tp, ep, 1, False, False)
+        # per layer index, its template's (dense, expert) parameters on this rank
+        kinds = {id(g.layer_ops(i)): i for i in range(g.model.num_layers)}
+        per_kind = {k: params_per_rank(g, tp, ep, (i,), False, False, par.etp) for k, i in kinds.items()}
+        self.layer_params = tuple((per_kind[id(g.layer_ops(i))]["dense"], per_kind[id(g.layer_ops(i))]["expert"])
+                                  for i in range(g.model.num_layers))
         embed = params_per_rank(g, tp, ep, 0, True, False)["dense"]
         # the head's parameters on a pp = 1 rank exclude the tied word embedding (counted in "embed")
         head_alone = params_per_rank(g, tp, ep, 0, False, True)["dense"]
         head_tied_pp1 = params_per_rank(g, tp, ep, 0, True, True)["dense"] - embed
         one_rank = smap.rank(0) == smap.rank(self.nv - 1)  # embedding and head together (pp 1, V maps)
-        self.unit_params = {"layer": (layer["dense"], layer["expert"]), "embed": (embed, 0.0),
-                            "head": (head_tied_pp1 if one_rank else head_alone, 0.0)}
+        self.unit_params = {"embed": (embed, 0.0), "head": (head_tied_pp1 if one_rank else head_alone, 0.0)}
         self.tied_pp = ctx.scn.model.tie_embeddings and not one_rank
         # DeepSpeed fetches per submodule: one (weight, bias) pair per op holding dense parameters
         self.layer_subs = submodule_params(linear_params(g, tp, ep))
 
     # ---- memory terms -----------------------------------------------------------------------
     def _activation_terms(self) -> dict:
+        """Embedding and head activation bytes; each layer's deltas (``activation_memory.layer_memory``,
+        by its kind) go to ``ctx.layer_mem``."""
         c, scn = self.ctx, self.ctx.scn
         args = (scn.model, scn.training.micro_batch_size, c.par.tp, c.par.sequence_parallel, c.par.cp)
-        att = scn.training.attention
-        per_layer = layer_activation_bytes(*args, c.par.recompute, c.dtype_bytes, c.par.ep, att)
-        at_b, at_w = layer_activation_split(*args, c.par.recompute, c.dtype_bytes, c.par.ep, att)
-        if c.par.recompute != "none":  # what the recompute re-materialises until the layer's backward ends
-            stored = layer_activation_bytes(*args, "none", c.dtype_bytes, c.par.ep, att)
-            c.recompute_transient_bytes = stored - per_layer
-        if not self.split_w:
-            at_b, at_w = per_layer, 0.0
-        return {"layer": per_layer, "layer_b": at_b, "layer_w": at_w,
-                "embed": embedding_activation_bytes(*args, c.dtype_bytes),
+        c.layer_mem = layer_memories(scn, self.split_w)
+        return {"embed": embedding_activation_bytes(*args, c.dtype_bytes),
                 "head": head_activation_bytes(*args, c.dtype_bytes)}
 
     # ---- driver ------------------------------------------------------------------------------
@@ -196,7 +193,7 @@ class _Emitter:
                 + (["head"] if vs == self.nv - 1 else []))
 
     def _params(self, unit: str) -> tuple[float, float]:
-        return self.unit_params[unit if unit in ("embed", "head") else "layer"]
+        return self.unit_params[unit] if unit in ("embed", "head") else self.layer_params[int(unit)]
 
     def _send(self, r: int, vs: int, mb: int, phase: str, last: int) -> None:
         to = vs + 1 if phase == "F" else vs - 1
@@ -285,7 +282,7 @@ class _Emitter:
                 ctx.alloc_next(r, self.act["head"])
                 x = ctx.compute(r, f"F{mb}.head", b.head.fwd, () if x is None else (x,), **meta)
             else:
-                ctx.alloc_next(r, self.act["layer"])
+                ctx.alloc_next(r, ctx.layer_mem[int(unit)].stored)
                 x = layer_forward(ctx, r, deps, f"F{mb}.L{unit}", self._meta(vs, mb, "F", int(unit)))
         self._send(r, vs, mb, "F", x)
 
@@ -316,10 +313,11 @@ class _Emitter:
                     x = ctx.compute(r, f"B{mb}.embed", b.embed.bwd, () if x is None else (x,), **meta)
                 ctx.free_last(r, self.act["embed"])
             else:
-                if self.act["layer_b"] < 0:  # B allocates the output gradients W will need
-                    ctx.alloc_next(r, -self.act["layer_b"])
+                at_b = ctx.layer_mem[int(unit)].at_b
+                if at_b < 0:  # B allocates the output gradients W will need
+                    ctx.alloc_next(r, -at_b)
                 x = layer_backward(ctx, r, deps, f"B{mb}.L{unit}", self._meta(vs, mb, "B", int(unit)), self.split_w,
-                                   ctx.par.recompute, max(self.act["layer_b"], 0.0))
+                                   ctx.par.recompute, max(at_b, 0.0))
             if not self.split_w:
                 ready.append((unit, x))
         self._grads_ready(r, vs, f"B{mb}", ready, final, x)
@@ -341,7 +339,7 @@ class _Emitter:
                                           (), "comm_tp", **meta)
                 x = ctx.compute(r, f"W{mb}.head", b.head.bwd_w, tuple(d for d in (x, g) if d is not None), **meta)
             else:
-                x = layer_weight_grad(ctx, r, x, f"W{mb}.L{unit}", meta, self.act["layer_w"])
+                x = layer_weight_grad(ctx, r, x, f"W{mb}.L{unit}", meta, ctx.layer_mem[int(unit)].at_w)
             ready.append((unit, x))
         self._grads_ready(r, vs, f"W{mb}", ready, final, x)
 

@@ -3,7 +3,13 @@
 Megatron-LM's default order "tp-cp-ep-dp-pp": TP varies fastest, so a TP group of <= 8 ranks sits
 inside one DGX node, and pipeline stages are the slowest axis (Narayanan et al. 2021 §3.3:
 tensor parallelism inside a node, pipeline across nodes). Expert parallelism is carved out of the
-dp x cp ranks of a stage (Megatron-Core MoE): EP groups are ``ep`` consecutive (dp, cp) indices.
+tp x cp x dp ranks of a stage as Megatron-Core's MoE parallel folding forms its groups
+(megatron/core/parallel_state.py initialize_model_parallel: a second RankGenerator with tp = etp,
+ep, dp = expert-data-parallel, cp = 1, the same "tp-cp-ep-dp-pp" order and the same pipeline
+axis): a stage's local rank l = etp_i + etp·(ep_i + ep·edp_i), so EP groups stride etp, the
+expert-data-parallel groups (EDP = tp·cp·dp / (ep·etp), the expert gradients' reduction) stride
+etp·ep, and no expert group leaves its pipeline stage. With etp = tp (Megatron's default) EP groups
+are ``ep`` consecutive (dp, cp) indices at one TP index.
 """
 
 from __future__ import annotations
@@ -19,6 +25,20 @@ class DeviceMesh:
     cp: int
     tp: int
     ep: int = 1
+    etp: int = 0  # expert tensor parallelism; 0 -> tp (Megatron-Core's expert_tensor_parallel_size default)
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp or self.tp
+
+    @property
+    def stage_size(self) -> int:
+        return self.dp * self.cp * self.tp
+
+    @property
+    def edp(self) -> int:
+        """Expert-data-parallel degree: tp·cp·dp / (ep·etp)."""
+        return self.stage_size // (self.ep * self.expert_tp)
 
     @property
     def size(self) -> int:
@@ -59,16 +79,21 @@ class DeviceMesh:
             return tuple(self.rank(p, dp, cp, tp) for p in range(self.pp))
         if axis == "dp_cp":  # gradient reduction of dense parameters: CP joins DP
             return tuple(self.rank(pp, d, c, tp) for d in range(self.dp) for c in range(self.cp))
-        flat = dp * self.cp + cp  # index along the combined dp x cp axis
-        if axis == "ep":
-            first = flat - flat % self.ep
-            return tuple(self._dpcp_rank(pp, i, tp) for i in range(first, first + self.ep))
-        if axis == "edp":  # expert-data-parallel: same experts, reduced together
-            return tuple(self._dpcp_rank(pp, i, tp) for i in range(flat % self.ep, self.dp * self.cp, self.ep))
-        raise ValueError(f"unknown mesh axis {axis!r}; known: tp, cp, dp, pp, dp_cp, ep, edp")
+        if axis in ("ep", "edp", "etp"):
+            return self._expert_group(axis, rank)
+        raise ValueError(f"unknown mesh axis {axis!r}; known: tp, cp, dp, pp, dp_cp, ep, edp, etp")
 
-    def _dpcp_rank(self, pp: int, flat: int, tp: int) -> int:
-        return self.rank(pp, flat // self.cp, flat % self.cp, tp)
+    def _expert_group(self, axis: str, rank: int) -> tuple[int, ...]:
+        """Megatron-Core's expert groups inside the rank's stage (module doc)."""
+        s = self.stage_size
+        base, local = rank - rank % s, rank % s
+        etp, ep = self.expert_tp, self.ep
+        t, e, d = local % etp, local // etp % ep, local // (etp * ep)
+        if axis == "ep":
+            return tuple(base + t + etp * (i + ep * d) for i in range(ep))
+        if axis == "edp":
+            return tuple(base + t + etp * (e + ep * i) for i in range(self.edp))
+        return tuple(base + i + etp * (e + ep * d) for i in range(etp))
 
     @cached_property
     def representatives(self) -> tuple[int, ...]:

@@ -10,12 +10,14 @@ ring attention; Megatron-core MoE):
   with sequence parallelism (the all-gather / reduce-scatter around them belong to ``lower``).
 - Context parallelism divides every op's tokens by cp; attention keeps seq_q / cp queries against
   all seq_kv keys, which ring attention streams past, so its FLOPs are divided by cp.
-- "expert" ops: expert tensor parallelism equals tp (Megatron-core's default
+- "expert" ops: split by expert tensor parallelism etp (0 -> tp, Megatron-core's default
   expert_tensor_parallel_size = tensor_model_parallel_size): expert_fc1 is column- and
-  expert_fc2 row-parallel, expert_act divides its width. Expert parallelism is carved out of data
-  parallelism (GShard, Lepikhin et al. 2020 §2; Megatron-core), so each EP rank holds
-  num_experts / ep experts but computes the same cf·T·k token slots it dispatched, now gathered
-  from all ep ranks: EP divides expert WEIGHTS (params, weight bytes), never expert FLOPs.
+  expert_fc2 row-parallel, expert_act divides its width. Expert parallelism is folded over the
+  tp x cp x dp ranks of a stage (GShard, Lepikhin et al. 2020 §2; Megatron-core MoE parallel
+  folding), so each EP rank holds num_experts / ep experts and computes as many token slots as it
+  dispatched (balanced routing): its local tokens' cf·T·k slots, times etp after the expert-TP
+  all-gather (with SP a rank's local tokens are s/(cp·tp): etp/tp of the sequence's slots). EP
+  divides expert WEIGHTS (params, weight bytes), never expert FLOPs.
 Shapes that do not divide raise ValueError naming the op and the numbers.
 """
 
@@ -50,18 +52,28 @@ def _expert_row_parallel(op: Op) -> bool:
     return op.name.endswith("fc2")
 
 
-def sharded_shape(op: Op, tp: int, sp: bool, cp: int) -> tuple[int, ...]:
-    """The op's shape on one rank."""
+def _expert_tokens(n: int, tp: int, sp: bool, cp: int, etp: int) -> int:
+    """Token slots of an expert op on one rank (module doc): the sequence's n slots / cp, scaled by
+    etp/tp where each rank dispatches its own tokens (SP, or tp = 1)."""
+    if sp or tp == 1:
+        return -(-n * etp // (cp * tp))
+    return ceil(n / cp)
+
+
+def sharded_shape(op: Op, tp: int, sp: bool, cp: int, etp: int = 0) -> tuple[int, ...]:
+    """The op's shape on one rank (``etp``: expert tensor parallelism, 0 -> tp)."""
     s = op.tp_split
+    if s == "expert":
+        return _expert_shape(op, tp, sp, cp, etp or tp)
     if op.kind == "attention":
         b, heads, sq, skv, hd = op.shape
         return (b, _div(heads, tp, op, "attention heads"), _div(sq, cp, op, "seq_q"), skv, hd)
     if op.kind == "gemm":
         m, n, k = op.shape
-        m = _div(m, cp, op, "tokens (m)") if op.experts == 1 else ceil(m / cp)
-        if s == "column" or (s == "expert" and not _expert_row_parallel(op)):
+        m = _div(m, cp, op, "tokens (m)")
+        if s == "column":
             n = _div(n, tp, op, "output features (n)")
-        elif s == "row" or s == "expert":
+        elif s == "row":
             k = _div(k, tp, op, "input features (k)")
         elif s == "vocab":
             n = ceil(n / tp)
@@ -71,10 +83,10 @@ def sharded_shape(op: Op, tp: int, sp: bool, cp: int) -> tuple[int, ...]:
             raise ValueError(f"op {op.name}: tp_split 'heads' does not apply to a gemm")
         return (m, n, k)
     tokens, width = op.shape
-    tokens = _div(tokens, cp, op, "tokens") if s != "expert" else ceil(tokens / cp)
+    tokens = _div(tokens, cp, op, "tokens")
     if op.kind == "embedding":
         return (tokens, width)
-    if s in ("column", "row", "heads", "expert"):
+    if s in ("column", "row", "heads"):
         width = _div(width, tp, op, "width")
     elif s == "vocab":
         width = ceil(width / tp)
@@ -83,10 +95,21 @@ def sharded_shape(op: Op, tp: int, sp: bool, cp: int) -> tuple[int, ...]:
     return (tokens, width)
 
 
-def _work(op: Op, tp: int, sp: bool, cp: int, ep: int) -> tuple:
+def _expert_shape(op: Op, tp: int, sp: bool, cp: int, etp: int) -> tuple[int, ...]:
+    if op.kind == "gemm":
+        m, n, k = op.shape
+        m = _expert_tokens(m, tp, sp, cp, etp)
+        if _expert_row_parallel(op):
+            return (m, n, _div(k, etp, op, "input features (k)"))
+        return (m, _div(n, etp, op, "output features (n)"), k)
+    tokens, width = op.shape
+    return (_expert_tokens(tokens, tp, sp, cp, etp), _div(width, etp, op, "width"))
+
+
+def _work(op: Op, tp: int, sp: bool, cp: int, ep: int, etp: int = 0) -> tuple:
     """(shape, fwd flops, B flops, W flops, fwd bytes, B bytes, W bytes) on one rank."""
     _check(op, tp, cp, ep)
-    shape = sharded_shape(op, tp, sp, cp)
+    shape = sharded_shape(op, tp, sp, cp, etp)
     d = op.dtype_bytes
     if op.kind == "gemm":
         m, n, k = shape
@@ -107,20 +130,20 @@ def _work(op: Op, tp: int, sp: bool, cp: int, ep: int) -> tuple:
             op.fwd_bytes * r, op.bwd_bytes * r, 0.0)
 
 
-def shard_op(op: Op, tp: int, sp: bool, cp: int, ep: int) -> OpWork:
+def shard_op(op: Op, tp: int, sp: bool, cp: int, ep: int, etp: int = 0) -> OpWork:
     """Forward work of ``op`` on one rank."""
-    shape, f, _, _, by, _, _ = _work(op, tp, sp, cp, ep)
+    shape, f, _, _, by, _, _ = _work(op, tp, sp, cp, ep, etp)
     return OpWork(op.name, op.kind, f, by, shape, op.precision)
 
 
-def shard_ops(ops: tuple[Op, ...], tp: int, sp: bool, cp: int, ep: int) -> tuple[OpWork, ...]:
+def shard_ops(ops: tuple[Op, ...], tp: int, sp: bool, cp: int, ep: int, etp: int = 0) -> tuple[OpWork, ...]:
     """Forward work of ``ops`` on one rank, in program order (ops with no forward work, such as the
     backward-only FP8 gradient casts, are left out)."""
-    return tuple(shard_op(op, tp, sp, cp, ep) for op in ops if op.fwd_flops or op.fwd_bytes)
+    return tuple(shard_op(op, tp, sp, cp, ep, etp) for op in ops if op.fwd_flops or op.fwd_bytes)
 
 
 def shard_ops_backward(ops: tuple[Op, ...], tp: int, sp: bool, cp: int, ep: int,
-                       part: str, grad_accum_bytes_per_param: float = 0.0) -> tuple[OpWork, ...]:
+                       part: str, grad_accum_bytes_per_param: float = 0.0, etp: int = 0) -> tuple[OpWork, ...]:
     """Backward work on one rank in execution order (the reverse of the forward).
 
     part "B": input gradients (ops with weights-only backward, the embedding, are left out);
@@ -131,7 +154,7 @@ def shard_ops_backward(ops: tuple[Op, ...], tp: int, sp: bool, cp: int, ep: int,
         raise ValueError(f"backward part must be one of {BACKWARD_PARTS}, got {part!r}")
     out = []
     for op in reversed(ops):
-        shape, _, fb, fw, _, bb, bw = _work(op, tp, sp, cp, ep)
+        shape, _, fb, fw, _, bb, bw = _work(op, tp, sp, cp, ep, etp)
         flops = (fb if "B" in part else 0.0) + (fw if "W" in part else 0.0)
         nbytes = (bb if "B" in part else 0.0) + (bw if "W" in part else 0.0)
         if flops or nbytes:
@@ -140,7 +163,7 @@ def shard_ops_backward(ops: tuple[Op, ...], tp: int, sp: bool, cp: int, ep: int,
         if grad_accum_bytes_per_param and "W" in part and op.kind == "gemm" and op.params:
             # unfused weight-gradient accumulation: a separate kernel adds the GEMM's 16-bit dW into
             # the fp32 main_grad buffer (see grad_accumulation_bytes_per_param)
-            params = _op_params_per_rank(op, tp, ep)
+            params = _op_params_per_rank(op, tp, ep, etp)
             out.append(OpWork(f"{op.name}.main_grad_add", "elementwise", 0.0,
                               params * grad_accum_bytes_per_param, (params, 1)))
     return tuple(out)
@@ -163,7 +186,7 @@ def grad_accumulation_bytes_per_param(fused: bool, grad_dtype_bytes: int, dtype_
     return 0.0 if fused else dtype_bytes + 2 * grad_dtype_bytes
 
 
-def _op_params_per_rank(op: Op, tp: int, ep: int) -> int:
+def _op_params_per_rank(op: Op, tp: int, ep: int, etp: int = 0) -> int:
     """Parameters of ``op`` one rank holds. Column-parallel layers split weight and bias;
     row-parallel layers split the weight and keep the full bias on every rank (Megatron
     RowParallelLinear);
@@ -173,6 +196,8 @@ def _op_params_per_rank(op: Op, tp: int, ep: int) -> int:
     local_experts = op.experts // ep if op.experts > 1 else 1  # EP splits expert ops only
     per_group = op.params // op.experts
     s = op.tp_split
+    if s == "expert":
+        tp = etp or tp
     if op.kind == "gemm":
         m, n, k = op.shape
         row = s == "row" or (s == "expert" and _expert_row_parallel(op))
@@ -187,12 +212,13 @@ def _op_params_per_rank(op: Op, tp: int, ep: int) -> int:
     return op.params
 
 
-def linear_params(graph: OpGraph, tp: int, ep: int) -> list[tuple[int, int]]:
-    """(weight, bias) parameters one rank holds of each dense op of a layer that has parameters, in
-    program order: a GEMM's weight matrix and the rest of its parameters (its bias), a norm's
-    parameters as one entry. DeepSpeed ZeRO-3 fetches and persists them per parameter tensor."""
+def linear_params(graph: OpGraph, tp: int, ep: int, ops: tuple[Op, ...] | None = None) -> list[tuple[int, int]]:
+    """(weight, bias) parameters one rank holds of each dense op of a layer (``ops``, default the
+    model's main layer) that has parameters, in program order: a GEMM's weight matrix and the rest of
+    its parameters (its bias), a norm's parameters as one entry. DeepSpeed ZeRO-3 fetches and
+    persists them per parameter tensor."""
     out = []
-    for op in graph.layer:
+    for op in graph.layer if ops is None else ops:
         if not op.params or op.tp_split == "expert":
             continue
         p = _op_params_per_rank(op, tp, ep)
@@ -211,10 +237,24 @@ def _embedding_params_per_rank(graph: OpGraph, tp: int) -> int:
     return ceil(m.vocab_size / tp) * m.hidden_size + pos
 
 
-def params_per_rank(graph: OpGraph, tp: int, ep: int, layers: int, has_embed: bool,
-                    has_head: bool) -> dict:
-    """{"dense": ..., "expert": ...} parameters held by one rank of a pipeline stage with ``layers``
-    layers ("expert" = the MoE expert weights, reduced over the expert-data-parallel group).
+def layer_params_per_rank(ops: tuple[Op, ...], tp: int, ep: int, etp: int = 0) -> tuple[int, int]:
+    """(dense, expert) parameters one rank holds of one layer's ``ops``."""
+    dense = expert = 0
+    for op in ops:
+        n = _op_params_per_rank(op, tp, ep, etp)
+        if op.tp_split == "expert":
+            expert += n
+        else:
+            dense += n
+    return dense, expert
+
+
+def params_per_rank(graph: OpGraph, tp: int, ep: int, layers: int | tuple[int, ...], has_embed: bool,
+                    has_head: bool, etp: int = 0) -> dict:
+    """{"dense": ..., "expert": ...} parameters held by one rank of a pipeline stage holding
+    ``layers`` (a count of the model's main layer, or the global indices of its layers, each taken
+    with its own template, ``OpGraph.layer_ops``) ("expert" = the MoE expert weights, reduced over
+    the expert-data-parallel group).
 
     Tied embeddings: with pp > 1 Megatron allocates the word embedding on both the first and the
     last stage and all-reduces their gradients (Megatron-LM ``setup_embeddings_and_output_layer``,
@@ -223,18 +263,18 @@ def params_per_rank(graph: OpGraph, tp: int, ep: int, layers: int, has_embed: bo
     for name, v in (("tp", tp), ("ep", ep)):
         if v < 1:
             raise ValueError(f"{name} must be >= 1, got {v}")
-    if layers < 0:
+    indices = (None,) * layers if isinstance(layers, int) and layers >= 0 else layers
+    if isinstance(layers, int) and layers < 0:
         raise ValueError(f"layers must be >= 0, got {layers}")
     m = graph.model
     dense = expert = 0
-    for op in graph.layer:
-        n = _op_params_per_rank(op, tp, ep)
-        if op.tp_split == "expert":
-            expert += n
-        else:
-            dense += n
-    dense *= layers
-    expert *= layers
+    per_kind: dict = {}
+    for i in indices:
+        ops = graph.layer if i is None else graph.layer_ops(i)
+        if id(ops) not in per_kind:
+            per_kind[id(ops)] = layer_params_per_rank(ops, tp, ep, etp)
+        d, e = per_kind[id(ops)]
+        dense, expert = dense + d, expert + e
     if has_embed:
         dense += _embedding_params_per_rank(graph, tp)
     if has_head:
