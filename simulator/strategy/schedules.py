@@ -139,6 +139,41 @@ def zero_bubble_h2(p: int, m: int, v: int = 1) -> list[list[Action]]:
     return out
 
 
+class _VRank:
+    """One rank's program under a two-chunk V map, written as tokens: "F0" / "F1" the next forward of
+    chunk 0 / 1; "B0" a full backward (B then its W); "I0" an input-gradient backward whose W is
+    queued; "W0" the next weight gradient of chunk 0; "W" the oldest queued W (first in first out)."""
+
+    def __init__(self, rank: int, p: int) -> None:
+        self.stage = (rank, 2 * p - 1 - rank)
+        self.nf, self.nb, self.nw = [0, 0], [0, 0], [0, 0]
+        self.queued: deque[tuple[int, int]] = deque()
+        self.acts: list[Action] = []
+
+    def run(self, tokens: list[str]) -> None:
+        for tok in tokens:
+            if tok == "W":
+                if self.queued:
+                    s, i = self.queued.popleft()
+                    self.acts.append(Action(s, "W", i))
+                continue
+            c = int(tok[1])
+            s = self.stage[c]
+            if tok[0] == "F":
+                self.acts.append(Action(s, "F", self.nf[c]))
+                self.nf[c] += 1
+            elif tok[0] == "W":
+                self.acts.append(Action(s, "W", self.nw[c]))
+                self.nw[c] += 1
+            else:  # "B" full, "I" split
+                self.acts.append(Action(s, "B", self.nb[c]))
+                if tok[0] == "B":
+                    self.acts.append(Action(s, "W", self.nb[c]))
+                else:
+                    self.queued.append((s, self.nb[c]))
+                self.nb[c] += 1
+
+
 def zero_bubble_v(p: int, m: int, v: int = 2) -> list[list[Action]]:
     """ZB-V (Qi et al. 2024, sec. 6; "Pipeline Parallelism with Controllable Memory", Qi et al. 2024,
     V-ZB): two chunks per rank on the V stage map, backward split in B and W. Transcribed from
@@ -152,32 +187,13 @@ def zero_bubble_v(p: int, m: int, v: int = 2) -> list[list[Action]]:
     count = max(2 * p - 1, m)
     out = []
     for r in range(p):
-        s0, s1 = r, 2 * p - 1 - r
-        nf, nb, nw = {s0: 0, s1: 0}, {s0: 0, s1: 0}, {s0: 0, s1: 0}
-        acts: list[Action] = []
-
-        def run(*steps: tuple[int, str, dict[int, int]]) -> None:
-            for s, phase, counter in steps:
-                acts.append(Action(s, phase, counter[s]))
-                counter[s] += 1
-
-        for _ in range(2 * (p - r) - 1):
-            run((s0, "F", nf))
-        for _ in range(r):
-            run((s1, "F", nf), (s0, "F", nf))
-        for _ in range(p - r):
-            run((s1, "F", nf), (s1, "B", nb), (s1, "W", nw))
-        while nf[s1] < nf[s0] or nf[s0] < count:
-            if nf[s0] < count:
-                run((s0, "F", nf))
-            run((s0, "B", nb), (s0, "W", nw), (s1, "F", nf), (s1, "B", nb), (s1, "W", nw))
-        for _ in range(r):
-            run((s0, "B", nb), (s1, "B", nb))
-        for _ in range(p - r):
-            run((s0, "B", nb), (s0, "W", nw))
-        acts += [Action(s1, "W", i) for i in range(nw[s1], nb[s1])]
-        acts += [Action(s0, "W", i) for i in range(nw[s0], nb[s0])]
-        out.append([a for a in acts if a.microbatch < m])
+        prog = _VRank(r, p)
+        prog.run(["F0"] * (2 * (p - r) - 1) + ["F1", "F0"] * r + ["F1", "I1", "W1"] * (p - r))
+        while prog.nf[1] < prog.nf[0] or prog.nf[0] < count:
+            prog.run(["F0"] * (prog.nf[0] < count) + ["I0", "W0", "F1", "I1", "W1"])
+        prog.run(["I0", "I1"] * r + ["I0", "W0"] * (p - r))
+        prog.run(["W1"] * (prog.nb[1] - prog.nw[1]) + ["W0"] * (prog.nb[0] - prog.nw[0]))
+        out.append([a for a in prog.acts if a.microbatch < m])
     return out
 
 
@@ -196,57 +212,17 @@ def dualpipe_v(p: int, m: int, v: int = 2) -> list[list[Action]]:
     """
     out = []
     for r in range(p):
-        s0, s1 = r, 2 * p - 1 - r
-        nf, nb = {s0: 0, s1: 0}, {s0: 0, s1: 0}
-        queued: deque[tuple[int, int]] = deque()
-        acts: list[Action] = []
-
-        def f(s: int) -> None:
-            acts.append(Action(s, "F", nf[s]))
-            nf[s] += 1
-
-        def b(s: int, split: bool = False) -> None:
-            acts.append(Action(s, "B", nb[s]))
-            if split:
-                queued.append((s, nb[s]))
-            else:
-                acts.append(Action(s, "W", nb[s]))
-            nb[s] += 1
-
-        def w() -> None:
-            if queued:
-                acts.append(Action(queued[0][0], "W", queued.popleft()[1]))
-
-        for _ in range(2 * (p - r - 1)):  # step 1
-            f(s0)
-        for _ in range(r + 1):  # step 2
-            f(s0)
-            f(s1)
-        for _ in range(p - r - 1):  # step 3
-            b(s1, True)
-            w()
-            f(s1)
-        for _ in range(m - 2 * p + r + 1):  # step 4: (F0 & B1), (F1 & B0)
-            f(s0)
-            b(s1)
-            f(s1)
-            b(s0)
-        for _ in range(p - r - 1):  # step 5
-            b(s1)
-            f(s1)
-            b(s0)
+        prog = _VRank(r, p)
+        prog.run(["F0"] * 2 * (p - r - 1) + ["F0", "F1"] * (r + 1) + ["I1", "W", "F1"] * (p - r - 1))  # steps 1-3
+        prog.run(["F0", "B1", "F1", "B0"] * (m - 2 * p + r + 1) + ["B1", "F1", "B0"] * (p - r - 1))  # steps 4-5
         split = False
-        for i in range(r + 1):  # step 6: the second half of the backwards split
+        for i in range(r + 1):  # step 6: from the middle on, the backwards are split
             split = split or (i == (r + 1) // 2 and r % 2 == 1)
-            b(s1, split)
+            prog.run(["I1" if split else "B1"])
             split = split or (i == (r + 1) // 2 and r % 2 == 0)
-            b(s0, split)
-        for _ in range(p - r - 1):  # step 7
-            w()
-            b(s0, True)
-        for _ in range(r + 1):  # step 8
-            w()
-        out.append(acts)
+            prog.run(["I0" if split else "B0"])
+        prog.run(["W", "I0"] * (p - r - 1) + ["W"] * (r + 1))  # steps 7-8
+        out.append(prog.acts)
     return out
 
 
