@@ -68,9 +68,10 @@ def test_multi_node_ring_uses_every_nic_and_keeps_hops_on_one_rail():
     size = 8 * GiB
     t = collective_time_s(_coll("all_reduce", size, group), topo, "ring/simple")
     # tuning.cc: nInterSteps = 2 nNodes; intra-node steps of an inter-node ring pay at least the
-    # net overhead, 2 us x 3 (Simple) on DGX A100's AMD hosts (> NVLink's 3.4 us)
+    # net overhead, 2 us x 3 (Simple) on DGX A100's AMD hosts (> NVLink's 3.4 us); x1.4 for the
+    # ring plateau of a Simple all-reduce across nodes (ncclTopoGetAlgoTime, Ampere and later)
     lat = (tuner.BASE_LAT_US["ring"][2] + (62 - 8) * max(tuner.HW_LAT_US["nvlink"]["ring"][2], 6.0)
-           + 8 * tuner.HW_LAT_US["net"]["ring"][2]) * US
+           + 8 * tuner.HW_LAT_US["net"]["ring"][2]) * US * tuner.RING_PLATEAU_FACTOR_DEFAULT
     assert t == pytest.approx(lat + 2 * 31 / 32 * size / (8 * 25e9 * IB_EFFICIENCY), rel=1e-12)
 
 
@@ -217,18 +218,25 @@ def test_run_collective_reports_nccl_tests_figures():
         run_collective(replace(A100, gpus_per_node=1, nics_per_node=1), "all_reduce", 1e6)
 
 
-def test_nvls_tree_across_two_nodes_is_nvlink_bound_with_nccl_latency():
+def test_nvls_tree_across_two_nodes_runs_at_nccl_per_channel_ceiling():
     """NVLSTree: NVLink SHARP inside each node (S(1 + 1/8) each way at 5/6 of the NVLink rate) and
-    S/8 per GPU through its NIC each way; on DGX H100 NVLink binds; latency 23 + 2 x 14 us."""
+    S/8 per GPU through its NIC each way; on DGX H100 both allow more than NCCL 2.28's ceiling of
+    57.7 GB/s bus bandwidth per NVLS channel on 2 nodes (8 heads, one per NIC), which binds;
+    latency 23 + 2 x 14 us."""
     topo = build_topology(H100.with_nodes(2))
     size = 8 * GiB
     t = collective_time_s(_coll("all_reduce", size, range(16)), topo, "nvls_tree")
     nvlink = topo.capacity_Bps[("gpu0", "nvs0")]
-    expected = (23 + 2 * 14) * US + size * (1 + 1 / 8) / (nvlink * 5 / 6)
+    assert size * (1 + 1 / 8) / (nvlink * 5 / 6) < size * 2 * 15 / 16 / (8 * 57.7e9)
+    expected = (23 + 2 * 14) * US + size * 2 * 15 / 16 / (8 * 57.7e9)
     assert t == pytest.approx(expected, rel=1e-9)
     plan = plan_collective(_coll("all_reduce", size, range(16)), topo, "nvls_tree")
     nic_out = sum(f.size_bytes for s in plan.steps for f in s.flows if ("nic0.3", "leaf3.0") in f.links)
-    assert nic_out == pytest.approx(size / 8)  # rank 3's shard goes up one tree, comes down the other
+    nvl_out = sum(f.size_bytes for s in plan.steps for f in s.flows if ("gpu3", "nvs0") in f.links)
+    # rank 3's shard (S/8) goes up one tree and comes down the other; NVLink carries S(1 + 1/8) at
+    # 5/6 of its rate; both scaled alike by the ceiling's efficiency
+    assert nic_out / nvl_out == pytest.approx((1 / 8) / ((1 + 1 / 8) * 6 / 5))
+    assert nic_out > size / 8
     assert simulate_plan(plan, topo.capacity_Bps) == pytest.approx(t, rel=1e-9)
     assert choose_algorithm("all_reduce", 8 * GiB, tuple(range(16)), topo) == "nvls_tree"
     with pytest.raises(ValueError, match="at least 2 nodes"):
@@ -257,3 +265,18 @@ def test_fabric_profiles_restrict_the_tuner_as_their_vendors_prescribe():
     # an explicit choice still runs, and all-to-all / send-recv are P2P, not restricted
     assert plan_collective(_coll("all_reduce", 8, group), high, "tree/ll").algorithm == "tree/ll"
     assert plan_collective(_coll("all_to_all", 1024, group), high).algorithm == "direct/ll"
+
+
+def test_nvls_tree_ceiling_beyond_two_nodes_and_ring_plateau():
+    """NCCL 2.28's NVLSTree ceiling over more than 2 nodes is 45.5 GB/s per channel (Hopper), so 4 DGX
+    H100 reach 8 x 45.5 GB/s busbw; latency 23 + 2 log2(4) x 14 us. The ring plateau (x1.4 latency)
+    applies to Simple all-reduce across nodes only, from 64 B per channel and rank."""
+    topo = build_topology(H100.with_nodes(4))
+    size = 8 * GiB
+    t = collective_time_s(_coll("all_reduce", size, range(32)), topo, "nvls_tree")
+    assert t == pytest.approx((23 + 4 * 14) * US + size * 2 * 31 / 32 / (8 * 45.5e9), rel=1e-9)
+    assert tuner.ring_plateau("all_reduce", "simple", 2, 16 * 16 * 64, 16, 16, "hopper") == 1.4
+    assert tuner.ring_plateau("all_reduce", "simple", 2, 16 * 16 * 64 - 1, 16, 16, "hopper") == 1.0
+    assert tuner.ring_plateau("all_reduce", "ll128", 2, GiB, 16, 16, "hopper") == 1.0
+    assert tuner.ring_plateau("all_gather", "simple", 2, GiB, 16, 16, "hopper") == 1.0
+    assert tuner.ring_plateau("all_reduce", "simple", 1, GiB, 16, 8, "hopper") == 1.0

@@ -96,7 +96,8 @@ def _build_unit_phases(topo: Topology, op: str, group: tuple[int, ...], algorith
 
 
 def _latencies(algorithm: str, protocol: str, op: str, shape: GroupShape,
-               phases: tuple[Phase, ...], architecture: str = "") -> tuple[float, list[float]]:
+               phases: tuple[Phase, ...], architecture: str = "", size: float = 0.0
+               ) -> tuple[float, list[float]]:
     """(base latency, per-step latency of each phase), from NCCL's tuner constants."""
     n_nodes = shape.num_nodes
     hw = "net" if n_nodes > 1 else "nvlink"
@@ -107,7 +108,10 @@ def _latencies(algorithm: str, protocol: str, op: str, shape: GroupShape,
             return tuner.base_latency_s("ring", protocol), [lat]
         base, step = tuner.ring_latency_s(protocol, ph.repeat,
                                           tuner.ring_inter_steps(op, shape.n, n_nodes), architecture)
-        return base, [step]
+        # NCCL runs twice as many channels as it searched rings (graph/connect.cc, nChannels*2)
+        plateau = tuner.ring_plateau(op, protocol, n_nodes, size, 2 * len(phases[0].flows) // shape.n,
+                                     shape.n, architecture)
+        return base * plateau, [step * plateau]
     if algorithm == "tree":
         return 0.0, [tuner.tree_latency_s(protocol, n_nodes, shape.ppn)]
     if algorithm == "nvls":
@@ -193,7 +197,8 @@ def _efficiency(topo: Topology, op: str, size: float, shape: GroupShape, alg: st
     cap = tuner.max_busbw_Bps(alg, proto, topo.cluster.gpu.architecture, shape.num_nodes,
                               channels)
     if cap < float("inf") and bw_s_per_byte > 0:
-        # NCCL converts bus to algorithm bandwidth with 1/2 for trees and nRanks/nSteps for rings.
+        # NCCL converts bus to algorithm bandwidth with 1/2 for trees and nRanks/nSteps for rings
+        # (and, since 2.28, for NVLS / NVLSTree: tuning.cc "ratio *= (1.0 * nRanks) / nsteps").
         ratio = 0.5 if alg == "tree" else 1 / busbw_factor(op, shape.n)
         eff = min(eff, cap * ratio * bw_s_per_byte)
     return eff
@@ -205,7 +210,7 @@ def _estimate(topo: Topology, op: str, size: float, group: tuple[int, ...],
     fluid-timed value, e.g. with a lower bound of it (the time is non-decreasing in ``bw``)."""
     phases, bw_s = _unit_phases(topo, op, group, alg) if bw is None else (_phases(topo, op, group, alg), bw)
     shape = group_shape(group, topo)
-    base, lats = _latencies(alg, proto, op, shape, phases, topo.cluster.gpu.architecture)
+    base, lats = _latencies(alg, proto, op, shape, phases, topo.cluster.gpu.architecture, size)
     eff = _efficiency(topo, op, size, shape, alg, proto, bw_s)
     return base + sum(p.repeat * lat for p, lat in zip(phases, lats)) + bw_s * size / eff
 
@@ -281,7 +286,7 @@ def _build_plan(topo: Topology, op: str, size: float, group: tuple[int, ...],
     alg, proto, _ = _best(topo, op, size, group, algorithm)
     phases, bw = _unit_phases(topo, op, group, alg)
     shape = group_shape(group, topo)
-    base, lats = _latencies(alg, proto, op, shape, phases, topo.cluster.gpu.architecture)
+    base, lats = _latencies(alg, proto, op, shape, phases, topo.cluster.gpu.architecture, size)
     scale = size / _efficiency(topo, op, size, shape, alg, proto, bw)
     steps = [CommStep(base)] if base > 0 else []
     for ph, lat in zip(phases, lats):

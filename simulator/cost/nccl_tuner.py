@@ -55,6 +55,12 @@ RING_LL_EFFICIENCY_1NODE = 1.0 / 3.0
 # generation inside one node and by CPU vendor across nodes.
 PER_CH_MAX_TREE_GBPS = {"ampere": (24.0, 23.6, 17.8), "hopper": (38.7, 41.4, 36.0)}
 PER_CH_MAX_TREE_LL128_GBPS = {"ampere": (20.0, 20.0, 20.0), "hopper": (36.7, 36.7, 29.0)}
+# NVLSTree: NCCL 2.28 (src/graph/tuning.cc perChMaxNVLSTreeBws, Hopper {0.0, 57.7, 45.5}, Blackwell
+# {0.0, 96.0, 43.1}, nNodes = 1, 2, >2) caps its bus bandwidth per NVLS channel; the search gives one
+# NVLS channel per head, a GPU with its own NIC. 2.19-2.27 took min(bwIntra, bwInter) per channel
+# with no ceiling, a bound NVLSTree does not reach: 2 x 8 H100 with 8 x 400 Gb/s measure 467 GB/s
+# busbw at 8 GB (dstack Nebius example) against the 8 x 57.7 = 462 of this ceiling.
+PER_CH_MAX_NVLS_TREE_GBPS = {"hopper": (0.0, 57.7, 45.5), "blackwell": (0.0, 96.0, 43.1)}
 LL_MAX_GBPS_1NODE = {"ampere": 87.7, "hopper": 87.7}
 LL_MAX_GBPS_MULTI = {"amd": (22.5, 19.0), "intel": (39.0, 20.4)}
 # Host CPUs: DGX A100 has 2 x AMD EPYC 7742, DGX H100/H200 2 x Intel Xeon 8480C (DGX datasheets).
@@ -143,9 +149,12 @@ def tree_correction(protocol: str, size_bytes: float) -> float:
 
 def max_busbw_Bps(algorithm: str, protocol: str, architecture: str, num_nodes: int,
                   channels: int) -> float:
-    """Bus-bandwidth ceiling of NCCL's tuner (inf when none): trees per channel, LL overall."""
+    """Bus-bandwidth ceiling of NCCL's tuner (inf when none): trees and NVLSTree per channel, LL
+    overall."""
     k = 0 if num_nodes == 1 else 1 if num_nodes == 2 else 2
     cap = float("inf")
+    if algorithm == "nvls_tree" and architecture in PER_CH_MAX_NVLS_TREE_GBPS:
+        return channels * PER_CH_MAX_NVLS_TREE_GBPS[architecture][k] * GB
     if algorithm == "tree" and architecture in PER_CH_MAX_TREE_GBPS:
         table = PER_CH_MAX_TREE_LL128_GBPS if protocol == "ll128" else PER_CH_MAX_TREE_GBPS
         cap = channels * table[architecture][k] * GB
@@ -181,6 +190,22 @@ def ring_latency_s(protocol: str, nsteps: int, n_inter: int, architecture: str =
         intra = max(intra, net_overhead_us(architecture, protocol))
     total = (nsteps - n_inter) * intra + n_inter * HW_LAT_US["net"]["ring"][p]
     return BASE_LAT_US["ring"][p] * US, (total / nsteps if nsteps else 0.0) * US
+
+
+# tuning.cc ncclTopoGetAlgoTime (2.19-2.23): "Plateau effect of ring": a Simple all-reduce ring across
+# nodes has its latency x1.4 (x1.9 before Ampere) once nBytes / (nChannels * nRanks) >= 64.
+RING_PLATEAU_FACTOR = {"volta": 1.9}
+RING_PLATEAU_FACTOR_DEFAULT = 1.4
+RING_PLATEAU_MIN_BYTES = 64
+
+
+def ring_plateau(op: str, protocol: str, num_nodes: int, size_bytes: float, channels: int,
+                 n: int, architecture: str) -> float:
+    """Latency factor of the ring plateau effect (1.0 where it does not apply)."""
+    if (op == "all_reduce" and protocol == "simple" and num_nodes > 1
+            and size_bytes / (channels * n) >= RING_PLATEAU_MIN_BYTES):
+        return RING_PLATEAU_FACTOR.get(architecture, RING_PLATEAU_FACTOR_DEFAULT)
+    return 1.0
 
 
 def ring_inter_steps(op: str, n: int, num_nodes: int) -> int:
