@@ -62,7 +62,8 @@ def _check_experts(m, p) -> None:
     if p.etp < 0:
         raise ScenarioError(f"parallelism.etp must be >= 0 (0: etp = tp), got {p.etp}")
     if m.is_moe and m.moe_ffn_hidden_size % etp:  # routed experts are split by expert TP (sharding.py)
-        raise ScenarioError(f"parallelism.etp = {etp} does not divide model.moe_ffn_hidden_size = {m.moe_ffn_hidden_size}")
+        key = "etp" if p.etp else "tp"  # etp 0 follows tp
+        raise ScenarioError(f"parallelism.{key} = {etp} does not divide model.moe_ffn_hidden_size = {m.moe_ffn_hidden_size}")
     if m.is_moe and m.moe_shared_expert_ffn_hidden_size % p.tp:  # shared experts run in the dense TP group
         raise ScenarioError(f"parallelism.tp = {p.tp} does not divide model.moe_shared_expert_ffn_hidden_size = "
                             f"{m.moe_shared_expert_ffn_hidden_size}")

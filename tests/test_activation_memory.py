@@ -105,7 +105,7 @@ def test_swiglu_layer_from_its_tensors():
 
 
 def test_moe_experts_hold_top_k_times_capacity_token_slots():
-    dense, moe = _model(), _model(num_experts=8, moe_top_k=2, moe_capacity_factor=1.25)
+    dense, moe = _model(), _model(num_experts=8, moe_top_k=2, moe_capacity_factor=1.25, moe_pad_to_capacity=True)
     tokens, h, f = 512, 1024, 4096
     slots = tokens * 2 * 1.25
     expert = 2 * slots * (h + f + f + h)  # permuted input, fc1 output, fc2 input, output to combine
@@ -169,3 +169,25 @@ def test_geglu_keeps_swiglu_tensors_and_squared_relu_gelus():
         return {t.name: t.bytes for t in activation_terms(_model(mlp=mlp, ffn_hidden_size=2816), 1, 2, True, 1)}
     assert by_name("geglu") == by_name("swiglu")
     assert by_name("squared-relu")["fc1_output"] == by_name("swiglu")["fc1_output"] / 2
+
+
+def test_mla_keeps_the_compressed_kv_of_deepseek_v2_table1():
+    """DeepSeek-V2 Table 1: MLA caches d_c + d_h^R = 4.5·d_h elements per token and layer (d_c = 4·d_h =
+    512, d_h^R = d_h/2 = 64 for d_h = 128). A training layer keeps that compressed KV (the KV down
+    projection's output, the latent norm's input) and its normed d_c copy (the up projection's input);
+    the per-head K and V it up-projects are kept like MHA's, 2·n_h·d_h per token without TP."""
+    from simulator.model.spec import ModelSpec
+    from simulator.strategy.activation_memory import activation_terms
+
+    d_h, n_h = 128, 128
+    v2 = ModelSpec("deepseek-v2", num_layers=60, hidden_size=5120, num_attention_heads=n_h, vocab_size=102400,
+                   seq_length=4096, ffn_hidden_size=12288, mlp="swiglu", q_lora_rank=1536, kv_lora_rank=4 * d_h,
+                   qk_rope_head_dim=d_h // 2, head_dim=d_h + d_h // 2, v_head_dim=d_h)
+    terms = {t.name: t.bytes for t in activation_terms(v2, 1, 1, False, 1, 2)}
+    tokens = 4096
+    assert terms["mla_kv_latent"] == 2 * tokens * (4.5 * d_h + 4 * d_h)
+    assert terms["mla_q_latent"] == 2 * tokens * 2 * 1536
+    assert terms["k"] + terms["v"] == 2 * tokens * n_h * (v2.head_dim + d_h)
+    # with TP 8 the latents stay whole on every rank (duplicated down projections), K and V split
+    tp8 = {t.name: t.bytes for t in activation_terms(v2, 1, 8, False, 1, 2)}
+    assert tp8["mla_kv_latent"] == terms["mla_kv_latent"] and tp8["k"] == terms["k"] / 8

@@ -276,3 +276,39 @@ def test_deepseek_v3_config():
 def test_tied_small_qwen():
     assert spec_of("Qwen2.5-0.5B").tie_embeddings is True  # Qwen2.5-0.5B ties, the 7B does not
     assert spec_of("Qwen2.5-7B").tie_embeddings is False
+
+
+# keys that make a published config unrepresentable on purpose (refused by their own tests): set to the
+# representable value so that the unknown key is what gets refused
+NEUTRAL = {"DeepSeek-V3": {"num_nextn_predict_layers": 0}, "pythia-160m": {"use_parallel_residual": False}}
+
+
+@pytest.mark.parametrize("folder", sorted(p.name for p in DATA.iterdir() if (p / "config.json").is_file()))
+def test_an_unknown_key_in_any_published_config_is_refused_by_name(folder):
+    cfg = dict(json.loads((DATA / folder / "config.json").read_text()), **NEUTRAL.get(folder, {}))
+    hf_config_to_fields(cfg)  # representable as published (with NEUTRAL)
+    with pytest.raises(ValueError) as err:
+        hf_config_to_fields(dict(cfg, moe_mystery_router_mode="hash"))
+    assert "'moe_mystery_router_mode'" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("folder, active, lookup_counted, source", [
+    ("Qwen3-30B-A3B", 3.3e9, True, "Qwen/Qwen3-30B-A3B model card: 3.3B activated (3.35B, embeddings included)"),
+    ("DeepSeek-V3", 37e9, False, "DeepSeek-V3 Technical Report §1: 37B activated"),
+    ("Mixtral-8x22B-v0.1", 39e9, True, "Mistral AI announcement: 39B active"),
+    ("gpt-oss-120b", 5.13e9, False, "OpenAI gpt-oss model card, Table 1: 5.13B active (unembedding only)"),
+])
+def test_forward_flops_are_two_per_published_active_weight(folder, active, lookup_counted, source):
+    """Per token, the op graph's forward GEMMs outside the attention core cost 2 FLOPs per active
+    weight (Kaplan et al. 2020, C = 2N), N the activated count without the embedding lookup (no GEMM);
+    against the published count, with the lookup added back where the publisher counts it."""
+    from simulator.model.opgraph import build_op_graph
+
+    cfg = dict(json.loads((DATA / folder / "config.json").read_text()), **NEUTRAL.get(folder, {}))
+    spec = ModelSpec(**hf_config_to_fields(cfg, folder), seq_length=4096)
+    g = build_op_graph(spec, 1)
+    core = sum(o.fwd_flops for i in range(spec.num_layers) for o in g.layer_ops(i) if o.kind == "attention")
+    per_token = (g.fwd_flops() - core) / (2 * spec.seq_length)
+    lookup = spec.vocab_size * spec.hidden_size
+    assert per_token == pytest.approx(spec.num_active_params() - (0 if spec.tie_embeddings else lookup), rel=1e-3)
+    assert per_token + lookup_counted * lookup == pytest.approx(active, rel=0.02), source

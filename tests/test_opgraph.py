@@ -127,11 +127,20 @@ def test_moe_ops():
     assert g.num_params() == m.num_params()
 
 
-def test_moe_capacity_factor_pads_rows():
-    m = ModelSpec("cf", num_layers=1, hidden_size=64, num_attention_heads=8, vocab_size=100,
-                  seq_length=10, mlp="swiglu", ffn_hidden_size=96, num_experts=4, moe_top_k=1,
-                  moe_capacity_factor=1.25)
-    assert op(build_op_graph(m, 1).layer, "expert_fc1").shape[0] == 13  # ceil(1.25·10·1)
+def test_moe_capacity_factor_pads_rows_only_when_padding_to_capacity():
+    def rows(**kw):
+        m = ModelSpec("cf", num_layers=1, hidden_size=64, num_attention_heads=8, vocab_size=100,
+                      seq_length=10, mlp="swiglu", ffn_hidden_size=96, num_experts=4, moe_top_k=1, **kw)
+        fc1 = op(build_op_graph(m, 1).layer, "expert_fc1")
+        return fc1.shape[0], fc1.expert_load
+    assert rows(moe_capacity_factor=1.25, moe_pad_to_capacity=True) == (13, (1.0, 1.0))  # ceil(1.25·10·1)
+    assert rows(moe_capacity_factor=1.25) == (10, (1.0, 1.0))  # dropping: at most the routed slots
+    assert rows(moe_capacity_factor=0.5) == (5, (1.0, 1.0))  # half the slots dropped
+    assert rows() == (10, (1.0, 1.0))  # dropless (Megatron-core's default)
+    # the busiest expert takes 1.5x the mean dropless, at most its capacity when dropping
+    assert rows(moe_load_imbalance=1.5) == (10, (1.5, 2.5 / 3))  # the other 3 share the remaining 2.5
+    assert rows(moe_load_imbalance=1.5, moe_capacity_factor=1.25) == (10, (1.25, 2.5 / 3))
+    assert rows(moe_load_imbalance=1.5, moe_capacity_factor=1.25, moe_pad_to_capacity=True)[1] == (1.0, 1.0)
 
 
 def test_embedding_and_head():

@@ -24,7 +24,7 @@ FlashAttention's per-row softmax statistics are neglected.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import ceil
 
 from ..units import dtype_bytes as _dtype_bytes
@@ -56,6 +56,10 @@ class Op:
     experts: int = 1  # expert GEMMs: the number of experts whose weights the op holds
     kv_heads: int = 0  # attention: key/value heads (GQA); 0 for other ops
     precision: str = ""  # "fp8": a Transformer Engine FP8 GEMM (model/fp8.py); "" = the training dtype
+    # expert ops: (busiest expert, every other expert) rows relative to the mean expert's share of
+    # ``shape`` (ModelSpec.moe_expert_loads), and whether a rank's experts run as one grouped GEMM
+    expert_load: tuple[float, float] = (1.0, 1.0)
+    grouped: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,11 +137,12 @@ def attention_bytes(batch: int, heads: int, kv_heads: int, seq_q: int, seq_kv: i
     return float((4 * q + 4 * kv) if backward else (2 * q + 2 * kv)) * dtype_bytes
 
 
-def expert_rows(tokens: int, top_k: int, capacity_factor: float) -> int:
-    """Token slots the experts compute: capacity cf·T·k/E per expert (GShard, Lepikhin et al. 2020
-    §2.2; Switch Transformer, Fedus et al. 2021 eq. 4) over E experts = cf·T·k; padded slots are
-    computed, so cf > 1 costs FLOPs."""
-    return ceil(capacity_factor * tokens * top_k - 1e-9)
+def expert_rows(tokens: int, top_k: int, mean_load: float) -> int:
+    """Token slots the experts compute, balanced routing: T·k times ``ModelSpec.moe_mean_load`` (the
+    capacity cf·T·k/E per expert of GShard, Lepikhin et al. 2020 §2.2 / Switch Transformer, Fedus et
+    al. 2021 eq. 4, over E experts when padded to capacity: padded slots are computed, so cf > 1
+    costs FLOPs; at most T·k when dropping; T·k dropless)."""
+    return ceil(mean_load * tokens * top_k - 1e-9)
 
 
 # ---- op constructors --------------------------------------------------------------------------
@@ -263,20 +268,28 @@ def _mlp_ops(m: ModelSpec, b: int, d: int, dense: bool = False) -> list[Op]:
         fc1_params = h * n1 + (n1 if m.bias else 0)
         fc2_params = f * h + (h if m.bias else 0)
         act_fwd, act_bwd = _act_bytes(m, d)
-        rows = expert_rows(t, m.moe_top_k, m.moe_capacity_factor)
-        copies = rows / t  # token copies the experts see per token: cf·k
+        rows = expert_rows(t, m.moe_top_k, m.moe_mean_load())
+        copies = rows / t  # token copies the experts see per token: k (cf·k padded)
+        load = tuple(x / m.moe_mean_load() for x in m.moe_expert_loads())
+        fc1 = _gemm("expert_fc1", "mlp", rows, n1, h, e * fc1_params, "expert", d, e)
+        fc2 = _gemm("expert_fc2", "mlp", rows, h, f, e * fc2_params, "expert", d, e)
+        act = _vector("expert_act", "elementwise", "mlp", rows, f, act_fwd, act_bwd, 0, "expert", d)
+        fc1, act, fc2 = (replace(o, expert_load=load, grouped=m.moe_grouped_gemm, experts=e) for o in (fc1, act, fc2))
         ops += [
             # router: a replicated h x E linear layer (Megatron-core TopKRouter); under sequence
             # parallelism each rank routes its own s/t tokens
             _gemm("router", "mlp", t, e, h, m.router_params_per_layer(), "sequence", d),
+            # the scores (softmax or sigmoid) over the E logits and the top-k selection, one fused
+            # kernel (Megatron-core moe_router_fusion / topk_softmax_with_capacity): forward reads the
+            # logits and writes the scores; backward reads their gradient and the scores, writes the
+            # logits' gradient (the k selected values and indices per token are neglected)
+            _vector("router_topk", "softmax", "mlp", t, e, 2 * d, 3 * d, 0, "sequence", d),
             # Megatron-core moe_utils.permute: index_select of each token's cf·k copies, grouped by
             # expert (read the tokens, write the copies); its backward scatter-adds the copies'
             # gradients back (read the copies, write the tokens)
             _vector("moe_permute", "elementwise", "mlp", t, h, d * (1 + copies), d * (copies + 1), 0,
                     "sequence", d),
-            _gemm("expert_fc1", "mlp", rows, n1, h, e * fc1_params, "expert", d, e),
-            _vector("expert_act", "elementwise", "mlp", rows, f, act_fwd, act_bwd, 0, "expert", d),
-            _gemm("expert_fc2", "mlp", rows, h, f, e * fc2_params, "expert", d, e),
+            fc1, act, fc2,
             # moe_utils.unpermute: weight the copies by their router probabilities and scatter-add
             # them into the tokens (read the copies, write the tokens); backward writes the copies'
             # gradients and reads the copies again for the probabilities' gradient

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 # (GPT-2/3), squared ReLU relu(x)^2 (So et al. 2021 "Primer"; Nemotron-4, Parmar et al. 2024 §2).
 MLP_KINDS = ("gelu", "squared-relu", "swiglu", "geglu")
 GATED_MLP_KINDS = ("swiglu", "geglu")
+MOE_DISPATCHERS = ("alltoall", "allgather")
 
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
@@ -29,7 +30,22 @@ class ModelSpec:
     mlp: str = "gelu"  # one of MLP_KINDS: "gelu", "squared-relu" (2 GEMMs); "swiglu", "geglu" (3, gated)
     num_experts: int = 1  # MoE when > 1: every layer's MLP is replaced by num_experts experts
     moe_top_k: int = 1
-    moe_capacity_factor: float = 1.0  # GShard/Switch capacity factor: tokens per expert = cf·T·k/E
+    # Expert capacity (GShard, Lepikhin et al. 2020 §2.2; Switch, Fedus et al. 2021 eq. 4): each expert
+    # takes at most cf·T·k/E tokens, the rest are dropped; 0: dropless (Megatron-core
+    # moe_expert_capacity_factor None, its default). moe_pad_to_capacity: every expert computes its
+    # full capacity (Megatron-core moe_pad_expert_input_to_capacity).
+    moe_capacity_factor: float = 0.0
+    moe_pad_to_capacity: bool = False
+    # Routing imbalance: the busiest expert's tokens / the mean (1.0: balanced). The EP rank holding it
+    # sets the pace of every MoE layer (its co-located experts taken at the mean load).
+    moe_load_imbalance: float = 1.0
+    # Local experts as one grouped GEMM (TEGroupedMLP / GroupedMLP) or one GEMM per expert
+    # (SequentialMLP): Megatron-core's TransformerConfig.moe_grouped_gemm; NeMo 2's MoE recipes
+    # (Mixtral, Qwen3-MoE, DeepSeek-V3 configs) set it, so it is the default here.
+    moe_grouped_gemm: bool = True
+    # Token dispatcher (Megatron-core moe_token_dispatcher_type): "alltoall" (dispatch and combine
+    # all-to-alls over EP) or "allgather" (all-gather the tokens over EP, reduce-scatter the outputs).
+    moe_token_dispatcher: str = "alltoall"
     # Fine-grained MoE (DeepSeekMoE, Dai et al. 2024; Qwen3-MoE): experts narrower than the dense
     # MLP (0 -> ffn_hidden_size), shared experts every token passes through (their total width, as
     # Megatron-core's moe_shared_expert_intermediate_size), and dense MLPs in the first layers
@@ -113,6 +129,7 @@ class ModelSpec:
         if self.num_attention_heads % self.num_kv_heads:
             raise ValueError(f"num_attention_heads {self.num_attention_heads} is not divisible by "
                              f"num_kv_heads {self.num_kv_heads}")
+        self._check_moe()
         if self.is_moe and not 1 <= self.moe_top_k <= self.num_experts:
             raise ValueError(f"moe_top_k {self.moe_top_k} must be in 1..num_experts {self.num_experts}")
         if self.moe_first_dense_layers > (self.num_layers if self.is_moe else 0):
@@ -124,6 +141,42 @@ class ModelSpec:
         if self.is_mla and self.num_kv_heads != self.num_attention_heads:
             raise ValueError(f"MLA (kv_lora_rank {self.kv_lora_rank}) up-projects K and V per head: "
                              f"num_kv_heads {self.num_kv_heads} must equal num_attention_heads {self.num_attention_heads}")
+
+    def _check_moe(self) -> None:
+        if self.moe_capacity_factor < 0:
+            raise ValueError(f"moe_capacity_factor must be >= 0 (0: dropless), got {self.moe_capacity_factor}")
+        if self.moe_pad_to_capacity and not self.moe_capacity_factor:
+            raise ValueError("moe_pad_to_capacity needs moe_capacity_factor > 0 (dropless experts have no capacity)")
+        if not 1 <= self.moe_load_imbalance <= max(1, self.num_experts):
+            raise ValueError(f"moe_load_imbalance (busiest expert's tokens / mean) must be in 1..num_experts "
+                             f"{self.num_experts}, got {self.moe_load_imbalance}")
+        if self.moe_token_dispatcher not in MOE_DISPATCHERS:
+            raise ValueError(f"moe_token_dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, got "
+                             f"{self.moe_token_dispatcher!r}")
+
+    def moe_mean_load(self) -> float:
+        """Token slots the experts compute per routed slot (T·k), balanced routing: the capacity
+        factor when padded to capacity, at most the capacity when dropping, 1 dropless."""
+        cf = self.moe_capacity_factor
+        return 1.0 if not cf else cf if self.moe_pad_to_capacity else min(1.0, cf)
+
+    def moe_expert_loads(self) -> tuple[float, float]:
+        """(busiest expert, every other expert) routed token slots relative to the mean expert's
+        T·k/E, after the capacity: the busiest takes moe_load_imbalance times the mean, the other
+        E - 1 share the rest evenly, (E - imb)/(E - 1) each (the slots are T·k in all); a capacity cf
+        caps both; padding makes every expert compute exactly cf."""
+        cf, imb, e = self.moe_capacity_factor, self.moe_load_imbalance, self.num_experts
+        others = (e - imb) / (e - 1) if e > 1 else 1.0
+        if not cf:
+            return imb, others
+        return (cf, cf) if self.moe_pad_to_capacity else (min(imb, cf), min(others, cf))
+
+    def moe_rank_slots_per_token(self, experts_per_rank: int) -> float:
+        """Token slots per local token the busiest EP rank's experts compute: top_k times the mean of
+        its experts' loads (``moe_expert_loads``: the busiest expert and experts_per_rank - 1 others)."""
+        busy, other = self.moe_expert_loads()
+        n = max(1, experts_per_rank)
+        return self.moe_top_k * (busy + (n - 1) * other) / n
 
     # ---- derived sizes -------------------------------------------------------------------
     @property

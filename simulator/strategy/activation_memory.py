@@ -77,8 +77,8 @@ def activation_terms(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool,
     GQA: K and V have num_kv_heads * head_dim columns (max(kv_heads/t, 1) heads per rank).
     SwiGLU: the first MLP GEMM outputs gate and up (2f columns) and both feed the gated product,
     whose output (f columns) is the second GEMM's input: 6Tf/t bytes/2 instead of GELU's 4Tf/t.
-    MoE: each token is sent to top_k experts; with capacity factor cf an EP rank receives on average
-    T*top_k*cf token-slots (its own tokens' share of all experts: with balanced routing the tokens a
+    MoE: each token is sent to top_k experts; an EP rank receives on average T*top_k token-slots
+    (x cf padded to capacity, ``ModelSpec.moe_mean_load``) (its own tokens' share of all experts: with balanced routing the tokens a
     rank sends equal the slots it receives, so ep does not divide them). Expert tensors follow the
     dense rule (expert tensor parallelism = tp, Megatron-Core's default). The router adds its logits.
     With MoE parallel folding (expert TP etp != tp, SP) a rank's expert tensors hold its own tokens'
@@ -95,7 +95,7 @@ def activation_terms(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool,
     drop = has_dropout(model)
     terms = _attention_terms(model, micro_batch_size, tp, r, cp, d, drop)
     if model.is_moe and not dense_mlp:
-        terms += _moe_terms(model, d, tokens, tp, r, etp or tp, sp)
+        terms += _moe_terms(model, d, tokens, tp, r, etp or tp, sp, ep)
     else:
         terms += _mlp_terms("", d, tokens, h, model.ffn_hidden_size, tp, r, model.gated_mlp)
     if drop:
@@ -125,10 +125,13 @@ def _attention_terms(model: ModelSpec, micro_batch_size: int, t: int, r: int, cp
     ]
     if model.is_mla:
         # MLA (DeepSeek-V2 §2.1.2): the duplicated down projections' outputs (norm inputs) and the
-        # normed latents (inputs of the up projections), on every TP rank for the gathered tokens;
-        # the KV latent carries the shared RoPE key too
-        latent = 2 * (model.q_lora_rank + model.kv_lora_rank) + model.qk_rope_head_dim
-        terms.append(T("mla_latents", d * tokens * latent, weight_grad=True))
+        # normed latents (inputs of the up projections), on every TP rank for the gathered tokens.
+        # The KV down projection's output is the compressed c^KV with the shared RoPE key k^R, the
+        # d_c + d_h^R elements per token that MLA caches (DeepSeek-V2 Table 1); its normed c^KV (d_c)
+        # feeds the up projection
+        terms.append(T("mla_kv_latent", d * tokens * (model.kv_cache_elements_per_token_per_layer()
+                                                      + model.kv_lora_rank), weight_grad=True))
+        terms.append(T("mla_q_latent", d * tokens * 2 * model.q_lora_rank, weight_grad=True))
     if drop:
         terms += [T("attn_dropout_mask", MASK_BYTES * scores, core=True),
                   T("attn_dropout_output", d * scores, core=True)]
@@ -145,12 +148,14 @@ def _attention_terms(model: ModelSpec, micro_batch_size: int, t: int, r: int, cp
     return terms
 
 
-def _moe_terms(model: ModelSpec, d: int, tokens: int, t: int, r: int, etp: int, sp: bool) -> list[ActivationTerm]:
-    """The MoE block's tensors: router logits, the experts' MLP tensors over the token slots, the
-    expert outputs kept for the combine, and the shared experts' (see ``activation_terms``)."""
+def _moe_terms(model: ModelSpec, d: int, tokens: int, t: int, r: int, etp: int, sp: bool,
+               ep: int) -> list[ActivationTerm]:
+    """The MoE block's tensors: router logits, the experts' MLP tensors over the token slots (of the
+    busiest EP rank, ``ModelSpec.moe_rank_slots_per_token``), the expert outputs kept for the
+    combine, and the shared experts' (see ``activation_terms``)."""
     T = ActivationTerm
     h, gated = model.hidden_size, model.gated_mlp
-    slots = tokens * model.moe_top_k * model.moe_capacity_factor
+    slots = tokens * model.moe_rank_slots_per_token(model.num_experts // ep)
     terms = [T("router_logits", d * tokens * model.num_experts / r),
              T("router_logits_grad", d * tokens * model.num_experts / r, weight_grad=True, stored_at_f=False)]
     if etp != t and (sp or t == 1):  # folded expert TP: own tokens' slots x etp, over ffn/etp columns

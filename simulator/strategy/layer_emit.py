@@ -33,13 +33,18 @@ def _kv_block_bytes(ctx: LowerCtx) -> float:
 
 
 def a2a_bytes(ctx: LowerCtx) -> float:
-    """EP dispatch/combine send buffer: local tokens · top_k · capacity factor · h (GShard §2.2).
+    """EP dispatch/combine send buffer: local tokens · top_k · h (GShard §2.2), times the capacity
+    factor when padded to capacity (``ModelSpec.moe_mean_load``).
     With SP each TP rank routes its own s/t tokens (Megatron-core requires SP for MoE with TP)."""
-    m, p = ctx.scn.model, ctx.par
-    tokens = ctx.scn.training.micro_batch_size * m.seq_length // p.cp
-    if p.sequence_parallel:
-        tokens //= p.tp
-    return tokens * m.moe_top_k * m.moe_capacity_factor * m.hidden_size * ctx.dtype_bytes
+    m = ctx.scn.model
+    return _local_tokens(ctx) * m.moe_top_k * m.moe_mean_load() * m.hidden_size * ctx.dtype_bytes
+
+
+def _local_tokens(ctx: LowerCtx) -> int:
+    """Tokens one rank routes: b·s/cp, /tp with SP."""
+    p = ctx.par
+    tokens = ctx.scn.training.micro_batch_size * ctx.scn.model.seq_length // p.cp
+    return tokens // p.tp if p.sequence_parallel else tokens
 
 
 def tp_op(ctx: LowerCtx, rank: int, dep: int | None, name: str, op: str, meta: dict,
@@ -103,7 +108,13 @@ def _experts(ctx: LowerCtx, rank: int, part: str, dep: int, name: str, meta: dic
         return ctx.compute(rank, f"{name}.experts", work, (dep,), category, **meta)
     group = ctx.group("ep", rank)
     size = a2a_bytes(ctx)
-    a = ctx.comm(rank, "comm_ep", f"{name}.dispatch", "all_to_all", size, group, "ep", "comm_ep", (dep,), **meta)
+    # Megatron-core MoEAllGatherTokenDispatcher: every rank gathers all the EP group's tokens (h wide,
+    # before routing copies), computes its local experts' share, and reduce-scatters the outputs
+    gather = ctx.scn.model.moe_token_dispatcher == "allgather"
+    op, coll = ("all_gather", "reduce_scatter") if gather else ("all_to_all", "all_to_all")
+    if gather:
+        size = _local_tokens(ctx) * ctx.scn.model.hidden_size * ctx.dtype_bytes * len(group)
+    a = ctx.comm(rank, "comm_ep", f"{name}.dispatch", op, size, group, "ep", "comm_ep", (dep,), **meta)
     etp = ctx.par.expert_tp
     folded = etp > 1 and etp != ctx.par.tp  # with etp = tp the SP all-gather before the MLP block stands for it
     if folded:  # Megatron-core alltoall dispatcher: the received tokens all-gathered over the expert-TP group
@@ -113,7 +124,7 @@ def _experts(ctx: LowerCtx, rank: int, part: str, dep: int, name: str, meta: dic
     if folded:
         e = ctx.comm(rank, "comm_ep", f"{name}.etp_reduce_scatter", "reduce_scatter", size * etp,
                      ctx.group("etp", rank), "ep", "comm_ep", (e,), **meta)
-    return ctx.comm(rank, "comm_ep", f"{name}.combine", "all_to_all", size, group, "ep", "comm_ep", (e,), **meta)
+    return ctx.comm(rank, "comm_ep", f"{name}.combine", coll, size, group, "ep", "comm_ep", (e,), **meta)
 
 
 def column_backward(ctx: LowerCtx, rank: int, seg: Segment, dep: int | None, name: str, meta: dict,

@@ -23,6 +23,7 @@ Shapes that do not divide raise ValueError naming the op and the numbers.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from math import ceil, prod
 
 from ..model.opgraph import TP_SPLITS, Op, OpGraph, attention_bytes, gemm_bytes, gemm_flops
@@ -130,6 +131,34 @@ def _work(op: Op, tp: int, sp: bool, cp: int, ep: int, etp: int = 0) -> tuple:
             op.fwd_bytes * r, op.bwd_bytes * r, 0.0)
 
 
+def expert_parts(op: Op, ep: int) -> list[Op]:
+    """The kernels an expert op runs on the slowest EP rank (the one holding the busiest expert,
+    ``Op.expert_load``), each an Op over its share of the token slots: one grouped GEMM over the
+    rank's n = experts/ep local experts, (busiest + (n - 1)·other)/n of the mean rows (Megatron-core
+    TEGroupedMLP / GroupedMLP), or one GEMM per local expert (SequentialMLP), each holding one
+    expert's weights. Any other op: itself."""
+    if op.tp_split != "expert":
+        return [op]
+    n = max(1, op.experts // ep)
+    busy, other = op.expert_load
+    if op.grouped or n == 1:
+        fractions, experts = [(busy + (n - 1) * other) / n], op.experts
+    else:
+        fractions, experts = [busy / n] + [other / n] * (n - 1), ep  # ep experts over ep ranks: one each
+    return [_scaled_rows(op, f, experts) for f in fractions]
+
+
+def _scaled_rows(op: Op, fraction: float, experts: int) -> Op:
+    if fraction == 1.0 and experts == op.experts:
+        return op
+    rows = ceil(op.shape[0] * fraction - 1e-9)
+    r = rows / op.shape[0]
+    return replace(op, shape=(rows,) + tuple(op.shape[1:]), fwd_flops=op.fwd_flops * r,
+                   bwd_input_flops=op.bwd_input_flops * r, bwd_weight_flops=op.bwd_weight_flops * r,
+                   fwd_bytes=op.fwd_bytes * r, bwd_bytes=op.bwd_bytes * r, experts=experts,
+                   params=op.params // op.experts * experts)
+
+
 def shard_op(op: Op, tp: int, sp: bool, cp: int, ep: int, etp: int = 0) -> OpWork:
     """Forward work of ``op`` on one rank."""
     shape, f, _, _, by, _, _ = _work(op, tp, sp, cp, ep, etp)
@@ -139,7 +168,8 @@ def shard_op(op: Op, tp: int, sp: bool, cp: int, ep: int, etp: int = 0) -> OpWor
 def shard_ops(ops: tuple[Op, ...], tp: int, sp: bool, cp: int, ep: int, etp: int = 0) -> tuple[OpWork, ...]:
     """Forward work of ``ops`` on one rank, in program order (ops with no forward work, such as the
     backward-only FP8 gradient casts, are left out)."""
-    return tuple(shard_op(op, tp, sp, cp, ep, etp) for op in ops if op.fwd_flops or op.fwd_bytes)
+    return tuple(shard_op(part, tp, sp, cp, ep, etp) for op in ops if op.fwd_flops or op.fwd_bytes
+                 for part in expert_parts(op, ep))
 
 
 def shard_ops_backward(ops: tuple[Op, ...], tp: int, sp: bool, cp: int, ep: int,
@@ -153,7 +183,7 @@ def shard_ops_backward(ops: tuple[Op, ...], tp: int, sp: bool, cp: int, ep: int,
     if part not in BACKWARD_PARTS:
         raise ValueError(f"backward part must be one of {BACKWARD_PARTS}, got {part!r}")
     out = []
-    for op in reversed(ops):
+    for op in (part for whole in reversed(ops) for part in reversed(expert_parts(whole, ep))):
         shape, _, fb, fw, _, bb, bw = _work(op, tp, sp, cp, ep, etp)
         flops = (fb if "B" in part else 0.0) + (fw if "W" in part else 0.0)
         nbytes = (bb if "B" in part else 0.0) + (bw if "W" in part else 0.0)
