@@ -1,6 +1,8 @@
 """`simulator validate`: rows become scenarios with the users' defaults, failures are reported, JSON shape."""
 
 import json
+
+import pytest
 import subprocess
 import sys
 from pathlib import Path
@@ -123,3 +125,22 @@ def test_validate_json_one_entry_per_row(tmp_path):
     assert data["rows"][1]["status"] == "failed" and data["rows"][1]["reason"]
     assert (tmp_path / "validation.md").is_file() and (tmp_path / "validation.png").is_file()
     assert DEFAULT_CSV.is_file()
+
+
+def test_deepseek_v3_row_is_accepted_with_moe_parallel_folding():
+    """The dgxc DeepSeek-V3 row (TP2 PP16 EP64 ETP1 DP32 on 1,024 H100) becomes a scenario: the preset's
+    MLA / dense-first / shared-expert shape, EP 64 folded over TP 2 x DP 32 inside each stage. Only
+    this row sets etp and model_preset, with the reasons in settings_from_source."""
+    from simulator.strategy.mesh import DeviceMesh
+
+    rows = read_rows([DEFAULT_CSVS[2]])
+    assert [r["name"] for r in rows if r["etp"] or r["model_preset"]] == ["dgxc-dsv3-671b-bf16-1024gpu"]
+    (row,) = [r for r in rows if r["name"] == "dgxc-dsv3-671b-bf16-1024gpu"]
+    assert "ETP1" in row["notes"] and "etp = 1" in row["settings_from_source"]
+    s = scenario_from_dict(row_to_raw(row), default_name=row["name"])
+    p, m = s.parallel, s.model
+    assert (p.tp, p.pp, p.dp, p.ep, p.expert_tp, p.expert_dp) == (2, 16, 32, 64, 1, 1)
+    assert (m.is_mla, m.moe_first_dense_layers, m.ffn_hidden_size, m.moe_ffn_hidden_size) == (True, 3, 18432, 2048)
+    assert m.num_params() == pytest.approx(671e9, rel=0.005)
+    mesh = DeviceMesh(pp=p.pp, dp=p.dp, cp=p.cp, tp=p.tp, ep=p.ep, etp=p.etp)
+    assert all(mesh.group("ep", mesh.representative(st)) == tuple(range(64 * st, 64 * st + 64)) for st in range(16))

@@ -24,7 +24,7 @@ DEFAULT_CSV = DATA / "training_runs.csv"
 DEFAULT_CSVS = (DEFAULT_CSV, DATA / "training_runs_extra.csv", DATA / "training_runs_2.csv")
 MODEL_COLUMNS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size",
                  "vocab_size", "seq_length", "num_experts", "moe_top_k")
-PARALLEL_INT = ("tp", "pp", "dp", "cp", "ep", "zero_stage", "virtual_stages")
+PARALLEL_INT = ("tp", "pp", "dp", "cp", "ep", "etp", "zero_stage", "virtual_stages")
 PARALLEL_STR = ("schedule", "recompute", "sharding")
 BOOL = {"true": True, "false": False}
 
@@ -42,6 +42,8 @@ def row_to_raw(row: dict) -> dict:
     model = {k: _int(given, k) for k in MODEL_COLUMNS if k in given}
     if "mlp" in given:
         model["mlp"] = given["mlp"]
+    if "model_preset" in given:  # a row whose model the columns cannot carry (MLA, shared experts...)
+        model["preset"] = given["model_preset"]
     cluster = {"preset": given.get("gpu", "dgx-a100-80gb")}
     for k in ("num_nodes", "gpus_per_node", "nics_per_node"):
         if k in given:
