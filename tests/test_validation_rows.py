@@ -1,11 +1,11 @@
 """`simulator validate`: rows become scenarios with the users' defaults, failures are reported, JSON shape."""
 
 import json
-
-import pytest
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from simulator.explore.validate import DEFAULT_CSV, DEFAULT_CSVS, evaluate_row, read_rows, row_to_raw, summary
 from simulator.pipeline import simulate
