@@ -46,6 +46,7 @@ class LowerCtx:
     _stage: dict = field(default_factory=dict)  # rank -> pipeline stage (cache)
     _groups: dict = field(default_factory=dict)  # (axis, rank) -> group (cache)
     _collectives: dict = field(default_factory=dict)  # Collective interning: one object per distinct value
+    _activation_bytes: float | None = None
 
     # ---- shorthands -----------------------------------------------------------------------
     @property
@@ -58,9 +59,12 @@ class LowerCtx:
 
     def full_activation_bytes(self) -> float:
         """b·(s/cp)·h elements: the TP collectives' buffer (nccl-tests size of an all-reduce, of a
-        reduce-scatter's input, of an all-gather's output)."""
-        m = self.scn.model
-        return self.scn.training.micro_batch_size * (m.seq_length // self.par.cp) * m.hidden_size * self.dtype_bytes
+        reduce-scatter's input, of an all-gather's output). Memoised: the lowering asks per collective."""
+        if self._activation_bytes is None:
+            m = self.scn.model
+            self._activation_bytes = float(self.scn.training.micro_batch_size * (m.seq_length // self.par.cp)
+                                           * m.hidden_size * self.dtype_bytes)
+        return self._activation_bytes
 
     def layer_blocks(self, layer: int) -> LayerBlocks:
         """The blocks of layer ``layer`` (its template's, ``OpGraph.layer_ops``)."""
