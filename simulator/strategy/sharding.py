@@ -293,9 +293,9 @@ def params_per_rank(graph: OpGraph, tp: int, ep: int, layers: int | tuple[int, .
     for name, v in (("tp", tp), ("ep", ep)):
         if v < 1:
             raise ValueError(f"{name} must be >= 1, got {v}")
-    indices = (None,) * layers if isinstance(layers, int) and layers >= 0 else layers
     if isinstance(layers, int) and layers < 0:
         raise ValueError(f"layers must be >= 0, got {layers}")
+    indices: tuple[int | None, ...] = (None,) * layers if isinstance(layers, int) else layers
     m = graph.model
     dense = expert = 0
     per_kind: dict = {}
