@@ -40,8 +40,10 @@ class ModelSpec:
     # sets the pace of every MoE layer (its co-located experts taken at the mean load).
     moe_load_imbalance: float = 1.0
     # Local experts as one grouped GEMM (TEGroupedMLP / GroupedMLP) or one GEMM per expert
-    # (SequentialMLP): Megatron-core's TransformerConfig.moe_grouped_gemm; NeMo 2's MoE recipes
-    # (Mixtral, Qwen3-MoE, DeepSeek-V3 configs) set it, so it is the default here.
+    # (SequentialMLP): Megatron-core's TransformerConfig.moe_grouped_gemm, False there by default, but
+    # the model configs of today's MoEs in NeMo 2 / Megatron-Bridge (GPT-OSS, Qwen3-MoE, GLM-4.x
+    # providers) set it True, so True is the default here; NeMo's older Mixtral config and the
+    # dgxc Grok-1 recipe leave it off (moe_grouped_gemm = false in its YAML).
     moe_grouped_gemm: bool = True
     # Token dispatcher (Megatron-core moe_token_dispatcher_type): "alltoall" (dispatch and combine
     # all-to-alls over EP) or "allgather" (all-gather the tokens over EP, reduce-scatter the outputs).
