@@ -1,10 +1,14 @@
 """FlowNetwork: max-min fair sharing of links between concurrent flows, in simulated time."""
 
+import heapq
+import itertools
+import random
+
 import pytest
 import simpy
 
 from simulator.cost.collectives import plan_collective
-from simulator.cost.fairshare import isolated_time_s, max_min_rates
+from simulator.cost.fairshare import REL_EPS, isolated_time_s, max_min_rates
 from simulator.cost.plan import CommPlan, CommStep, Flow
 from simulator.engine.network import FlowNetwork, simulate_plan
 from simulator.hardware.clusters import CLUSTER_PRESETS
@@ -135,3 +139,143 @@ def test_concurrent_plans_start_together_and_the_run_waits_for_the_last():
     # 0-1: other alone, 10 B left of 40 -> 30; 1-5: both at 5 B/s, main done (20 B), other 10 left;
     # 5-6: other alone at 10 B/s
     assert ends[0] == pytest.approx(6.0)
+
+
+class _PerFlowNetwork:
+    """Reference: the network as it was before cohorts and the rate cache, one object per flow and
+    max-min recomputed on every start and finish (same formulas, same tolerance)."""
+
+    def __init__(self, env, cap):
+        self.env, self.cap, self.on, self.heap, self.timer_at, self.token = env, cap, {}, [], float("inf"), 0
+        self.count = itertools.count()
+
+    def run(self, plan):
+        others = [self.env.process(self.run(p)) for p in plan.concurrent]
+        begin = self.env.now
+        for step in plan.steps:
+            if step.latency_s * step.repeat > 0:
+                yield self.env.timeout(step.latency_s * step.repeat)
+            flows = [f for f in step.flows if f.size_bytes > 0 and f.links]
+            if flows:
+                done, seeds, box = self.env.event(), set(), [len(flows)]
+                for f in flows:
+                    fl = {"links": f.links, "w": f.weight, "left": f.size_bytes * step.repeat, "rate": 0.0,
+                          "t": self.env.now, "finish": 0.0, "live": True, "box": box, "done": done}
+                    for link in f.links:
+                        self.on.setdefault(link, {})[id(fl)] = fl
+                        seeds.add(link)
+                self.reshare(seeds)
+                yield done
+        if others:
+            yield self.env.all_of(others)
+        return self.env.now - begin
+
+    def reshare(self, seeds):
+        comp, seen, stack = {}, set(seeds), list(seeds)
+        while stack:
+            for k, fl in list(self.on.get(stack.pop(), {}).items()):
+                if k not in comp:
+                    comp[k] = fl
+                    stack.extend(link for link in fl["links"] if link not in seen)
+                    seen.update(fl["links"])
+        flows = list(comp.values())
+        now = self.env.now
+        for fl, rate in zip(flows, max_min_rates([f["links"] for f in flows], [f["w"] for f in flows], self.cap)):
+            fl["left"] = max(fl["left"] - fl["rate"] * (now - fl["t"]), 0.0)
+            fl["t"], fl["rate"] = now, rate
+            fl["finish"] = now + fl["left"] / rate
+            heapq.heappush(self.heap, (fl["finish"], next(self.count), id(fl), fl))
+        while self.heap and (not self.heap[0][3]["live"] or self.heap[0][0] != self.heap[0][3]["finish"]):
+            heapq.heappop(self.heap)
+        if self.heap and self.heap[0][0] < self.timer_at:
+            self.timer_at, self.token = self.heap[0][0], self.token + 1
+            token = self.token
+            self.env.timeout(self.timer_at - now).callbacks.append(lambda _e: self.fire(token))
+
+    def fire(self, token):
+        if token != self.token:
+            return
+        self.timer_at, now, freed = float("inf"), self.env.now, set()
+        while self.heap and self.heap[0][0] <= now + REL_EPS * max(now, 1e-9):
+            finish, _, _, fl = heapq.heappop(self.heap)
+            if fl["live"] and finish == fl["finish"]:
+                fl["live"] = False
+                for link in fl["links"]:
+                    del self.on[link][id(fl)]
+                    freed.add(link)
+                fl["box"][0] -= 1
+                if fl["box"][0] == 0:
+                    fl["done"].succeed()
+        self.reshare(freed)
+
+
+def _random_plans(rng, links):
+    """Start times and plans: steps of several flows, symmetric (equal sizes, like ring steps) or not,
+    repeated steps, weights, concurrent plans; flows share links at random."""
+    out = []
+    for _ in range(rng.randint(2, 7)):
+        steps = []
+        for _ in range(rng.randint(1, 3)):
+            size = rng.choice([10.0, 25.0, 40.0])
+            flows = tuple(Flow(tuple(rng.sample(links, rng.randint(1, 3))),
+                               size if rng.random() < 0.7 else rng.uniform(1.0, 50.0), rng.choice([1.0, 1.0, 3.0]))
+                          for _ in range(rng.randint(1, 6)))
+            steps.append(CommStep(rng.choice([0.0, 0.1, 0.5]), flows, rng.choice([1, 1, 2])))
+        extra = (CommPlan("c", (CommStep(0.0, (Flow((rng.choice(links),), 15.0),)),)),) if rng.random() < 0.2 else ()
+        out.append((rng.choice([0.0, 0.0, 0.3, 1.7]), CommPlan("r", tuple(steps), extra)))
+    return out
+
+
+def _ends(make, plans_at, cap):
+    env = simpy.Environment()
+    net = make(env, cap)
+    ends = {}
+
+    def proc(i, start, plan):
+        yield env.timeout(start)
+        yield from net.run(plan)
+        ends[i] = env.now
+
+    for i, (start, plan) in enumerate(plans_at):
+        env.process(proc(i, start, plan))
+    env.run()
+    return ends
+
+
+def test_cohorts_and_the_rate_cache_match_the_per_flow_network_on_random_plans():
+    rng = random.Random(20)
+    links = [f"l{i}" for i in range(8)]
+    cap = {link: rng.choice([5.0, 10.0, 12.5]) for link in links}
+    for _ in range(150):
+        plans_at = _random_plans(rng, links)
+        cached = _ends(FlowNetwork, plans_at, cap)
+        uncached = _ends(lambda env, c: FlowNetwork(env, c, cache_rates=False), plans_at, cap)
+        reference = _ends(_PerFlowNetwork, plans_at, cap)
+        assert cached == uncached
+        assert cached.keys() == reference.keys()
+        for i, t in reference.items():
+            # cohorts re-time all their flows together and sum in another order: equal within round-off
+            assert cached[i] == pytest.approx(t, rel=1e-12, abs=1e-15)
+
+
+def test_a_ring_step_over_a_large_group_starts_as_one_cohort_and_its_rates_are_reused():
+    topo = build_topology(CLUSTER_PRESETS["dgx-a100-80gb"].with_nodes(8))
+    plan = plan_collective(Collective("all_gather", 64e6, tuple(range(64)), "dp"), topo, "ring")
+    alone = simulate_plan(plan, topo.capacity_Bps)
+    env = simpy.Environment()
+    net = FlowNetwork(env, topo.capacity_Bps)
+    known = []
+
+    def twice():
+        yield from net.run(plan)
+        known.append(dict(net._rates))
+        yield from net.run(plan)
+
+    env.process(twice())
+    env.run()
+    assert env.now == 2 * alone
+    ring = [s for s in net._shapes.values() if s.links_of]
+    assert len(ring) == 1 and len(ring[0].links_of) == 512 and len(ring[0].starts) == 1
+    assert net.flows_started == 2 * 512
+    # NVLink hops finish before NIC hops (the cohort splits by rate); the second run computes nothing
+    assert net._rates == known[0] and 1 <= len(known[0]) <= 3

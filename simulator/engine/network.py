@@ -4,6 +4,13 @@ A CommPlan's steps run in order: a step's latency elapses, then its flows start 
 step ends when its last flow ends. Every flow holds all links of its route; whenever flows start
 or end, the rates of the flows connected to them through shared links are re-shared max-min
 (``cost/fairshare``), so concurrent TP/PP/DP/EP traffic slows each other exactly where it meets.
+
+Flows are kept in cohorts: flows of one started step, connected through the step's own links,
+with the same bytes left and the same rate, hence the same finish time (the thousands of flows of
+one ring step over a large group are usually one cohort). A cohort is one heap entry and one
+node of the link graph; it splits when a re-share gives its flows different rates. The rates of
+a connected set of cohorts depend only on which flows they hold, so they are cached under that
+key: a ring collective re-uses the rates of its first step for all later ones (``cache_rates``).
 """
 
 from __future__ import annotations
@@ -15,15 +22,67 @@ from typing import Any, Generator, Mapping
 import simpy
 
 from ..cost.fairshare import REL_EPS, max_min_rates
-from ..cost.plan import CommPlan, Flow
+from ..cost.plan import CommPlan, CommStep
 
 
-class _Active:
-    __slots__ = ("links", "weight", "size", "left", "rate", "t", "finish", "step", "live")
+class _Shape:
+    """The flows of one CommStep that move bytes, and the cohorts they start as: per connected
+    group of the step's own flows (shared links), the flows of equal size."""
 
-    def __init__(self, links: tuple, weight: float, size: float, step: "_Step", now: float):
-        self.links, self.weight, self.size, self.step = links, weight, size, step
-        self.left, self.rate, self.t, self.finish, self.live = size, 0.0, now, now, True
+    __slots__ = ("step", "links_of", "weights", "sizes", "starts", "subsets", "serial")
+
+    def __init__(self, step: CommStep, serial: int) -> None:
+        flows = [f for f in step.flows if f.size_bytes > 0 and f.links]
+        self.step, self.serial = step, serial  # the step is held so that its id stays unique
+        self.links_of = [f.links for f in flows]
+        self.weights = [f.weight for f in flows]
+        self.sizes = [f.size_bytes for f in flows]
+        self.subsets: dict[tuple[int, ...], tuple] = {}
+        self.starts = _by_value(list(range(len(flows))), self.sizes)
+
+    def subset(self, idx: tuple[int, ...]) -> tuple:
+        """(key, union of links, link -> summed weight) of the cohort holding flows ``idx``."""
+        hit = self.subsets.get(idx)
+        if hit is None:
+            weight_on: dict = {}
+            for i in idx:
+                w = self.weights[i]
+                for link in self.links_of[i]:
+                    weight_on[link] = weight_on.get(link, 0.0) + w
+            hit = self.subsets[idx] = ((self.serial, len(self.subsets)), tuple(weight_on), weight_on)
+        return hit
+
+
+def _connected(links_of: list[tuple]) -> list[list[int]]:
+    """Indices of flows grouped by connectivity through shared links (union-find), in order."""
+    parent = list(range(len(links_of)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    owner: dict = {}
+    for i, links in enumerate(links_of):
+        for link in links:
+            j = owner.setdefault(link, i)
+            if j != i:
+                a, b = root(i), root(j)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+    groups: dict[int, list[int]] = {}
+    for i in range(len(links_of)):
+        groups.setdefault(root(i), []).append(i)
+    return list(groups.values())
+
+
+def _by_value(idx: list[int], values: list[float]) -> list[tuple[int, ...]]:
+    """``idx`` split by the value each index has in ``values``, first occurrence first."""
+    out: dict[float, list[int]] = {}
+    for i in idx:
+        out.setdefault(values[i], []).append(i)
+    return [tuple(v) for v in out.values()]
 
 
 class _Step:
@@ -33,17 +92,33 @@ class _Step:
         self.pending, self.done = pending, done
 
 
+class _Cohort:
+    """Flows ``idx`` of one started step with the same bytes left, rate and finish time."""
+
+    __slots__ = ("shape", "idx", "key", "links", "weight_on", "size", "left", "rate", "t", "finish",
+                 "step", "live")
+
+    def __init__(self, shape: _Shape, idx: tuple[int, ...], size: float, left: float, t: float,
+                 step: _Step) -> None:
+        self.shape, self.idx, self.size, self.left, self.t, self.step = shape, idx, size, left, t, step
+        self.key, self.links, self.weight_on = shape.subset(idx)
+        self.rate, self.finish, self.live = 0.0, t, True
+
+
 class FlowNetwork:
     """Shared links for the flows of concurrently running CommPlans (one per simpy environment)."""
 
-    def __init__(self, env: simpy.Environment, capacity_Bps: Mapping) -> None:
+    def __init__(self, env: simpy.Environment, capacity_Bps: Mapping, cache_rates: bool = True) -> None:
         self.env = env
         self.capacity_Bps = capacity_Bps
-        self._on: dict = {}  # link -> set of active flows
-        self._heap: list = []  # (finish time, tiebreak, flow); stale entries skipped
+        self.cache_rates = cache_rates
+        self._on: dict = {}  # link -> {cohort: None} of live cohorts using it
+        self._heap: list = []  # (finish time, tiebreak, cohort); stale entries skipped
         self._count = itertools.count()
         self._timer_at = float("inf")
         self._token = 0
+        self._shapes: dict[int, _Shape] = {}  # id(CommStep) -> its shape (which holds the step)
+        self._rates: dict[tuple, list[float]] = {}  # cohort keys of a component -> its rates
         self._bytes: dict = {}
         self._busy: dict = {}
         self._busy_since: dict = {}
@@ -63,61 +138,118 @@ class FlowNetwork:
             latency = step.latency_s * step.repeat
             if latency > 0:
                 yield env.timeout(latency)
-            flows = [f for f in step.flows if f.size_bytes > 0 and f.links]
-            if flows:
+            shape = self._shape(step)
+            if shape.starts:
                 done = env.event()
-                self._start(flows, step.repeat, done)
+                self._start(shape, step.repeat, done)
                 yield done
         if others:
             yield env.all_of(others)
         return env.now - begin
 
-    def _start(self, flows: list[Flow], repeat: int, done: simpy.Event) -> None:
+    def _shape(self, step: CommStep) -> _Shape:
+        shape = self._shapes.get(id(step))
+        if shape is None or shape.step is not step:
+            shape = self._shapes[id(step)] = _Shape(step, len(self._shapes))
+        return shape
+
+    def _start(self, shape: _Shape, repeat: int, done: simpy.Event) -> None:
         now = self.env.now
-        step = _Step(len(flows), done)
-        seeds = set()
-        for f in flows:
-            a = _Active(f.links, f.weight, f.size_bytes * repeat, step, now)
-            for link in f.links:
-                on = self._on.get(link)
-                if on is None:
-                    if link not in self.capacity_Bps:
-                        raise ValueError(f"link {link!r} has no capacity in the network")
-                    on = self._on[link] = set()
-                if not on:
-                    self._busy_since[link] = now
-                on.add(a)
-                seeds.add(link)
-        self.flows_started += len(flows)
+        step = _Step(len(shape.links_of), done)
+        seeds: set = set()
+        for idx in shape.starts:
+            size = shape.sizes[idx[0]] * repeat
+            c = _Cohort(shape, idx, size, size, now, step)
+            self._attach(c, now)
+            seeds.update(c.links)
+        self.flows_started += len(shape.links_of)
         self._reshare(seeds)
 
-    def _reshare(self, seeds: set) -> None:
-        """Re-share max-min the flows connected (through shared links) to the ``seeds`` links."""
-        comp: list[_Active] = []
-        seen_flows = set()
+    def _attach(self, c: _Cohort, now: float) -> None:
+        for link in c.links:
+            on = self._on.get(link)
+            if on is None:
+                if link not in self.capacity_Bps:
+                    raise ValueError(f"link {link!r} has no capacity in the network")
+                on = self._on[link] = {}
+            if not on:
+                self._busy_since[link] = now
+            on[c] = None
+
+    def _component(self, seeds: set) -> list[_Cohort]:
+        """The live cohorts connected (through shared links) to the ``seeds`` links, by key."""
+        comp: list[_Cohort] = []
+        seen_c: set = set()
         seen = set(seeds)
         stack = list(seeds)
+        on = self._on
         while stack:
-            for fl in self._on.get(stack.pop(), ()):
-                if fl not in seen_flows:
-                    seen_flows.add(fl)
-                    comp.append(fl)
-                    for link in fl.links:
+            for c in on.get(stack.pop(), ()):
+                if c not in seen_c:
+                    seen_c.add(c)
+                    comp.append(c)
+                    for link in c.links:
                         if link not in seen:
                             seen.add(link)
                             stack.append(link)
+        comp.sort(key=lambda c: c.key)
+        return comp
+
+    def _component_rates(self, comp: list[_Cohort]) -> list[float]:
+        """Max-min rates of the component's flows, cohort after cohort (cached by its cohorts)."""
+        key = tuple(c.key for c in comp)
+        rates = self._rates.get(key) if self.cache_rates else None
+        if rates is None:
+            links_of, weights = [], []
+            for c in comp:
+                s = c.shape
+                links_of.extend(s.links_of[i] for i in c.idx)
+                weights.extend(s.weights[i] for i in c.idx)
+            rates = max_min_rates(links_of, weights, self.capacity_Bps)
+            if self.cache_rates:
+                self._rates[key] = rates
+        return rates
+
+    def _reshare(self, seeds: set) -> None:
+        """Re-share max-min the flows connected (through shared links) to the ``seeds`` links."""
+        comp = self._component(seeds)
         if not comp:
             return
         now = self.env.now
-        rates = max_min_rates([fl.links for fl in comp], [fl.weight for fl in comp],
-                              self.capacity_Bps)
-        for fl, rate in zip(comp, rates):
-            fl.left = max(fl.left - fl.rate * (now - fl.t), 0.0)
-            fl.t = now
-            fl.rate = rate
-            fl.finish = now + fl.left / rate
-            heapq.heappush(self._heap, (fl.finish, next(self._count), fl))
+        rates = self._component_rates(comp)
+        pos = 0
+        heap, count = self._heap, self._count
+        for c in comp:
+            n = len(c.idx)
+            mine = rates[pos:pos + n]
+            pos += n
+            left = max(c.left - c.rate * (now - c.t), 0.0)
+            parts = [c] if mine.count(mine[0]) == n else self._split(c, mine, left, now)
+            for part in parts:
+                rate = mine[0] if part is c else part.rate
+                part.left, part.t, part.rate = left, now, rate
+                part.finish = now + left / rate
+                heapq.heappush(heap, (part.finish, next(count), part))
         self._arm()
+
+    def _split(self, c: _Cohort, mine: list[float], left: float, now: float) -> list[_Cohort]:
+        """Replace cohort ``c`` by one cohort per distinct rate of its flows."""
+        by_rate: dict[float, list[int]] = {}
+        for i, r in zip(c.idx, mine):
+            by_rate.setdefault(r, []).append(i)
+        self._detach(c)
+        parts = []
+        for r, idx in by_rate.items():
+            part = _Cohort(c.shape, tuple(idx), c.size, left, now, c.step)
+            part.rate = r
+            self._attach(part, now)
+            parts.append(part)
+        return parts
+
+    def _detach(self, c: _Cohort) -> None:
+        c.live = False
+        for link in c.links:
+            del self._on[link][c]
 
     def _arm(self) -> None:
         heap = self._heap
@@ -138,23 +270,20 @@ class FlowNetwork:
         now = self.env.now
         limit = now + REL_EPS * max(now, 1e-9)
         heap = self._heap
-        freed = set()
+        freed: set = set()
         while heap and heap[0][0] <= limit:
-            finish, _, fl = heapq.heappop(heap)
-            if not fl.live or finish != fl.finish:
+            finish, _, c = heapq.heappop(heap)
+            if not c.live or finish != c.finish:
                 continue
-            fl.live = False
-            moved = fl.size * fl.weight
-            for link in fl.links:
-                on = self._on[link]
-                on.discard(fl)
-                self._bytes[link] = self._bytes.get(link, 0.0) + moved
-                if not on:
+            self._detach(c)
+            for link, w in c.weight_on.items():
+                self._bytes[link] = self._bytes.get(link, 0.0) + c.size * w
+                if not self._on[link]:
                     self._busy[link] = self._busy.get(link, 0.0) + now - self._busy_since.pop(link)
-                freed.add(link)
-            fl.step.pending -= 1
-            if fl.step.pending == 0:
-                fl.step.done.succeed()
+            freed.update(c.links)
+            c.step.pending -= len(c.idx)
+            if c.step.pending == 0:
+                c.step.done.succeed()
         self._reshare(freed)
         self._arm()
 
