@@ -9,7 +9,9 @@
 
 from __future__ import annotations
 
+import gc
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,7 +51,26 @@ def model_flops_per_iteration(scn: Scenario) -> float:
     return (g.fwd_flops() + g.bwd_flops()) * scn.training.global_batch_size / scn.training.micro_batch_size
 
 
+@contextmanager
+def gc_paused():
+    """Python's cyclic garbage collector off while a step is built and simulated: it creates ~10^6
+    long-lived objects and every generation-2 collection walks them all (GPT-3 175B on 1,024 GPUs:
+    trace events 1.1 s -> 0.33 s, lowering ~10% faster). Cycles left behind are collected after."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def simulate(scn: Scenario, full: bool = False) -> RunResult:
+    with gc_paused():
+        return _simulate(scn, full)
+
+
+def _simulate(scn: Scenario, full: bool) -> RunResult:
     plan = lower(scn, full)
     topo = build_topology(scn.cluster)
     tables = None
@@ -62,7 +83,7 @@ def simulate(scn: Scenario, full: bool = False) -> RunResult:
         fast, why = fast_mode_cost(cost, plan.mesh, plan.graph, topo)
         if fast is None:
             print(f"notice: simulating every rank (--full): {why}", file=sys.stderr)
-            return simulate(scn, full=True)
+            return _simulate(scn, full=True)
         engine_cost = fast
     sim = simulate_graph(plan.graph, engine_cost, topo.capacity_Bps, plan.rank_labels, dict(plan.graph.meta))
     cost.warn_missing()
@@ -71,7 +92,7 @@ def simulate(scn: Scenario, full: bool = False) -> RunResult:
     breakdown = exposed_breakdown(trace, rank, 0.0, sim.makespan_s)
     # symmetric mode: each simulated rank stands for the dp·cp·tp ranks of its stage
     replicas = 1 if full else scn.parallel.dp * scn.parallel.cp * scn.parallel.tp
-    hw_flops = sum(e.flops for e in trace.events) * replicas
+    hw_flops = trace.total_flops() * replicas
     mem = memory_report(scn, plan.stage_params, trace)
     metrics = summarize(scn, sim.makespan_s, model_flops_per_iteration(scn), hw_flops, breakdown, mem.peak,
                         mem.capacity_bytes, mem.fits, sim.contention_s)

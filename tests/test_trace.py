@@ -139,3 +139,24 @@ def test_streams_order_compute_first_and_default_labels():
     trace = three_events()
     assert trace.streams() == ["compute", "comm_tp"]
     assert trace.label(0) == "stage 0 (rank 0)" and trace.label(7) == "rank 7"
+
+
+def test_a_column_trace_is_the_trace_of_its_tasks_made_one_by_one():
+    from simulator.pipeline import simulate
+    from simulator.scenario import load_scenario
+    from simulator.trace import ColumnTrace
+
+    res = simulate(load_scenario("scenarios/gpt3-1.3b-8xa100.toml"))
+    trace = res.trace
+    assert isinstance(trace, ColumnTrace)
+    last = trace.last_end_by_rank()
+    flops = trace.total_flops()
+    start, end = res.sim.start_s, res.sim.end_s
+    one_by_one = tuple(TraceEvent(t.name, t.category, t.rank, t.stream, start[t.id], end[t.id], t.stage,
+                                  t.microbatch, t.chunk, t.phase, t.layer, t.flops, t.mem_delta_bytes)
+                       for t in res.graph.tasks)
+    plain = Trace(one_by_one, trace.source, trace.rank_labels, trace.metadata)
+    assert trace.events == one_by_one and all(type(e) is TraceEvent for e in trace.events)
+    assert (trace.source, trace.rank_labels, trace.metadata) == (plain.source, plain.rank_labels, plain.metadata)
+    assert last == plain.last_end_by_rank() and flops == plain.total_flops() > 0
+    assert to_chrome_json(trace) == to_chrome_json(plain)

@@ -60,10 +60,7 @@ def _charge(out: dict, a: float, b: float, compute: dict, other: dict) -> None:
 
 def critical_rank(trace: Trace) -> int:
     """The rank whose last event ends last (lowest rank on ties)."""
-    last: dict[int, float] = {}
-    for e in trace.events:
-        if e.end_s > last.get(e.rank, float("-inf")):
-            last[e.rank] = e.end_s
+    last = trace.last_end_by_rank()
     return min(last, key=lambda r: (-last[r], r))
 
 

@@ -200,7 +200,8 @@ class FlowNetwork:
         key = tuple(c.key for c in comp)
         rates = self._rates.get(key) if self.cache_rates else None
         if rates is None:
-            links_of, weights = [], []
+            links_of: list[tuple] = []
+            weights: list[float] = []
             for c in comp:
                 s = c.shape
                 links_of.extend(s.links_of[i] for i in c.idx)

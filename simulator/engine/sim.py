@@ -20,13 +20,14 @@ from collections.abc import Callable, Generator
 from typing import Any
 from dataclasses import dataclass
 from functools import partial
+from operator import itemgetter
 from typing import Protocol
 
 import simpy
 
 from ..cost.plan import CommPlan
 from ..tasks import InternalError, Task, TaskGraph
-from ..trace import Trace, TraceEvent
+from ..trace import ColumnTrace, Trace
 from .network import FlowNetwork
 
 Process = Generator[simpy.Event, Any, Any]  # a simpy process body: yields events, returns its result
@@ -156,13 +157,14 @@ def stream(clocks: Clocks, tasks: tuple[Task, ...], durations: list[float | None
         clocks.finish(i, clock)
 
 
-def static_lanes(clocks: Clocks, tasks: tuple[Task, ...], durations: list, rank: int,
-                 lanes: list[tuple[int, ...]], group_of: list[int]) -> Process:
+def static_lanes(clocks: Clocks, deps: list[tuple[int, ...]], durations: list, rank: int,
+                 lanes: list[tuple[int, ...]], group_of: list[int], tasks: tuple[Task, ...]) -> Process:
     """All static streams of one rank in one process: a list scheduler that advances every lane
     whose next task's dependencies are known, and waits on simpy only when all are blocked by tasks
     of other processes. Exact, and free of the per-dependency context switches. When every lane
-    waits on a task of this same process, they wait on each other: a dependency cycle."""
-    end, start, finish, env = clocks.end, clocks.start, clocks.finish, clocks.env
+    waits on a task of this same process, they wait on each other: a dependency cycle.
+    (``Clocks.finish`` is inlined: this loop runs once per task of the step.)"""
+    end, start, waiters, env = clocks.end, clocks.start, clocks.waiters, clocks.env
     pos = [0] * len(lanes)
     clocks_s = [0.0] * len(lanes)
     left = sum(len(ids) for ids in lanes)
@@ -173,7 +175,7 @@ def static_lanes(clocks: Clocks, tasks: tuple[Task, ...], durations: list, rank:
             k, clock = pos[j], clocks_s[j]
             while k < len(ids):
                 i = ids[k]
-                for d in tasks[i].deps:
+                for d in deps[i]:
                     e = end[d]
                     if e is None:
                         if group_of[d] != rank:  # only another process can resolve it
@@ -184,7 +186,9 @@ def static_lanes(clocks: Clocks, tasks: tuple[Task, ...], durations: list, rank:
                 else:
                     start[i] = clock
                     clock += durations[i]
-                    finish(i, clock)
+                    end[i] = clock
+                    if i in waiters:
+                        waiters.pop(i).succeed()
                     k += 1
                     continue
                 break
@@ -228,22 +232,23 @@ def simulate_graph(graph: TaskGraph, cost: TaskCost, capacity_Bps: dict | None =
                 group_of[i] = rank
         else:
             env.process(stream(clocks, tasks, durations, ids, barriers, transfers))
+    deps = list(map(itemgetter(6), tasks))  # Task.deps
     for rank, lanes in static.items():
-        env.process(static_lanes(clocks, tasks, durations, rank, lanes, group_of))
+        env.process(static_lanes(clocks, deps, durations, rank, lanes, group_of, tasks))
     env.run()
     missing = [tasks[i].name for i in range(n) if clocks.end[i] is None]
     if missing:
         raise InternalError(f"simulation deadlocked: {len(missing)} tasks never ran, first {missing[0]!r}")
     end: list[float] = clocks.end  # type: ignore[assignment]
-    trace = Trace(_events(tasks, clocks.start, end), "simulated", dict(rank_labels or {}), dict(metadata or {}))
+    trace = ColumnTrace(tasks, clocks.start, end, _flops(tasks), "simulated", rank_labels, metadata)
     return SimResult(trace, clocks.start, end, max(end) if n else 0.0, transfers.net.link_stats(),
                      transfers.contention)
 
 
-def _events(tasks: tuple[Task, ...], start: list[float], end: list[float]) -> tuple[TraceEvent, ...]:
-    flops: dict[int, float] = {}  # work tuples are shared between tasks: sum each once
-    for t in tasks:
-        if id(t.work) not in flops:
-            flops[id(t.work)] = t.flops
-    return tuple(TraceEvent(t.name, t.category, t.rank, t.stream, start[t.id], end[t.id], t.stage, t.microbatch,
-                            t.chunk, t.phase, t.layer, flops[id(t.work)], t.mem_delta_bytes) for t in tasks)
+def _flops(tasks: tuple[Task, ...]) -> list[float]:
+    """FLOPs of every task. Work tuples are shared between tasks: each distinct one is summed once,
+    and the per-task list is made by C-level maps over the ids."""
+    works = list(map(itemgetter(7), tasks))  # Task.work
+    distinct = dict(zip(map(id, works), works))
+    per_work = {k: sum(w.flops for w in work) for k, work in distinct.items()}
+    return list(map(per_work.__getitem__, map(id, works)))
