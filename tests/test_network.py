@@ -226,10 +226,12 @@ def _random_plans(rng, links):
     return out
 
 
-def _ends(make, plans_at, cap):
+def _ends(make, plans_at, cap, stats=None):
     env = simpy.Environment()
     net = make(env, cap)
     ends = {}
+    if stats is not None:
+        stats.append(net)
 
     def proc(i, start, plan):
         yield env.timeout(start)
@@ -248,7 +250,18 @@ def test_cohorts_and_the_rate_cache_match_the_per_flow_network_on_random_plans()
     cap = {link: rng.choice([5.0, 10.0, 12.5]) for link in links}
     for _ in range(150):
         plans_at = _random_plans(rng, links)
-        cached = _ends(FlowNetwork, plans_at, cap)
+        nets = []
+        cached = _ends(FlowNetwork, plans_at, cap, nets)
+        moved: dict = {}
+        for plan in [p for _, p in plans_at] + [c for _, p in plans_at for c in p.concurrent]:
+            for step in plan.steps:
+                for f in step.flows:
+                    for link in f.links:
+                        moved[link] = moved.get(link, 0.0) + f.size_bytes * f.weight * step.repeat
+        stats = nets[0].link_stats()
+        assert stats.keys() == moved.keys()
+        for link, (sent, busy) in stats.items():
+            assert sent == pytest.approx(moved[link], rel=1e-12) and 0 < busy <= max(cached.values())
         uncached = _ends(lambda env, c: FlowNetwork(env, c, cache_rates=False), plans_at, cap)
         reference = _ends(_PerFlowNetwork, plans_at, cap)
         assert cached == uncached

@@ -26,8 +26,8 @@ from ..cost.plan import CommPlan, CommStep
 
 
 class _Shape:
-    """The flows of one CommStep that move bytes, and the cohorts they start as: per connected
-    group of the step's own flows (shared links), the flows of equal size."""
+    """The flows of one CommStep that move bytes, and the cohorts they start as (flows of equal
+    size); ``subsets`` holds the flow sets its cohorts have had, by index tuple."""
 
     __slots__ = ("step", "links_of", "weights", "sizes", "starts", "subsets", "serial")
 
@@ -37,44 +37,29 @@ class _Shape:
         self.links_of = [f.links for f in flows]
         self.weights = [f.weight for f in flows]
         self.sizes = [f.size_bytes for f in flows]
-        self.subsets: dict[tuple[int, ...], tuple] = {}
+        self.subsets: dict[tuple[int, ...], _Subset] = {}
         self.starts = _by_value(list(range(len(flows))), self.sizes)
 
-    def subset(self, idx: tuple[int, ...]) -> tuple:
-        """(key, union of links, link -> summed weight) of the cohort holding flows ``idx``."""
-        hit = self.subsets.get(idx)
-        if hit is None:
-            weight_on: dict = {}
-            for i in idx:
-                w = self.weights[i]
-                for link in self.links_of[i]:
-                    weight_on[link] = weight_on.get(link, 0.0) + w
-            hit = self.subsets[idx] = ((self.serial, len(self.subsets)), tuple(weight_on), weight_on)
-        return hit
 
+class _Subset:
+    """A set of flows of one shape that a cohort holds: their links, the weight each link carries,
+    the live cohorts holding it, and what its links did (for ``link_stats``): spans of time with a
+    cohort live and the bytes of its finished cohorts (per unit of weight)."""
 
-def _connected(links_of: list[tuple]) -> list[list[int]]:
-    """Indices of flows grouped by connectivity through shared links (union-find), in order."""
-    parent = list(range(len(links_of)))
+    __slots__ = ("shape", "idx", "key", "links", "weight_on", "overlaps", "cohorts", "since", "spans", "sent")
 
-    def root(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    owner: dict = {}
-    for i, links in enumerate(links_of):
-        for link in links:
-            j = owner.setdefault(link, i)
-            if j != i:
-                a, b = root(i), root(j)
-                if a != b:
-                    parent[max(a, b)] = min(a, b)
-    groups: dict[int, list[int]] = {}
-    for i in range(len(links_of)):
-        groups.setdefault(root(i), []).append(i)
-    return list(groups.values())
+    def __init__(self, shape: _Shape, idx: tuple[int, ...]) -> None:
+        self.shape, self.idx, self.key = shape, idx, (shape.serial, len(shape.subsets))
+        weight_on: dict = {}
+        for i in idx:
+            w = shape.weights[i]
+            for link in shape.links_of[i]:
+                weight_on[link] = weight_on.get(link, 0.0) + w
+        self.weight_on, self.links = weight_on, frozenset(weight_on)
+        self.overlaps: set[_Subset] | None = None  # subsets sharing a link with it (itself too)
+        self.cohorts: dict[_Cohort, None] = {}
+        self.spans: list[tuple[float, float]] = []
+        self.since, self.sent = 0.0, 0.0
 
 
 def _by_value(idx: list[int], values: list[float]) -> list[tuple[int, ...]]:
@@ -93,35 +78,45 @@ class _Step:
 
 
 class _Cohort:
-    """Flows ``idx`` of one started step with the same bytes left, rate and finish time."""
+    """Flows ``sub.idx`` of one started step with the same bytes left, rate and finish time."""
 
-    __slots__ = ("shape", "idx", "key", "links", "weight_on", "size", "left", "rate", "t", "finish",
-                 "step", "live")
+    __slots__ = ("sub", "size", "left", "rate", "t", "finish", "step", "live")
 
-    def __init__(self, shape: _Shape, idx: tuple[int, ...], size: float, left: float, t: float,
-                 step: _Step) -> None:
-        self.shape, self.idx, self.size, self.left, self.t, self.step = shape, idx, size, left, t, step
-        self.key, self.links, self.weight_on = shape.subset(idx)
+    def __init__(self, sub: _Subset, size: float, left: float, t: float, step: _Step) -> None:
+        self.sub, self.size, self.left, self.t, self.step = sub, size, left, t, step
         self.rate, self.finish, self.live = 0.0, t, True
 
 
+def _busy_s(spans: list[tuple[float, float]]) -> float:
+    """Length of the union of time spans."""
+    total, end = 0.0, float("-inf")
+    begin = end
+    for t0, t1 in sorted(spans):
+        if t0 > end:
+            total += end - begin if end > begin else 0.0
+            begin, end = t0, t1
+        elif t1 > end:
+            end = t1
+    return total + (end - begin if end > begin else 0.0)
+
+
 class FlowNetwork:
-    """Shared links for the flows of concurrently running CommPlans (one per simpy environment)."""
+    """Shared links for the flows of concurrently running CommPlans (one per simpy environment).
+    Per-link state is kept per flow set (``_Subset``), so a cohort starts and ends in O(1) however
+    many links it holds; ``link_stats`` adds the sets up per link when asked."""
 
     def __init__(self, env: simpy.Environment, capacity_Bps: Mapping, cache_rates: bool = True) -> None:
         self.env = env
         self.capacity_Bps = capacity_Bps
         self.cache_rates = cache_rates
-        self._on: dict = {}  # link -> {cohort: None} of live cohorts using it
         self._heap: list = []  # (finish time, tiebreak, cohort); stale entries skipped
         self._count = itertools.count()
         self._timer_at = float("inf")
         self._token = 0
         self._shapes: dict[int, _Shape] = {}  # id(CommStep) -> its shape (which holds the step)
-        self._rates: dict[tuple, list[float]] = {}  # cohort keys of a component -> its rates
-        self._bytes: dict = {}
-        self._busy: dict = {}
-        self._busy_since: dict = {}
+        self._rates: dict[tuple, list[float]] = {}  # subset keys of a component -> its rates
+        self._on_link: dict = {}  # link -> every subset that holds it
+        self._live: set[_Subset] = set()  # subsets with a live cohort
         self.flows_started = 0
 
     def run(self, plan: CommPlan) -> Generator[simpy.Event, Any, float]:
@@ -153,66 +148,86 @@ class FlowNetwork:
             shape = self._shapes[id(step)] = _Shape(step, len(self._shapes))
         return shape
 
+    def _subset(self, shape: _Shape, idx: tuple[int, ...]) -> _Subset:
+        """The subset of ``shape`` holding flows ``idx``, indexed by link on first use."""
+        sub = shape.subsets.get(idx)
+        if sub is None:
+            sub = shape.subsets[idx] = _Subset(shape, idx)
+            for link in sub.links:
+                if link not in self.capacity_Bps:
+                    raise ValueError(f"link {link!r} has no capacity in the network")
+                holders = self._on_link.setdefault(link, [])
+                for other in holders:
+                    if other.overlaps is not None:
+                        other.overlaps.add(sub)
+                holders.append(sub)
+        return sub
+
+    def _overlaps(self, sub: _Subset) -> set[_Subset]:
+        if sub.overlaps is None:
+            sub.overlaps = {o for link in sub.links for o in self._on_link[link]}
+        return sub.overlaps
+
     def _start(self, shape: _Shape, repeat: int, done: simpy.Event) -> None:
         now = self.env.now
         step = _Step(len(shape.links_of), done)
-        seeds: set = set()
+        seeds = []
         for idx in shape.starts:
             size = shape.sizes[idx[0]] * repeat
-            c = _Cohort(shape, idx, size, size, now, step)
+            c = _Cohort(self._subset(shape, idx), size, size, now, step)
             self._attach(c, now)
-            seeds.update(c.links)
+            seeds.append(c.sub)
         self.flows_started += len(shape.links_of)
         self._reshare(seeds)
 
     def _attach(self, c: _Cohort, now: float) -> None:
-        for link in c.links:
-            on = self._on.get(link)
-            if on is None:
-                if link not in self.capacity_Bps:
-                    raise ValueError(f"link {link!r} has no capacity in the network")
-                on = self._on[link] = {}
-            if not on:
-                self._busy_since[link] = now
-            on[c] = None
+        sub = c.sub
+        if not sub.cohorts:
+            sub.since = now
+            self._live.add(sub)
+        sub.cohorts[c] = None
 
-    def _component(self, seeds: set) -> list[_Cohort]:
-        """The live cohorts connected (through shared links) to the ``seeds`` links, by key."""
-        comp: list[_Cohort] = []
-        seen_c: set = set()
-        seen = set(seeds)
-        stack = list(seeds)
-        on = self._on
-        while stack:
-            for c in on.get(stack.pop(), ()):
-                if c not in seen_c:
-                    seen_c.add(c)
-                    comp.append(c)
-                    for link in c.links:
-                        if link not in seen:
-                            seen.add(link)
-                            stack.append(link)
-        comp.sort(key=lambda c: c.key)
-        return comp
+    def _detach(self, c: _Cohort, now: float) -> None:
+        c.live = False
+        sub = c.sub
+        del sub.cohorts[c]
+        if not sub.cohorts:
+            self._live.discard(sub)
+            sub.spans.append((sub.since, now))
+
+    def _component(self, seeds: list[_Subset]) -> list[_Cohort]:
+        """The live cohorts connected through shared links to the ``seeds`` subsets (live or just
+        ended), ordered by subset key."""
+        live = self._live
+        comp: dict[_Subset, None] = {}
+        for s in seeds:
+            comp.update(dict.fromkeys(self._overlaps(s) & live))
+        todo = list(comp)
+        while todo:
+            for o in self._overlaps(todo.pop()) & live:
+                if o not in comp:
+                    comp[o] = None
+                    todo.append(o)
+        return [c for sub in sorted(comp, key=lambda sub: sub.key) for c in sub.cohorts]
 
     def _component_rates(self, comp: list[_Cohort]) -> list[float]:
-        """Max-min rates of the component's flows, cohort after cohort (cached by its cohorts)."""
-        key = tuple(c.key for c in comp)
+        """Max-min rates of the component's flows, cohort after cohort (cached by its subsets)."""
+        key = tuple(c.sub.key for c in comp)
         rates = self._rates.get(key) if self.cache_rates else None
         if rates is None:
             links_of: list[tuple] = []
             weights: list[float] = []
             for c in comp:
-                s = c.shape
-                links_of.extend(s.links_of[i] for i in c.idx)
-                weights.extend(s.weights[i] for i in c.idx)
+                s = c.sub.shape
+                links_of.extend(s.links_of[i] for i in c.sub.idx)
+                weights.extend(s.weights[i] for i in c.sub.idx)
             rates = max_min_rates(links_of, weights, self.capacity_Bps)
             if self.cache_rates:
                 self._rates[key] = rates
         return rates
 
-    def _reshare(self, seeds: set) -> None:
-        """Re-share max-min the flows connected (through shared links) to the ``seeds`` links."""
+    def _reshare(self, seeds: list[_Subset]) -> None:
+        """Re-share max-min the flows connected (through shared links) to the ``seeds``."""
         comp = self._component(seeds)
         if not comp:
             return
@@ -221,7 +236,7 @@ class FlowNetwork:
         pos = 0
         heap, count = self._heap, self._count
         for c in comp:
-            n = len(c.idx)
+            n = len(c.sub.idx)
             mine = rates[pos:pos + n]
             pos += n
             left = max(c.left - c.rate * (now - c.t), 0.0)
@@ -236,21 +251,16 @@ class FlowNetwork:
     def _split(self, c: _Cohort, mine: list[float], left: float, now: float) -> list[_Cohort]:
         """Replace cohort ``c`` by one cohort per distinct rate of its flows."""
         by_rate: dict[float, list[int]] = {}
-        for i, r in zip(c.idx, mine):
+        for i, r in zip(c.sub.idx, mine):
             by_rate.setdefault(r, []).append(i)
-        self._detach(c)
+        self._detach(c, now)
         parts = []
         for r, idx in by_rate.items():
-            part = _Cohort(c.shape, tuple(idx), c.size, left, now, c.step)
+            part = _Cohort(self._subset(c.sub.shape, tuple(idx)), c.size, left, now, c.step)
             part.rate = r
             self._attach(part, now)
             parts.append(part)
         return parts
-
-    def _detach(self, c: _Cohort) -> None:
-        c.live = False
-        for link in c.links:
-            del self._on[link][c]
 
     def _arm(self) -> None:
         heap = self._heap
@@ -271,21 +281,18 @@ class FlowNetwork:
         now = self.env.now
         limit = now + REL_EPS * max(now, 1e-9)
         heap = self._heap
-        freed: set = set()
+        ended: list[_Subset] = []
         while heap and heap[0][0] <= limit:
             finish, _, c = heapq.heappop(heap)
             if not c.live or finish != c.finish:
                 continue
-            self._detach(c)
-            for link, w in c.weight_on.items():
-                self._bytes[link] = self._bytes.get(link, 0.0) + c.size * w
-                if not self._on[link]:
-                    self._busy[link] = self._busy.get(link, 0.0) + now - self._busy_since.pop(link)
-            freed.update(c.links)
-            c.step.pending -= len(c.idx)
+            self._detach(c, now)
+            c.sub.sent += c.size
+            ended.append(c.sub)
+            c.step.pending -= len(c.sub.idx)
             if c.step.pending == 0:
                 c.step.done.succeed()
-        self._reshare(freed)
+        self._reshare(ended)
         self._arm()
 
     def link_stats(self) -> dict:
@@ -293,11 +300,10 @@ class FlowNetwork:
         link carried at least one flow, up to now."""
         now = self.env.now
         out = {}
-        for link in set(self._bytes) | set(self._busy_since):
-            busy = self._busy.get(link, 0.0)
-            if link in self._busy_since:
-                busy += now - self._busy_since[link]
-            out[link] = (self._bytes.get(link, 0.0), busy)
+        for link, subs in self._on_link.items():
+            spans = [span for sub in subs for span in sub.spans]
+            spans += [(sub.since, now) for sub in subs if sub.cohorts]
+            out[link] = (sum(sub.sent * sub.weight_on[link] for sub in subs), _busy_s(spans))
         return out
 
 

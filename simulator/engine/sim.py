@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator
 from typing import Any
 from dataclasses import dataclass
-from functools import partial
+from functools import cached_property, partial
 from operator import itemgetter
 from typing import Protocol
 
@@ -49,8 +49,13 @@ class SimResult:
     start_s: list[float]
     end_s: list[float]
     makespan_s: float
-    link_stats: dict  # LinkId -> (bytes, busy_s)
+    network: FlowNetwork
     contention_s: dict  # category -> seconds network transfers took beyond their time alone
+
+    @cached_property
+    def link_stats(self) -> dict:
+        """LinkId -> (bytes, busy_s) at the end of the step; added up when first asked."""
+        return self.network.link_stats()
 
 
 class Clocks:
@@ -241,7 +246,7 @@ def simulate_graph(graph: TaskGraph, cost: TaskCost, capacity_Bps: dict | None =
         raise InternalError(f"simulation deadlocked: {len(missing)} tasks never ran, first {missing[0]!r}")
     end: list[float] = clocks.end  # type: ignore[assignment]
     trace = ColumnTrace(tasks, clocks.start, end, _flops(tasks), "simulated", rank_labels, metadata)
-    return SimResult(trace, clocks.start, end, max(end) if n else 0.0, transfers.net.link_stats(),
+    return SimResult(trace, clocks.start, end, max(end) if n else 0.0, transfers.net,
                      transfers.contention)
 
 
