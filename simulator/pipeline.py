@@ -24,6 +24,7 @@ from .hardware.topology import Topology, build_topology
 from .model.opgraph import build_op_graph
 from .scenario import Scenario
 from .strategy.lower import LoweredPlan, lower
+from .tasks import InternalError
 
 
 @dataclass(frozen=True)
@@ -65,14 +66,17 @@ def gc_paused():
             gc.enable()
 
 
-def simulate(scn: Scenario, full: bool = False) -> RunResult:
+def simulate(scn: Scenario, full: bool = False, topology: Topology | None = None) -> RunResult:
+    """Run ``scn``; ``topology``: one already built for ``scn.cluster`` (a search reuses it, and
+    with it the collective plans and times memoised on it, across the plans of one cluster)."""
+    if topology is not None and topology.cluster != scn.cluster:
+        raise InternalError("simulate: the topology given was built for another cluster")
     with gc_paused():
-        return _simulate(scn, full)
+        return _simulate(scn, full, topology or build_topology(scn.cluster))
 
 
-def _simulate(scn: Scenario, full: bool) -> RunResult:
+def _simulate(scn: Scenario, full: bool, topo: Topology) -> RunResult:
     plan = lower(scn, full)
-    topo = build_topology(scn.cluster)
     tables = None
     if scn.cost.compute == "calibrated":
         from .cost.calibrated import CalibrationTables
@@ -83,7 +87,7 @@ def _simulate(scn: Scenario, full: bool) -> RunResult:
         fast, why = fast_mode_cost(cost, plan.mesh, plan.graph, topo)
         if fast is None:
             print(f"notice: simulating every rank (--full): {why}", file=sys.stderr)
-            return _simulate(scn, full=True)
+            return _simulate(scn, True, topo)
         engine_cost = fast
     sim = simulate_graph(plan.graph, engine_cost, topo.capacity_Bps, plan.rank_labels, dict(plan.graph.meta))
     cost.warn_missing()

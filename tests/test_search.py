@@ -227,3 +227,19 @@ def test_estimate_with_tp_overlap_stays_a_bound_below_the_unoverlapped_one(raw, 
     t = simulate(scn(True)).metrics["iteration_time_s"]
     assert 0.5 * t < over.time_lower_bound_s <= t * (1 + 1e-9)
     assert over.time_lower_bound_s < plain.time_lower_bound_s  # the same overlap rule as the lowering
+
+
+def test_plans_of_one_cluster_share_its_topology_and_simulate_as_if_alone():
+    from simulator.explore.evaluate import _SameCluster, evaluate_scenario
+
+    raw = dict(TINY, cluster={"preset": "dgx-a100-80gb", "num_nodes": 2})
+    plans = [{"tp": 2, "pp": 2, "dp": 4}, {"tp": 1, "pp": 1, "dp": 16, "zero_stage": 3}, {"tp": 8, "pp": 2, "dp": 1}]
+    scns = [scenario_from_dict(dict(raw, parallelism=p)) for p in plans]
+    results = [evaluate_scenario(s) for s in scns]
+    shared = _SameCluster.topology
+    assert shared is not None and shared.memo  # collective plans memoised on it by the first plans
+    assert [r["metrics"] for r in results] == [simulate(s).metrics for s in scns]
+    assert _SameCluster.topology_for(scns[0].cluster) is shared
+    other = scenario_from_dict(dict(raw, cluster={"preset": "dgx-a100-80gb", "num_nodes": 1}, parallelism={"tp": 8}))
+    assert evaluate_scenario(other)["metrics"] == simulate(other).metrics
+    assert _SameCluster.topology is not shared

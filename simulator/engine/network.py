@@ -115,6 +115,7 @@ class FlowNetwork:
         self._token = 0
         self._shapes: dict[int, _Shape] = {}  # id(CommStep) -> its shape (which holds the step)
         self._rates: dict[tuple, list[float]] = {}  # subset keys of a component -> its rates
+        self._splits: dict[tuple, list] = {}  # (component key, position) -> [(subset, rate)]
         self._on_link: dict = {}  # link -> every subset that holds it
         self._live: set[_Subset] = set()  # subsets with a live cohort
         self.flows_started = 0
@@ -210,9 +211,8 @@ class FlowNetwork:
                     todo.append(o)
         return [c for sub in sorted(comp, key=lambda sub: sub.key) for c in sub.cohorts]
 
-    def _component_rates(self, comp: list[_Cohort]) -> list[float]:
+    def _component_rates(self, comp: list[_Cohort], key: tuple) -> list[float]:
         """Max-min rates of the component's flows, cohort after cohort (cached by its subsets)."""
-        key = tuple(c.sub.key for c in comp)
         rates = self._rates.get(key) if self.cache_rates else None
         if rates is None:
             links_of: list[tuple] = []
@@ -232,15 +232,16 @@ class FlowNetwork:
         if not comp:
             return
         now = self.env.now
-        rates = self._component_rates(comp)
+        key = tuple(c.sub.key for c in comp)
+        rates = self._component_rates(comp, key)
         pos = 0
         heap, count = self._heap, self._count
-        for c in comp:
+        for k, c in enumerate(comp):
             n = len(c.sub.idx)
             mine = rates[pos:pos + n]
             pos += n
             left = max(c.left - c.rate * (now - c.t), 0.0)
-            parts = [c] if mine.count(mine[0]) == n else self._split(c, mine, left, now)
+            parts = [c] if mine.count(mine[0]) == n else self._split(c, (key, k), mine, left, now)
             for part in parts:
                 rate = mine[0] if part is c else part.rate
                 part.left, part.t, part.rate = left, now, rate
@@ -248,15 +249,21 @@ class FlowNetwork:
                 heapq.heappush(heap, (part.finish, next(count), part))
         self._arm()
 
-    def _split(self, c: _Cohort, mine: list[float], left: float, now: float) -> list[_Cohort]:
-        """Replace cohort ``c`` by one cohort per distinct rate of its flows."""
-        by_rate: dict[float, list[int]] = {}
-        for i, r in zip(c.sub.idx, mine):
-            by_rate.setdefault(r, []).append(i)
+    def _split(self, c: _Cohort, where: tuple, mine: list[float], left: float, now: float) -> list[_Cohort]:
+        """Replace cohort ``c`` by one cohort per distinct rate of its flows; ``where`` (component
+        key, position) determines the rates, hence the parts, which are cached under it."""
+        plan = self._splits.get(where) if self.cache_rates else None
+        if plan is None:
+            by_rate: dict[float, list[int]] = {}
+            for i, r in zip(c.sub.idx, mine):
+                by_rate.setdefault(r, []).append(i)
+            plan = [(self._subset(c.sub.shape, tuple(idx)), r) for r, idx in by_rate.items()]
+            if self.cache_rates:
+                self._splits[where] = plan
         self._detach(c, now)
         parts = []
-        for r, idx in by_rate.items():
-            part = _Cohort(self._subset(c.sub.shape, tuple(idx)), c.size, left, now, c.step)
+        for sub, r in plan:
+            part = _Cohort(sub, c.size, left, now, c.step)
             part.rate = r
             self._attach(part, now)
             parts.append(part)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..analysis.metrics import BREAKDOWN_KEYS
 from ..analysis.memory import BREAKDOWN_KEYS as MEMORY_KEYS
+from ..hardware.topology import build_topology
 from ..pipeline import simulate
 
 METRIC_COLUMNS = ("iteration_time_s", "tokens_per_s", "mfu", "hfu", "model_tflops_per_gpu",
@@ -24,10 +25,25 @@ MEMORY_COLUMNS = tuple(f"memory_{k}_bytes" for k in MEMORY_KEYS) + ("memory_capa
 RESULT_COLUMNS = ("status", "reason") + METRIC_COLUMNS + BREAKDOWN_COLUMNS + MEMORY_COLUMNS
 
 
+class _SameCluster:
+    """The topology of the last scenario a process simulated, reused while the cluster stays the
+    same: the plans of one search share it, and with it the collective plans and times memoised on
+    it (``cost/collectives``). One per process (workers are separate processes)."""
+
+    cluster = None
+    topology = None
+
+    @classmethod
+    def topology_for(cls, cluster):
+        if cls.topology is None or cls.cluster != cluster:
+            cls.cluster, cls.topology = cluster, build_topology(cluster)
+        return cls.topology
+
+
 def evaluate_scenario(scn) -> dict:
     """Simulate one scenario (in a worker): {"status": "ok", "metrics": ...} or {"status": "failed", "reason"}."""
     try:
-        result = simulate(scn)
+        result = simulate(scn, topology=_SameCluster.topology_for(scn.cluster))
     except (ValueError, RuntimeError) as exc:  # a plan the lowering or engine rejects
         return {"status": "failed", "reason": (str(exc).splitlines() or [type(exc).__name__])[0]}
     return {"status": "ok", "reason": "", "metrics": result.metrics}
