@@ -25,14 +25,24 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="simulator", description="Discrete-event simulator of distributed LLM training.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     sub.add_parser("presets", help="models, GPUs and clusters a scenario can name").add_argument("--json", action="store_true")
+    _run_and_collective_parsers(sub)
+    v = sub.add_parser("validate", help="predictions against published training runs")
+    v.add_argument("csv", nargs="*")
+    v.add_argument("--json", action="store_true")
+    v.add_argument("--out", default="results")
+    _plan_parsers(sub)
+    _goodput_parser(sub)
+    _calibrate_parsers(sub)
+    return p
 
+
+def _run_and_collective_parsers(sub) -> None:
     r = sub.add_parser("run", help="simulate one scenario")
     r.add_argument("scenario")
     r.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     r.add_argument("--out", help="results folder (default results/<name>)")
     r.add_argument("--json", action="store_true")
     r.add_argument("--full", action="store_true", help="simulate every rank instead of one per stage")
-
     c = sub.add_parser("collective", help="one collective over all GPUs of N nodes")
     c.add_argument("--cluster", help="cluster preset (default dgx-a100-80gb)")
     c.add_argument("--hardware", help="cluster hardware TOML file, as a scenario's cluster.hardware")
@@ -46,11 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out")
     c.add_argument("--json", action="store_true")
 
-    v = sub.add_parser("validate", help="predictions against published training runs")
-    v.add_argument("csv", nargs="*")
-    v.add_argument("--json", action="store_true")
-    v.add_argument("--out", default="results")
 
+def _plan_parsers(sub) -> None:
     for name in ("sweep", "search"):
         s = sub.add_parser(name, help="cartesian grid of plans" if name == "sweep" else "best plan")
         s.add_argument("scenario")
@@ -67,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--exhaustive", action="store_true",
                            help="simulate every plan that fits (no lower-bound pruning)")
 
+
+def _goodput_parser(sub) -> None:
     g = sub.add_parser("goodput", help="a whole training run: failures, checkpoints, restarts, stragglers")
     g.add_argument("scenario")
     horizon = g.add_mutually_exclusive_group()
@@ -79,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--out")
     g.add_argument("--json", action="store_true")
 
+
+def _calibrate_parsers(sub) -> None:
     cal = sub.add_parser("calibrate", help="profile kernels, import and compare real traces")
     csub = cal.add_subparsers(dest="action", required=True, parser_class=_Parser)
     pr = csub.add_parser("profile")
@@ -97,7 +108,6 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("traces", nargs="+", metavar="TRACE")
     ft.add_argument("--scenario", required=True, help="the scenario the traces ran (model and plan)")
     ft.add_argument("--out", required=True, help="directory for kernels.csv, efficiencies.csv, fit.json")
-    return p
 
 
 def _presets(args) -> int:
