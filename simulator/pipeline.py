@@ -18,13 +18,14 @@ from pathlib import Path
 from .analysis.memory import MemoryReport, memory_report
 from .analysis.metrics import critical_rank, exposed_breakdown, summarize
 from .cost.model import CostModel
+from .cost.plan import CommPlan
 from .cost.siblings import fast_mode_cost
 from .engine.sim import SimResult, TaskCost, simulate_graph
 from .hardware.topology import Topology, build_topology
 from .model.opgraph import build_op_graph
 from .scenario import Scenario
 from .strategy.lower import LoweredPlan, lower
-from .tasks import InternalError
+from .tasks import InternalError, Task
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,31 @@ def model_flops_per_iteration(scn: Scenario) -> float:
     for GPT this is Korthikanti et al. 2022 eq. 7 / Narayanan eq. 3 without the recompute term."""
     g = build_op_graph(scn.model, scn.training.micro_batch_size, scn.training.dtype)
     return (g.fwd_flops() + g.bwd_flops()) * scn.training.global_batch_size / scn.training.micro_batch_size
+
+
+class PerCollective:
+    """A TaskCost that asks ``cost`` for the network plan and the time alone of each distinct
+    Collective once. For cost models whose answers depend on the task's Collective only, as
+    CostModel's and SiblingCost's do (``cost/model``, ``cost/siblings``); they re-validate the group
+    and look the plan up on every call, which was ~28% of a search plan's simulation."""
+
+    def __init__(self, cost: TaskCost) -> None:
+        self.cost = cost
+        self.duration_s = cost.duration_s
+        self._plans: dict = {}
+        self._alone: dict = {}
+
+    def comm_plan(self, task: Task) -> CommPlan:
+        hit = self._plans.get(task.comm)
+        if hit is None:
+            hit = self._plans[task.comm] = self.cost.comm_plan(task)
+        return hit
+
+    def isolated_s(self, task: Task) -> float:
+        hit = self._alone.get(task.comm)
+        if hit is None:
+            hit = self._alone[task.comm] = self.cost.isolated_s(task)
+        return hit
 
 
 @contextmanager
@@ -89,7 +115,7 @@ def _simulate(scn: Scenario, full: bool, topo: Topology) -> RunResult:
             print(f"notice: simulating every rank (--full): {why}", file=sys.stderr)
             return _simulate(scn, True, topo)
         engine_cost = fast
-    sim = simulate_graph(plan.graph, engine_cost, topo.capacity_Bps, plan.rank_labels, dict(plan.graph.meta))
+    sim = simulate_graph(plan.graph, PerCollective(engine_cost), topo.capacity_Bps, plan.rank_labels, dict(plan.graph.meta))
     cost.warn_missing()
     trace = sim.trace
     rank = critical_rank(trace)
