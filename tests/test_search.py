@@ -243,3 +243,19 @@ def test_plans_of_one_cluster_share_its_topology_and_simulate_as_if_alone():
     other = scenario_from_dict(dict(raw, cluster={"preset": "dgx-a100-80gb", "num_nodes": 1}, parallelism={"tp": 8}))
     assert evaluate_scenario(other)["metrics"] == simulate(other).metrics
     assert _SameCluster.topology is not shared
+
+
+def test_a_limit_simulates_the_lowest_bound_plans_and_marks_the_rest(tmp_path):
+    import csv
+
+    space = SearchSpace(micro_batch_sizes=(1, 2), zero_stages=(0, 1))
+    full = run_search(base_of(TINY), tmp_path / "all.csv", top=4, jobs=1, space=space, bound=False)
+    cut = run_search(base_of(TINY), tmp_path / "cut.csv", top=4, jobs=1, space=space, bound=False, limit=3)
+    assert cut.counts["simulated"] + cut.counts["cache_hits"] == 3
+    assert cut.counts["skipped_limit"] == full.counts["simulated"] + full.counts["cache_hits"] - 3
+    with open(tmp_path / "cut.csv") as f:
+        statuses = [r["status"] for r in csv.DictReader(f)]
+    assert statuses.count("skipped-limit") == cut.counts["skipped_limit"]
+    first = {r["label"] for r in full.rows[:3]}  # submitted in bound order, one job: rows in that order
+    assert {r["label"] for r in cut.rows} == first
+    assert cut.plans_per_s > 0

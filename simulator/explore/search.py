@@ -133,13 +133,14 @@ def candidates(base: BaseScenario, space: SearchSpace, cache: EstimateCache, cou
 
 def run_search(base: BaseScenario, csv_path: Path, top: int = 10, jobs: int = 0, backend: str = "local",
                address: str | None = None, space: SearchSpace | None = None, bound: bool = True,
-               per_tp: bool = True) -> SearchResult:
+               per_tp: bool = True, limit: int | None = None) -> SearchResult:
+    """``limit``: simulate at most this many plans (in bound order), the rest are "skipped-limit"."""
     t0 = time.perf_counter()
     space = space or SearchSpace()
     if top < 1:
         raise ValueError(f"--top must be >= 1, got {top}")
     counts = dict.fromkeys(("enumerated", "invalid", "pruned_memory", "dominated", "pruned_bound", "simulated",
-                            "cache_hits", "failed"), 0)
+                            "cache_hits", "failed", "skipped_limit"), 0)
     pruned: list[dict] = []
     cands = candidates(base, space, EstimateCache(), counts, pruned)
     estimate_s = time.perf_counter() - t0
@@ -147,6 +148,7 @@ def run_search(base: BaseScenario, csv_path: Path, top: int = 10, jobs: int = 0,
     rows: list[dict] = []
     per: dict = {}
     probed: set[int] = set()
+    submitted = [0]  # plans handed to the evaluator
     with CsvStream(csv_path, CSV_COLUMNS) as out, Evaluator(jobs, backend, address) as ev:
         window = 2 * ev.jobs
         for row in pruned:
@@ -172,25 +174,35 @@ def run_search(base: BaseScenario, csv_path: Path, top: int = 10, jobs: int = 0,
             for c in cands:
                 while ev.pending >= window:
                     collect()
-                if bound and not needed(c):
-                    counts["pruned_bound"] += 1
-                    out.write({**c.row(), "status": "pruned-bound",
-                               "reason": "time lower bound >= the simulated times it would have to beat"})
-                    if c.plan.tp not in per:
+                status = ("skipped-limit" if limit is not None and submitted[0] >= limit else
+                          "pruned-bound" if bound and not needed(c) else "")
+                if status:
+                    counts[status.replace("-", "_")] += 1
+                    out.write({**c.row(), "status": status, "reason": _SKIP_REASONS[status]})
+                    if status == "pruned-bound" and c.plan.tp not in per:
                         per[c.plan.tp] = {**c.row(), "status": "pruned-bound"}
                     continue
                 ev.submit(c, c.scn)
+                submitted[0] += 1
             while ev.pending:
                 collect()
         counts["simulated"], counts["cache_hits"] = ev.simulated, ev.cache_hits
+    capacity = cands[0].scn.cluster.gpu.memory_capacity_bytes if cands else 0.0
+    return _result(rows, per, counts, time.perf_counter() - t0, csv_path, float(capacity), estimate_s)
+
+
+def _result(rows: list[dict], per: dict, counts: dict, wall_s: float, csv_path: Path, capacity: float,
+            estimate_s: float) -> SearchResult:
     counts["failed"] = sum(r["status"] != "ok" for r in rows)
     ranked = rank([r for r in rows if r["status"] == "ok" and r["fits_in_memory"]])
     for r in ranked:  # fastest simulated plan per TP degree replaces the bound-only entry
         if per.get(r["tp"], {}).get("status") != "ok":
             per[r["tp"]] = r
-    capacity = cands[0].scn.cluster.gpu.memory_capacity_bytes if cands else 0.0
-    return SearchResult(ranked, rows, dict(sorted(per.items())), counts, time.perf_counter() - t0, csv_path,
-                        float(capacity), estimate_s)
+    return SearchResult(ranked, rows, dict(sorted(per.items())), counts, wall_s, csv_path, capacity, estimate_s)
+
+
+_SKIP_REASONS = {"skipped-limit": "not simulated: the --limit of plans to simulate was reached",
+                 "pruned-bound": "time lower bound >= the simulated times it would have to beat"}
 
 
 def rank(rows: list[dict]) -> list[dict]:
