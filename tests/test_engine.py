@@ -116,3 +116,37 @@ def test_cycle_through_a_network_stream_is_a_deadlock():
     b.add("net", "comm", 0, "comm_dp", "comm_dp", (0,), comm=Collective("all_reduce", 8.0, (0, 1), "dp"))
     with pytest.raises(InternalError, match="2 tasks never ran"):
         simulate_graph(b.build((0,), True), StubCost({"a": 1.0, "net": 1.0}))
+
+
+def test_the_pipeline_asks_the_cost_model_once_per_distinct_collective():
+    from simulator.cost.collectives import plan_collective
+    from simulator.hardware.clusters import CLUSTER_PRESETS
+    from simulator.hardware.topology import build_topology
+    from simulator.pipeline import PerCollective
+    from simulator.tasks import Collective, TaskGraphBuilder
+
+    topo = build_topology(CLUSTER_PRESETS["dgx-a100-80gb"].with_nodes(2))
+    asked = []
+
+    class Counting:
+        def duration_s(self, task):
+            return None
+
+        def comm_plan(self, task):
+            asked.append(("plan", task.comm))
+            return plan_collective(task.comm, topo)
+
+        def isolated_s(self, task):
+            asked.append(("alone", task.comm))
+            return 0.0
+
+    b = TaskGraphBuilder()
+    for k in range(3):  # the same all-reduce three times (equal, not identical objects), then another
+        b.add(f"net{k}", "comm", 0, "comm_dp", "comm_dp", comm=Collective("all_reduce", 1e6, (0, 8), "dp"))
+    b.add("net3", "comm", 0, "comm_dp", "comm_dp", comm=Collective("all_reduce", 2e6, (0, 8), "dp"))
+    graph = b.build((0,), False, {})
+    cached = simulate_graph(graph, PerCollective(Counting()), topo.capacity_Bps)
+    assert sorted((kind, c.size_bytes) for kind, c in asked) == [("alone", 1e6), ("alone", 2e6), ("plan", 1e6),
+                                                                  ("plan", 2e6)]
+    plain = simulate_graph(graph, Counting(), topo.capacity_Bps)
+    assert (cached.start_s, cached.end_s) == (plain.start_s, plain.end_s)
