@@ -275,3 +275,19 @@ def test_deepspeed_2021_synchronizes_the_device_and_all_reduces_gradient_buckets
     for prev, t in zip(reductions, reductions[1:]):
         host = by_id[t.deps[0]]
         assert host.name.endswith(".host") and prev.id in host.deps
+
+
+def test_the_search_bound_prices_deepspeed_2021_host_work_and_stays_a_lower_bound():
+    """One rule for the lowering and the search estimator: the bound adds the per-tensor host work the
+    lowering charges on the compute stream, and stays below the simulated step."""
+    from simulator.explore.estimate import EstimateCache, _ds2021_host_s, time_lower_bound
+    from simulator.pipeline import simulate
+    old = scn(SMALL, zero_stage=3, sharding="deepspeed-2021", m=2)
+    new = scn(SMALL, zero_stage=3, sharding="deepspeed", m=2)
+    host = _ds2021_host_s(old, EstimateCache(), 0)
+    assert host > 0 and _ds2021_host_s(new, EstimateCache(), 0) == 0.0
+    hosts = [t for t in lower(old).graph.tasks if t.name.endswith(".host") and "param_all_gather" in t.name]
+    cost = EstimateCache().cost(old)
+    assert host == pytest.approx(sum(cost.duration_s(t) for t in hosts))
+    bound = time_lower_bound(old)[0]
+    assert bound >= time_lower_bound(new)[0] and bound <= simulate(old).metrics["iteration_time_s"]

@@ -31,7 +31,7 @@ from ..strategy.layer_emit import overlap_site
 from ..strategy.lower import chunk_layers
 from ..strategy.schedules import schedule_actions, splits_backward
 from ..strategy.sharding import grad_accumulation_bytes_per_param, linear_params, params_per_rank
-from ..strategy.zero_impl import FSDP, chunk_fetches, hsdp_groups, submodule_params
+from ..strategy.zero_impl import FSDP, chunk_fetches, hsdp_groups, list_all_gather_host_work, submodule_params
 from ..tasks import Collective, Task
 from ..units import DTYPE_BYTES
 
@@ -362,6 +362,12 @@ def _dp_stream_s(scn, cache: EstimateCache, stage: int) -> float:
 def _gathered_params(scn, stage: int) -> float:
     """Dense parameters a rank of ``stage`` all-gathers per micro-batch: every pass's fetches of every
     chunk it holds, by the framework's rule (``zero_impl.chunk_fetches``, as the lowering issues them)."""
+    return sum(f.params for f in _stage_fetches(scn, stage))
+
+
+def _stage_fetches(scn, stage: int) -> list:
+    """The all-gathers (``zero_impl.Fetch``) a rank of ``stage`` issues per micro-batch, every pass of
+    every chunk it holds."""
     par, tp, ep = scn.parallel, scn.parallel.tp, scn.parallel.ep
     graph = build_op_graph(scn.model, scn.training.micro_batch_size, scn.training.dtype)
     layer = [params_per_rank(graph, tp, ep, (i,), False, False, par.etp)["dense"] for i in range(scn.model.num_layers)]
@@ -370,14 +376,32 @@ def _gathered_params(scn, stage: int) -> float:
             else params_per_rank(graph, tp, ep, 0, False, True)["dense"])
     subs = submodule_params(linear_params(graph, tp, ep))
     chunks = chunk_layers(par.layers_per_stage, _schedule(scn)[1])
-    total = 0.0
+    out: list = []
     for vs in range(stage, len(chunks), par.pp):
         units = (["embed"] if vs == 0 else []) + [str(i) for i in chunks[vs]] + (
             ["head"] if vs == len(chunks) - 1 else [])
         dense = [embed if u == "embed" else head if u == "head" else layer[int(u)] for u in units]
         fetches = chunk_fetches(par.sharding, par.zero_stage, par.recompute, units, dense, subs)
-        total += sum(f.params for v in fetches.values() for f in v)
-    return total
+        out += [f for v in fetches.values() for f in v]
+    return out
+
+
+def _ds2021_host_s(scn, cache: EstimateCache, stage: int) -> float:
+    """DeepSpeed 2021: the host work of every per-tensor all-gather of a step on the compute stream
+    (``zero_impl.list_all_gather_host_work``, charged as the lowering charges it in
+    ``grad_sync.zero3_gather``); 0 for every other implementation."""
+    par = scn.parallel
+    if par.sharding != "deepspeed-2021" or par.zero_stage != 3 or par.dp * par.cp == 1:
+        return 0.0
+    mesh = DeviceMesh(pp=par.pp, dp=par.dp, cp=par.cp, tp=par.tp, ep=par.ep, etp=par.etp)
+    n = len(hsdp_groups(mesh.group("dp_cp", mesh.rank(pp=stage)), mesh.rank(pp=stage), par.shard_group_size)[0])
+    total = 0.0
+    for f in _stage_fetches(scn, stage):
+        nbytes = f.params / max(f.tensors, 1) * scn.training.dtype_bytes
+        one = cache._get(("ds2021_host", n, nbytes, cache._cost_key(scn)),
+                         lambda: cache.work_s(scn, list_all_gather_host_work("g", n, nbytes)))
+        total += max(f.tensors, 1) * one
+    return scn.num_microbatches * total
 
 
 def _pp_stream_s(scn, cache: EstimateCache, rank: int, prof: RankProfile) -> float:
@@ -402,8 +426,9 @@ def time_lower_bound(scn, cache: EstimateCache | None = None) -> tuple[float, fl
     """(bound, blocking TP seconds on the bounding rank's compute stream). Per pipeline rank, the compute
     stream: the forward chain of the virtual stages before its first action + its work up to its last B
     + max(its remaining work, the backward chain of the virtual stages before that B); its
-    data-parallel streams (``_dp_stream_s``) and its pipeline sends (``_pp_stream_s``). The bound is the
-    largest over ranks and streams."""
+    data-parallel streams (``_dp_stream_s``) and its pipeline sends (``_pp_stream_s``); DeepSpeed 2021's
+    host work rides on the compute stream (``_ds2021_host_s``). The bound is the largest over ranks and
+    streams."""
     cache = cache or EstimateCache()
     t = _phase_times(scn, cache)
     nv = scn.parallel.pp * _schedule(scn)[1]
@@ -413,7 +438,8 @@ def time_lower_bound(scn, cache: EstimateCache | None = None) -> tuple[float, fl
     for r, prof in enumerate(cache.profiles(scn)):
         head = sum(c * sum(t[k]) for k, c in prof.head)
         tail = sum(c * sum(t[k]) for k, c in prof.tail)
-        bound = sum(fwd[:prof.first_stage]) + head + max(tail, sum(bwd[:prof.last_b_stage]))
+        bound = (sum(fwd[:prof.first_stage]) + head + max(tail, sum(bwd[:prof.last_b_stage]))
+                 + _ds2021_host_s(scn, cache, r))
         tp = sum(c * t[k][1] for k, c in prof.head + prof.tail)
         bound = max(bound, _dp_stream_s(scn, cache, r), _pp_stream_s(scn, cache, r, prof))
         if bound > best[0]:
