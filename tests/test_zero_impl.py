@@ -275,6 +275,10 @@ def test_deepspeed_2021_synchronizes_the_device_and_all_reduces_gradient_buckets
     for prev, t in zip(reductions, reductions[1:]):
         host = by_id[t.deps[0]]
         assert host.name.endswith(".host") and prev.id in host.deps
+    # the optimizer step waits for every bucket's all-reduce
+    step = [t for t in g.tasks if "adam" in t.name.lower() or "optimizer" in t.name.lower()]
+    waited = {d for t in step for d in t.deps}
+    assert reductions[-1].id in waited
 
 
 def test_the_search_bound_prices_deepspeed_2021_host_work_and_stays_a_lower_bound():

@@ -84,11 +84,13 @@ def reduce_gradients(ctx: LowerCtx, rank: int, ready: list[Ready], end_dep: int,
     for k, (tid, dense, expert) in enumerate(buckets(ready, par.dp * par.cp, par.zero_stage)):
         dep = tid if par.overlap_grad_reduce else end_dep
         for params, group, kind in zip((dense, expert), _groups(ctx, rank), ("dense", "expert")):
-            if params > 0 and len(group) > 1 and par.sharding == "deepspeed-2021":
-                t = _ds2021_all_reduce(ctx, rank, f"grad_all_reduce.{tag}{kind}{k}", params, group, dep, stream)
-            elif params > 0 and len(group) > 1:
-                t = ctx.comm(rank, stream, f"grad_{op}.{tag}{kind}{k}", op, params * gbytes, group, "dp",
-                             "comm_dp", (dep,))
+            if params > 0 and len(group) > 1:
+                if par.sharding == "deepspeed-2021":
+                    t = _ds2021_all_reduce(ctx, rank, f"grad_all_reduce.{tag}{kind}{k}", params, group, dep,
+                                           stream)
+                else:
+                    t = ctx.comm(rank, stream, f"grad_{op}.{tag}{kind}{k}", op, params * gbytes, group, "dp",
+                                 "comm_dp", (dep,))
                 out.append(_to_host(ctx, rank, f"grads_to_host.{tag}{kind}{k}", params, len(group), t)
                            if par.offload_optimizer else t)
             elif params > 0 and par.offload_optimizer:
