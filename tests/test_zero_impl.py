@@ -210,7 +210,7 @@ def test_a_small_all_gather_over_hundreds_of_ranks_pays_every_ring_step():
     {"zero_stage": 2, "sharding": "fsdp1"},
 ])
 def test_the_static_estimate_counts_the_gathers_the_lowering_issues(par):
-    from simulator.explore.estimate import _gathered_params
+    from simulator.explore.estimate_streams import gathered_params as _gathered_params
     s = scn(WIDE, m=2, **par)
     lowered = sum(t.comm.size_bytes for t in gathers(lower(s).graph))
     assert _gathered_params(s, 0) * s.training.dtype_bytes * s.num_microbatches == lowered
@@ -284,7 +284,8 @@ def test_deepspeed_2021_synchronizes_the_device_and_all_reduces_gradient_buckets
 def test_the_search_bound_prices_deepspeed_2021_host_work_and_stays_a_lower_bound():
     """One rule for the lowering and the search estimator: the bound adds the per-tensor host work the
     lowering charges on the compute stream, and stays below the simulated step."""
-    from simulator.explore.estimate import EstimateCache, _ds2021_host_s, time_lower_bound
+    from simulator.explore.estimate import EstimateCache, time_lower_bound
+    from simulator.explore.estimate_streams import ds2021_host_s as _ds2021_host_s
     from simulator.pipeline import simulate
     old = scn(SMALL, zero_stage=3, sharding="deepspeed-2021", m=2)
     new = scn(SMALL, zero_stage=3, sharding="deepspeed", m=2)

@@ -26,14 +26,13 @@ from ..hardware.topology import build_topology
 from ..model.opgraph import build_op_graph
 from ..strategy import activation_memory as am
 from ..strategy.blocks import build_blocks, layer_blocks
-from ..strategy.mesh import DeviceMesh
 from ..strategy.layer_emit import overlap_site
 from ..strategy.lower import chunk_layers
 from ..strategy.schedules import schedule_actions, splits_backward
-from ..strategy.sharding import grad_accumulation_bytes_per_param, linear_params, params_per_rank
-from ..strategy.zero_impl import FSDP, chunk_fetches, hsdp_groups, list_all_gather_host_work, submodule_params
+from ..strategy.sharding import grad_accumulation_bytes_per_param
 from ..tasks import Collective, Task
 from ..units import DTYPE_BYTES
+from .estimate_streams import ds2021_host_s, dp_stream_s, pp_stream_s, schedule_of as _schedule
 
 
 @dataclass(frozen=True)
@@ -48,12 +47,6 @@ class StaticEstimate:
     @property
     def fits(self) -> bool:
         return self.total_bytes <= self.capacity_bytes
-
-
-def _schedule(scn) -> tuple[str, int]:
-    """Schedule and chunks the lowering runs (one stage runs plain 1F1B)."""
-    par = scn.parallel
-    return (par.schedule, par.virtual_stages) if par.pp > 1 else ("1f1b", 1)
 
 
 class EstimateCache:
@@ -333,102 +326,13 @@ def _kind_times(scn, cache: EstimateCache, lb, memo: dict) -> tuple:
     return memo[key]
 
 
-def _dp_stream_s(scn, cache: EstimateCache, stage: int) -> float:
-    """The busier of the rank's two data-parallel streams, each serial (grad_sync): gradient
-    reduction once (ZeRO-0/1) or per micro-batch (ZeRO-2), the distributed optimizer's parameter
-    all-gather (ZeRO-1/2); ZeRO-3's / FSDP's per-unit all-gathers of every micro-batch as the framework
-    issues them (``zero_impl.chunk_fetches``) and one reduce-scatter per micro-batch on its own stream,
-    over the HSDP shard group. Dense parameters only, each stream's traffic as
-    one collective of its total size (never slower than the buckets or units it is cut into)."""
-    par, tr = scn.parallel, scn.training
-    if par.dp * par.cp == 1:
-        return 0.0
-    mesh = DeviceMesh(pp=par.pp, dp=par.dp, cp=par.cp, tp=par.tp, ep=par.ep, etp=par.etp)
-    group = mesh.group("dp_cp", mesh.rank(pp=stage))
-    params = rank_param_counts(scn.model, par, stage)["dense"]
-    grads, weights = params * tr.grad_dtype_bytes, params * tr.dtype_bytes
-    m = scn.num_microbatches
-    coll = lambda op, size: cache.collective_s(scn, op, size, group)  # noqa: E731
-    if par.zero_stage == 0:
-        return coll("all_reduce", grads)
-    shard = hsdp_groups(group, group[0], par.shard_group_size)[0]
-    if par.zero_stage == 3 or (par.zero_stage == 2 and par.sharding in FSDP):
-        gathered = m * _gathered_params(scn, stage) * tr.dtype_bytes
-        return max(cache.collective_s(scn, "all_gather", gathered, shard),
-                   cache.collective_s(scn, "reduce_scatter", m * grads, shard))
-    return coll("reduce_scatter", grads * (m if par.zero_stage == 2 else 1)) + coll("all_gather", weights)
-
-
-def _gathered_params(scn, stage: int) -> float:
-    """Dense parameters a rank of ``stage`` all-gathers per micro-batch: every pass's fetches of every
-    chunk it holds, by the framework's rule (``zero_impl.chunk_fetches``, as the lowering issues them)."""
-    return sum(f.params for f in _stage_fetches(scn, stage))
-
-
-def _stage_fetches(scn, stage: int) -> list:
-    """The all-gathers (``zero_impl.Fetch``) a rank of ``stage`` issues per micro-batch, every pass of
-    every chunk it holds."""
-    par, tp, ep = scn.parallel, scn.parallel.tp, scn.parallel.ep
-    graph = build_op_graph(scn.model, scn.training.micro_batch_size, scn.training.dtype)
-    layer = [params_per_rank(graph, tp, ep, (i,), False, False, par.etp)["dense"] for i in range(scn.model.num_layers)]
-    embed = params_per_rank(graph, tp, ep, 0, True, False)["dense"]
-    head = (params_per_rank(graph, tp, ep, 0, True, True)["dense"] - embed if par.pp == 1
-            else params_per_rank(graph, tp, ep, 0, False, True)["dense"])
-    subs = submodule_params(linear_params(graph, tp, ep))
-    chunks = chunk_layers(par.layers_per_stage, _schedule(scn)[1])
-    out: list = []
-    for vs in range(stage, len(chunks), par.pp):
-        units = (["embed"] if vs == 0 else []) + [str(i) for i in chunks[vs]] + (
-            ["head"] if vs == len(chunks) - 1 else [])
-        dense = [embed if u == "embed" else head if u == "head" else layer[int(u)] for u in units]
-        fetches = chunk_fetches(par.sharding, par.zero_stage, par.recompute, units, dense, subs)
-        out += [f for v in fetches.values() for f in v]
-    return out
-
-
-def _ds2021_host_s(scn, cache: EstimateCache, stage: int) -> float:
-    """DeepSpeed 2021: the host work of every per-tensor all-gather of a step on the compute stream
-    (``zero_impl.list_all_gather_host_work``, charged as the lowering charges it in
-    ``grad_sync.zero3_gather``); 0 for every other implementation."""
-    par = scn.parallel
-    if par.sharding != "deepspeed-2021" or par.zero_stage != 3 or par.dp * par.cp == 1:
-        return 0.0
-    mesh = DeviceMesh(pp=par.pp, dp=par.dp, cp=par.cp, tp=par.tp, ep=par.ep, etp=par.etp)
-    n = len(hsdp_groups(mesh.group("dp_cp", mesh.rank(pp=stage)), mesh.rank(pp=stage), par.shard_group_size)[0])
-    total = 0.0
-    for f in _stage_fetches(scn, stage):
-        nbytes = f.params / max(f.tensors, 1) * scn.training.dtype_bytes
-        one = cache._get(("ds2021_host", n, nbytes, cache._cost_key(scn)),
-                         lambda: cache.work_s(scn, list_all_gather_host_work("g", n, nbytes)))
-        total += max(f.tensors, 1) * one
-    return scn.num_microbatches * total
-
-
-def _pp_stream_s(scn, cache: EstimateCache, rank: int, prof: RankProfile) -> float:
-    """The rank's pipeline send stream, serial: one send of its 1/t share of the hidden state per F
-    to the next virtual stage and per B to the previous one (Narayanan et al. 2021 §4.1)."""
-    par, tr, m = scn.parallel, scn.training, scn.model
-    nv = par.pp * _schedule(scn)[1]
-    if nv == 1:
-        return 0.0
-    mesh = DeviceMesh(pp=par.pp, dp=par.dp, cp=par.cp, tp=par.tp, ep=par.ep, etp=par.etp)
-    size = tr.micro_batch_size * (m.seq_length // par.cp) * m.hidden_size * tr.dtype_bytes / par.tp
-    total = 0.0
-    for (vs, phase), count in prof.head + prof.tail:
-        to = vs + 1 if phase == "F" else vs - 1 if phase == "B" else -1
-        if 0 <= to < nv:
-            group = (mesh.rank(pp=rank), mesh.rank(pp=to % par.pp))
-            total += count * cache.collective_s(scn, "send_recv", size, group)
-    return total
-
-
 def time_lower_bound(scn, cache: EstimateCache | None = None) -> tuple[float, float]:
     """(bound, blocking TP seconds on the bounding rank's compute stream). Per pipeline rank, the compute
     stream: the forward chain of the virtual stages before its first action + its work up to its last B
     + max(its remaining work, the backward chain of the virtual stages before that B); its
-    data-parallel streams (``_dp_stream_s``) and its pipeline sends (``_pp_stream_s``); DeepSpeed 2021's
-    host work rides on the compute stream (``_ds2021_host_s``). The bound is the largest over ranks and
-    streams."""
+    data-parallel streams (``estimate_streams.dp_stream_s``) and its pipeline sends (``pp_stream_s``);
+    DeepSpeed 2021's host work rides on the compute stream (``ds2021_host_s``). The bound is the largest
+    over ranks and streams."""
     cache = cache or EstimateCache()
     t = _phase_times(scn, cache)
     nv = scn.parallel.pp * _schedule(scn)[1]
@@ -439,9 +343,9 @@ def time_lower_bound(scn, cache: EstimateCache | None = None) -> tuple[float, fl
         head = sum(c * sum(t[k]) for k, c in prof.head)
         tail = sum(c * sum(t[k]) for k, c in prof.tail)
         bound = (sum(fwd[:prof.first_stage]) + head + max(tail, sum(bwd[:prof.last_b_stage]))
-                 + _ds2021_host_s(scn, cache, r))
+                 + ds2021_host_s(scn, cache, r))
         tp = sum(c * t[k][1] for k, c in prof.head + prof.tail)
-        bound = max(bound, _dp_stream_s(scn, cache, r), _pp_stream_s(scn, cache, r, prof))
+        bound = max(bound, dp_stream_s(scn, cache, r), pp_stream_s(scn, cache, r, prof))
         if bound > best[0]:
             best = (bound, tp)
     return best

@@ -44,7 +44,7 @@ collectives in each (one rule per framework, used by the lowering, the static es
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..tasks import OpWork
@@ -82,7 +82,7 @@ class Fetch:
     tensors: int = 1  # parameter tensors gathered: DeepSpeed 2021 issues one all-gather per tensor
 
 
-def submodule_params(linears: list[tuple[float, float]]) -> list[float]:
+def submodule_params(linears: Sequence[tuple[float, float]]) -> list[float]:
     """Elements DeepSpeed gathers per submodule: each (weight, bias) pair's parameters at or above
     the persistence threshold (smaller ones, biases and norms, stay whole on every rank)."""
     return [sum(p for p in pair if p >= DS_PERSISTENCE_THRESHOLD) for pair in linears]
