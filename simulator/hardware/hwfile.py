@@ -69,22 +69,29 @@ def _peaks(where: str, table) -> dict:
     return out
 
 
-def gpu_from_table(table: dict, where: str = "gpu", base: GPUSpec | None = None) -> GPUSpec:
-    """A GPU from a table of datasheet fields; ``preset`` (or ``base``) gives the fields not set."""
+def _table_base(where: str, table, known: tuple[str, ...], presets, base):
+    """The checks every hardware table opens with: a table, only ``known`` keys, the ``preset`` it
+    names (else ``base``); returns (base, fields holding the checked ``name``)."""
     if not isinstance(table, dict):
         raise ValueError(f"[{where}] must be a table, got {table!r}")
-    _check_keys(where, table, _GPU_KEYS)
+    _check_keys(where, table, known)
     if "preset" in table:
-        base = GPU_PRESETS.get(table["preset"])
+        base = presets.get(table["preset"])
         if base is None:
-            raise ValueError(f"{where}.preset {table['preset']!r} is unknown; known: {', '.join(GPU_PRESETS)}")
-    if "memory_capacity_MiB" in table and "memory_capacity_GB" in table:
-        raise ValueError(f"{where}: give memory_capacity_MiB or memory_capacity_GB, not both")
+            raise ValueError(f"{where}.preset {table['preset']!r} is unknown; known: {', '.join(presets)}")
     fields: dict = {}
     if "name" in table:
         if not isinstance(table["name"], str) or not table["name"]:
             raise ValueError(f"{where}.name must be a non-empty string, got {table['name']!r}")
         fields["name"] = table["name"]
+    return base, fields
+
+
+def gpu_from_table(table: dict, where: str = "gpu", base: GPUSpec | None = None) -> GPUSpec:
+    """A GPU from a table of datasheet fields; ``preset`` (or ``base``) gives the fields not set."""
+    base, fields = _table_base(where, table, _GPU_KEYS, GPU_PRESETS, base)
+    if "memory_capacity_MiB" in table and "memory_capacity_GB" in table:
+        raise ValueError(f"{where}: give memory_capacity_MiB or memory_capacity_GB, not both")
     if "architecture" in table:
         fields["architecture"] = _choice(where, "architecture", table["architecture"], ARCHITECTURES)
     if "peak_tflops" in table:
@@ -121,18 +128,7 @@ def _cluster_gpu(where: str, value, base: GPUSpec | None) -> GPUSpec:
 def cluster_from_table(table: dict, where: str = "cluster", base: ClusterSpec | None = None) -> ClusterSpec:
     """A cluster from its fields; ``preset`` (or ``base``) gives the fields not set. ``gpu`` is a GPU
     preset name or a GPU table. Checks every value and the NIC/GPU ratio."""
-    if not isinstance(table, dict):
-        raise ValueError(f"[{where}] must be a table, got {table!r}")
-    _check_keys(where, table, CLUSTER_KEYS)
-    if "preset" in table:
-        base = CLUSTER_PRESETS.get(table["preset"])
-        if base is None:
-            raise ValueError(f"{where}.preset {table['preset']!r} is unknown; known: {', '.join(CLUSTER_PRESETS)}")
-    f: dict = {}
-    if "name" in table:
-        if not isinstance(table["name"], str) or not table["name"]:
-            raise ValueError(f"{where}.name must be a non-empty string, got {table['name']!r}")
-        f["name"] = table["name"]
+    base, f = _table_base(where, table, CLUSTER_KEYS, CLUSTER_PRESETS, base)
     if "gpu" in table:
         f["gpu"] = _cluster_gpu(where, table["gpu"], base.gpu if base else None)
     for key in _CLUSTER_COUNTS:
