@@ -246,7 +246,7 @@ def test_deepspeed_2021_host_work_grows_with_the_group():
     from simulator.hardware.gpus import GPU_PRESETS
     from simulator.strategy.zero_impl import list_all_gather_host_work
     rc = RooflineCompute(GPU_PRESETS["a100-sxm4-80gb"], "bf16")
-    t = {n: rc.work_time_s(list_all_gather_host_work("g", n, 906e6)) for n in (384, 768, 1536)}
+    t = {n: rc.work_time_s(list_all_gather_host_work(n, 906e6)) for n in (384, 768, 1536)}
     fill = 906e6 / rc.mem_Bps + rc.eff.kernel_overhead_s
     copies = 2 * 906e6 / rc.mem_Bps
     assert (t[1536] - fill - copies) == pytest.approx(2 * (t[768] - fill - copies))

@@ -90,8 +90,7 @@ def ds2021_host_s(scn, cache: "EstimateCache", stage: int) -> float:
     total = 0.0
     for f in stage_fetches(scn, stage):
         nbytes = f.params / max(f.tensors, 1) * scn.training.dtype_bytes
-        one = cache._get(("ds2021_host", n, nbytes, cache._cost_key(scn)),
-                         lambda: cache.work_s(scn, list_all_gather_host_work("g", n, nbytes)))
+        one = cache.work_s(scn, list_all_gather_host_work(n, nbytes))
         total += max(f.tensors, 1) * one
     return scn.num_microbatches * total
 

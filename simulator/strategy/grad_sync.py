@@ -143,7 +143,7 @@ def _ds2021_host(ctx: LowerCtx, rank: int, name: str, ranks: int, full_bytes: fl
     stream (no kernel of the step is launched meanwhile), after ``torch.cuda.synchronize()``: it waits
     for every stream of the rank (compute, gathers, reduce-scatters)."""
     synced = tuple(t for t in (ctx.builder.last_on(rank, s) for s in (STREAM_DP, STREAM_DP_RS)) if t is not None)
-    return ctx.compute(rank, f"{name}.host", list_all_gather_host_work(name, ranks, full_bytes), deps + synced,
+    return ctx.compute(rank, f"{name}.host", list_all_gather_host_work(ranks, full_bytes), deps + synced,
                        "comm_dp")
 
 

@@ -44,6 +44,7 @@ collectives in each (one rule per framework, used by the lowering, the static es
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -79,7 +80,9 @@ class Fetch:
     units: tuple[int, ...]
     params: float
     prefetch: bool = True
-    tensors: int = 1  # parameter tensors gathered: DeepSpeed 2021 issues one all-gather per tensor
+    # submodules gathered: DeepSpeed 2021 issues one all-gather per parameter tensor, one per submodule
+    # here (a bias joins its weight's gather only at or above stage3_param_persistence_threshold)
+    tensors: int = 1
 
 
 def submodule_params(linears: Sequence[tuple[float, float]]) -> list[float]:
@@ -116,15 +119,17 @@ def coalesce(sizes: list[float], owners: list[int], bucket: float = DS_PREFETCH_
     return out
 
 
-def list_all_gather_host_work(name: str, ranks: int, full_bytes: float) -> tuple[OpWork, ...]:
+@functools.lru_cache(maxsize=256)
+def list_all_gather_host_work(ranks: int, full_bytes: float) -> tuple[OpWork, ...]:
     """The work DeepSpeed 2021 puts on the issuing thread for one parameter's all-gather over ``ranks``
     ranks: the torch.zeros full-size output buffer, ``ranks`` Python view ops, ``ranks`` copy kernels
     of one rank's chunk (read + write) out of the flat NCCL buffer. Proportional to the group: 1,536
-    ranks cost 1,536 x ~5 us."""
+    ranks cost 1,536 x ~5 us. One tuple per (ranks, bytes), shared by every gather of that size (the
+    cost model caches a task's time by its work's identity)."""
     chunk = 2 * full_bytes / ranks
-    return (OpWork(f"{name}.zero_fill", "memcpy", 0.0, full_bytes, (1, 1)),
-            OpWork(f"{name}.rank_views", "host", 0.0, 0.0, (ranks,)),
-            *(OpWork(f"{name}.rank_copy", "memcpy", 0.0, chunk, (1, 1)),) * ranks)
+    return (OpWork("ds2021_zero_fill", "memcpy", 0.0, full_bytes, (1, 1)),
+            OpWork("ds2021_rank_views", "host", 0.0, 0.0, (ranks,)),
+            *(OpWork("ds2021_rank_copy", "memcpy", 0.0, chunk, (1, 1)),) * ranks)
 
 
 def deepspeed_prefetch_allowed(live_params: float) -> bool:
