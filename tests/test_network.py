@@ -19,20 +19,10 @@ CAP = {"a": 10.0, "b": 10.0, "c": 12.0, "d": 12.0}
 
 
 def _run(plans_at):
-    """Run (start_s, plan) pairs on one network; return each plan's finish time."""
-    env = simpy.Environment()
-    net = FlowNetwork(env, CAP)
-    ends = {}
-
-    def proc(i, start, plan):
-        yield env.timeout(start)
-        yield from net.run(plan)
-        ends[i] = env.now
-
-    for i, (start, plan) in enumerate(plans_at):
-        env.process(proc(i, start, plan))
-    env.run()
-    return ends, net
+    """Run (start_s, plan) pairs on one network; return each plan's finish time and the network."""
+    nets: list = []
+    ends = _ends(FlowNetwork, plans_at, CAP, nets)
+    return ends, nets[0]
 
 
 def _one(links, size, weight=1.0, latency=0.0):
