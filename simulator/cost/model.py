@@ -102,6 +102,9 @@ class CostModel:
             return self.roofline.work_time_s(work)
         total = 0.0
         for op in work:
+            if op.kind == "host":  # host-side time, not a kernel: no table holds it
+                total += self.roofline.op_time_s(op)
+                continue
             t = self.tables.lookup_s(op, self.scn.training.dtype)
             if t is None:
                 self.missing.add(f"{op.kind}:{op.name}")
