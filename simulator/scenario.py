@@ -75,6 +75,7 @@ class TrainingSpec:
     grad_dtype: str = ""  # "" -> defaults.default_grad_dtype (fp32 main grads for Megatron, ZeRO >= 2: dtype)
     attention: str = "flash"  # "flash" (FlashAttention-2) | "cudnn" (TE fused attention) | "unfused" (pre-2022 Megatron)
     grad_accumulation_fusion: bool = True  # weight-gradient GEMMs accumulate into fp32 main_grad directly
+    cuda_graphs: bool = False  # kernels replayed from CUDA graphs: no per-kernel eager host dispatch
 
     @property
     def dtype_bytes(self) -> int:

@@ -161,3 +161,45 @@ def test_tensor_core_kernels_run_at_the_sustained_clock_memory_kernels_at_full_b
     # a GPU with no measured sustained clock, or one above the quoted clock, keeps its datasheet peak
     assert RooflineCompute(GPU_PRESETS["a100-sxm4-80gb"], "bf16").clock_ratio == 1.0
     assert RooflineCompute(dataclasses.replace(h100, sustained_clock_MHz=1980), "bf16").clock_ratio == 1.0
+
+
+def test_a_task_of_tiny_kernels_takes_what_the_eager_host_needs_to_launch_them():
+    """Host-side floor: an eager host launches each kernel at EAGER_KERNEL_HOST_S (PyTorch op
+    micro-benchmark), so ten tiny kernels take 10 x 7.4 us, not 10 x the GPU's 2 us; CUDA graphs
+    replay them at the GPU's pace; a fused backward GEMM is two launches; host ops add after."""
+    from simulator.cost.compute import EAGER_KERNEL_HOST_S, EAGER_OP_HOST_S
+    rc = RooflineCompute(H100, "bf16")
+    eff = EFFICIENCIES["hopper"]
+    tiny = tuple(OpWork(f"t{i}", "elementwise", 0.0, 8.0, (1, 1)) for i in range(10))
+    gpu_s = sum(rc.op_time_s(op) for op in tiny)
+    assert gpu_s == pytest.approx(10 * eff.kernel_overhead_s, rel=1e-3)
+    assert rc.work_time_s(tiny) == pytest.approx(10 * EAGER_KERNEL_HOST_S)
+    assert rc.work_time_s(tiny, eager=False) == pytest.approx(gpu_s)
+    host = OpWork("sync", "host", 0.0, 0.0, (3,))
+    assert rc.work_time_s(tiny + (host,)) == pytest.approx(10 * EAGER_KERNEL_HOST_S + 3 * EAGER_OP_HOST_S)
+    bwd = OpWork("fc1_bwd", "gemm", 2 * 2.0 * 64 * 64 * 64, 0.0, (64, 64, 64), backward=True)
+    assert rc.kernel_launches(bwd) == 2
+    assert rc.work_time_s((bwd,)) == pytest.approx(max(rc.op_time_s(bwd), 2 * EAGER_KERNEL_HOST_S))
+    # a big GEMM hides its launch entirely
+    big = OpWork("fc1", "gemm", 2.0 * 8192 ** 3, 0.0, (8192, 8192, 8192))
+    assert rc.work_time_s((big,)) == rc.work_time_s((big,), eager=False) == rc.op_time_s(big)
+
+
+def test_cuda_graphs_speed_up_a_host_bound_model_and_leave_a_gpu_bound_one_alone():
+    """training.cuda_graphs removes the per-kernel dispatch: a tiny model (host-bound) runs faster with
+    it; a 1.3B-class layer on one GPU is GPU-bound, so graphs change little there (< 1%)."""
+    from simulator.pipeline import simulate
+    from simulator.scenario import scenario_from_dict
+
+    def step(hidden, vocab, seq, graphs):
+        return simulate(scenario_from_dict({
+            "model": {"num_layers": 4, "hidden_size": hidden, "num_attention_heads": 4,
+                      "vocab_size": vocab, "seq_length": seq},
+            "cluster": {"preset": "dgx-h100", "num_nodes": 1, "gpus_per_node": 1},
+            "training": {"global_batch_size": 4, "cuda_graphs": graphs}}, default_name="g")).metrics[
+            "iteration_time_s"]
+
+    tiny_eager, tiny_graphs = step(128, 512, 128, False), step(128, 512, 128, True)
+    assert tiny_eager > 1.4 * tiny_graphs
+    big_eager, big_graphs = step(2048, 32000, 1024, False), step(2048, 32000, 1024, True)
+    assert big_graphs <= big_eager < 1.01 * big_graphs

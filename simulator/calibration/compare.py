@@ -52,14 +52,27 @@ def simulated_ops(result, rank: int | None = None) -> tuple[int, list[SimOp]]:
         if t.rank != rank or t.kind != "compute" or not t.work:
             continue
         times = [op_s(w) for w in t.work]
-        total = sum(times)
         clock, span = sim.start_s[t.id], sim.end_s[t.id] - sim.start_s[t.id]
+        scale, gap = _placement(times, span)
         for w, x in zip(t.work, times):
-            d = span * x / total if total > 0 else 0.0
+            clock += gap
             out.append(SimOp(w.name, w.kind, PHASE_AS_MEASURED.get(t.phase, t.phase), t.microbatch, t.layer,
-                             clock, clock + d, w, pass_of(w, t.phase)))
-            clock += d
+                             clock, clock + x * scale, w, pass_of(w, t.phase)))
+            clock += x * scale
     return rank, out
+
+
+def _placement(times: list[float], span_s: float) -> tuple[float, float]:
+    """(scale of each op's time, idle gap before each op) that lay a task's ops over its simulated
+    span: ops at their own times with the GPU waiting for the host's launches in between when the
+    task took longer than its kernels (the eager host floor, cost/compute.with_host_floor_s), else
+    scaled to the span."""
+    total = sum(times)
+    if total <= 0:
+        return 0.0, 0.0
+    if span_s > total:
+        return 1.0, (span_s - total) / len(times)
+    return span_s / total, 0.0
 
 
 def sim_rank_of(plan, measured_rank: int) -> tuple[int, str]:

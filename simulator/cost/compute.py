@@ -96,6 +96,12 @@ EFFICIENCIES: dict[str, Efficiency] = {
 # shape (ops,)): PyTorch operator micro-benchmark of a tiny view op on a CUDA tensor, "Forward
 # Execution Time (us) : 3.333" (split, pytorch/pytorch PR #32194, 2020), measured by others.
 EAGER_OP_HOST_S = 3.333e-6
+# Host time of one kernel launched from eager PyTorch (Python op, ATen dispatch, cudaLaunchKernel):
+# the same micro-benchmark on a tiny CUDA add, whose kernel is shorter than its dispatch, "Forward
+# Execution Time (us)" 7.748 (add_M8_N32_K256_cuda) and 7.058 (add_M8_N32_K512_cuda), pytorch/pytorch
+# PR #38421 (2020), measured by others. The GPU cannot run a task's kernels faster than the host
+# issues them (the host-side floor); CUDA graphs (``training.cuda_graphs``) replay them without it.
+EAGER_KERNEL_HOST_S = 7.4e-6
 
 # CUTLASS/cuBLAS tensor-core GEMM output tile for bf16 on Ampere/Hopper (128 x 256), NVIDIA
 # "Matrix Multiplication Background User's Guide": tile and wave quantization.
@@ -163,9 +169,9 @@ class RooflineCompute:
             return op.shape[0] * EAGER_OP_HOST_S
         mem_s = op.bytes / self.mem_Bps
         if op.kind == "gemm" and op.flops > 0:
-            m, n, k = op.shape if len(op.shape) == 3 else (1 << 14, 1 << 14, 1 << 14)
+            m, n, k = gemm_shape(op)
             fp8 = op.precision == "fp8"
-            if op.flops > 1.5 * 2.0 * m * n * k:
+            if is_fused_backward_gemm(op):
                 # a fused backward of the forward GEMM (m, n, k): the input- and weight-gradient
                 # GEMMs, each with its own waves and main-loop length, two kernels as B and W alone
                 dgrad, wgrad = gemm_grad_shapes((m, n, k))
@@ -211,5 +217,41 @@ class RooflineCompute:
         gemm_s = op.flops / (self.peak_flops_per_s * self.eff.gemm_max * wave)
         return gemm_s + mem_s + UNFUSED_KERNELS * self.eff.kernel_overhead_s
 
-    def work_time_s(self, work: tuple[OpWork, ...]) -> float:
-        return sum(self.op_time_s(op) for op in work)
+    def work_time_s(self, work: tuple[OpWork, ...], eager: bool = True) -> float:
+        """A task's time: its kernels, never faster than an eager host issues them, then its host ops."""
+        kernels_s = sum(self.op_time_s(op) for op in work if op.kind != "host")
+        host_s = sum(self.op_time_s(op) for op in work if op.kind == "host")
+        return with_host_floor_s(kernels_s, host_s, sum(self.kernel_launches(op) for op in work), eager)
+
+    def kernel_launches(self, op: OpWork) -> int:
+        """Kernels the host launches for one op: none for a host op, two for a fused backward GEMM
+        (input and weight gradient), the four of unfused attention, else one."""
+        if op.kind == "host":
+            return 0
+        if op.kind == "gemm" and op.flops > 0 and is_fused_backward_gemm(op):
+            return 2
+        return UNFUSED_KERNELS if op.kind == "attention" and self.attention == "unfused" else 1
+
+
+def gemm_shape(op: OpWork) -> tuple[int, int, int]:
+    """(m, n, k) of a GEMM op; a large square stand-in when the op carries no shape."""
+    if len(op.shape) == 3:
+        m, n, k = op.shape
+        return m, n, k
+    return 1 << 14, 1 << 14, 1 << 14
+
+
+def is_fused_backward_gemm(op: OpWork) -> bool:
+    """A backward op that carries both gradients of its forward (m, n, k) GEMM: 2x its FLOPs."""
+    m, n, k = gemm_shape(op)
+    return op.flops > 1.5 * 2.0 * m * n * k
+
+
+def with_host_floor_s(kernels_s: float, host_s: float, launches: int, eager: bool) -> float:
+    """Time of a task whose kernels take ``kernels_s`` on the GPU and whose host ops ``host_s`` with the
+    GPU idle: an eager host issues the task's kernels at EAGER_KERNEL_HOST_S each, running ahead of
+    the GPU within the task (not across tasks), so the kernels take at least their dispatch; CUDA
+    graphs (``eager`` false) replay them with no per-kernel host cost."""
+    if eager:
+        kernels_s = max(kernels_s, EAGER_KERNEL_HOST_S * launches)
+    return kernels_s + host_s

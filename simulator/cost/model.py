@@ -14,7 +14,7 @@ import sys
 from ..hardware.topology import Topology
 from ..tasks import Collective, Task
 from .collectives import collective_time_s, plan_collective
-from .compute import RooflineCompute
+from .compute import RooflineCompute, with_host_floor_s
 from .fairshare import isolated_time_s
 from .plan import CommPlan, CommStep, Flow
 from .tp_overlap import exposed_comm_s
@@ -98,19 +98,21 @@ class CostModel:
         return group[0] // g == group[-1] // g
 
     def _work_time_s(self, work) -> float:
+        eager = not self.scn.training.cuda_graphs
         if self.tables is None:
-            return self.roofline.work_time_s(work)
-        total = 0.0
+            return self.roofline.work_time_s(work, eager)
+        kernels_s = host_s = 0.0
         for op in work:
             if op.kind == "host":  # host-side time, not a kernel: no table holds it
-                total += self.roofline.op_time_s(op)
+                host_s += self.roofline.op_time_s(op)
                 continue
             t = self.tables.lookup_s(op, self.scn.training.dtype)
             if t is None:
                 self.missing.add(f"{op.kind}:{op.name}")
                 t = self.roofline.op_time_s(op)
-            total += t
-        return total
+            kernels_s += t
+        launches = sum(self.roofline.kernel_launches(op) for op in work)
+        return with_host_floor_s(kernels_s, host_s, launches, eager)
 
     def warn_missing(self) -> None:
         if self.missing:

@@ -67,9 +67,11 @@ DS_PERSISTENCE_THRESHOLD = 100_000
 # _fsdp_collectives.py, foreach_all_gather_copy_out / foreach_reduce): 2 bytes moved per byte.
 FSDP2_COPY_PASSES = 2
 # DeepSpeed 2021 list all-gathers: per rank of the group, one Python-level view op (``narrow``) in the
-# engine's loop (an OpWork of kind "host", costed in cost/compute) and one ``copy_`` kernel that
-# ProcessGroupNCCL issues out of the flat NCCL buffer (torch/lib/c10d/ProcessGroupNCCL.cpp in PyTorch
-# 1.8: allgather of a tensor list through flatten_for_scatter_gather, one copy_ per list entry).
+# engine's loop and one ``copy_`` kernel that ProcessGroupNCCL issues out of the flat NCCL buffer
+# (torch/lib/c10d/ProcessGroupNCCL.cpp in PyTorch 1.8: allgather of a tensor list through
+# flatten_for_scatter_gather, one copy_ per list entry). Together they cost the host what one eager
+# kernel op issued from Python costs (a view op's Python dispatch + a kernel's launch): the host-side
+# floor of cost/compute (EAGER_KERNEL_HOST_S per kernel) charges it, once per copy kernel.
 
 
 @dataclass(frozen=True)
@@ -122,13 +124,13 @@ def coalesce(sizes: list[float], owners: list[int], bucket: float = DS_PREFETCH_
 @functools.lru_cache(maxsize=256)
 def list_all_gather_host_work(ranks: int, full_bytes: float) -> tuple[OpWork, ...]:
     """The work DeepSpeed 2021 puts on the issuing thread for one parameter's all-gather over ``ranks``
-    ranks: the torch.zeros full-size output buffer, ``ranks`` Python view ops, ``ranks`` copy kernels
-    of one rank's chunk (read + write) out of the flat NCCL buffer. Proportional to the group: 1,536
-    ranks cost 1,536 x ~5 us. One tuple per (ranks, bytes), shared by every gather of that size (the
-    cost model caches a task's time by its work's identity)."""
+    ranks: the torch.zeros full-size output buffer and ``ranks`` copy kernels of one rank's chunk (read
+    + write) out of the flat NCCL buffer, each with its rank's view op; the host issues them at the
+    eager floor (cost/compute.with_host_floor_s), so 1,536 ranks cost 1,536 x ~7.4 us. One tuple per
+    (ranks, bytes), shared by every gather of that size (the cost model caches a task's time by its
+    work's identity)."""
     chunk = 2 * full_bytes / ranks
     return (OpWork("ds2021_zero_fill", "memcpy", 0.0, full_bytes, (1, 1)),
-            OpWork("ds2021_rank_views", "host", 0.0, 0.0, (ranks,)),
             *(OpWork("ds2021_rank_copy", "memcpy", 0.0, chunk, (1, 1)),) * ranks)
 
 
