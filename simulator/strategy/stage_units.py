@@ -1,0 +1,202 @@
+"""What a pipeline rank holds and what its passes allocate, written once: the virtual stages of each
+rank (the schedule's stage map) and their layers, each virtual stage's units (embedding, layers, LM
+head), the parameters of a unit and of a rank, and each unit's activation deltas per pass (F, B, W).
+
+The lowering puts these deltas on its tasks, ``analysis.memory.schedule_trace`` on one event per
+unit and the search estimate folds them per action; the parameters are the lowering's, the memory
+report's and the search's. Sizes come from ``activation_memory`` and ``sharding.params_per_rank``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Union
+
+from ..model.opgraph import OpGraph, build_op_graph
+from .activation_memory import LayerMemory, embedding_activation_bytes, head_activation_bytes, layer_memories
+from .schedules import StageMap, splits_backward, stage_map
+from .sharding import params_per_rank
+
+Unit = Union[str, int]  # "embed", a global layer index, "head"
+
+
+def chunk_sizes(layers_per_stage: tuple[int, ...], v: int, smap: StageMap | None = None) -> tuple[int, ...]:
+    """Layers of every virtual stage (chunk c of rank r is virtual stage ``smap.stage(r, c)``, c·p + r in
+    the default loop map).
+
+    Each stage's layers are spread as evenly as possible over its v chunks. When they do not divide,
+    the chunks holding the embedding (chunk 0 of stage 0) and the LM head (chunk v-1 of the last
+    stage) are the ones left one layer short, as Megatron-core's account_for_embedding_in_pipeline_split
+    / account_for_loss_in_pipeline_split count those as layers (Llama 3's 126 layers on 16 stages with
+    one layer fewer on the first and the last, Dubey et al. 2024 §3.3.2); otherwise the later chunks
+    get the extra layers."""
+    p = len(layers_per_stage)
+    if v < 1 or any(n < v for n in layers_per_stage):
+        raise ValueError(f"layers per stage {list(layers_per_stage)} cannot fill virtual_stages = {v} chunks each")
+    sizes = [0] * (p * v)
+    smap = smap or StageMap("loop", p)
+    for s, n in enumerate(layers_per_stage):
+        held = smap.stages_of(s, v)
+        ends = {c for c in range(v) if held[c] in (0, p * v - 1)}
+        order = sorted(range(v), key=lambda c: (c in ends, -c if s != p - 1 else c))
+        for k, c in enumerate(order):
+            sizes[held[c]] = n // v + (1 if k < n % v else 0)
+    return tuple(sizes)
+
+
+def chunk_layers(layers_per_stage: tuple[int, ...], v: int,
+                 smap: StageMap | None = None) -> tuple[tuple[int, ...], ...]:
+    """Global layer indices of every virtual stage, in virtual-stage order (see ``chunk_sizes``)."""
+    out, first = [], 0
+    for n in chunk_sizes(layers_per_stage, v, smap):
+        out.append(tuple(range(first, first + n)))
+        first += n
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class StageLayout:
+    """The schedule a plan runs (one stage runs plain 1F1B), its stage map and every virtual stage's
+    layers (``chunk_layers`` under that map)."""
+
+    schedule: str
+    p: int
+    v: int
+    smap: StageMap
+    chunks: tuple[tuple[int, ...], ...]  # virtual stage -> global layer indices
+
+    @property
+    def nv(self) -> int:
+        return self.p * self.v
+
+    def held(self, stage: int) -> tuple[int, ...]:
+        """The virtual stages pipeline rank ``stage`` holds, in chunk order."""
+        return self.smap.stages_of(stage, self.v)
+
+    def units(self, vs: int) -> tuple[Unit, ...]:
+        """The virtual stage's units in forward order: "embed", its layers, "head"."""
+        return (("embed",) if vs == 0 else ()) + self.chunks[vs] + (("head",) if vs == self.nv - 1 else ())
+
+    @property
+    def ends_together(self) -> bool:
+        """The embedding and the LM head on one rank (one stage, or a V map)."""
+        return self.smap.rank(0) == self.smap.rank(self.nv - 1)
+
+
+def stage_layout(par) -> StageLayout:
+    """The layout of a ``ParallelSpec``: schedule and chunks as the lowering runs them."""
+    schedule, v = (par.schedule, par.virtual_stages) if par.pp > 1 else ("1f1b", 1)
+    smap = stage_map(schedule, par.pp)
+    per_stage = tuple(par.layers_per_stage) or (0,) * par.pp
+    return StageLayout(schedule, par.pp, v, smap, chunk_layers(per_stage, v, smap))
+
+
+# ---- parameters ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class UnitParams:
+    """(dense, expert) parameters one rank holds of each unit; a head on the embedding's rank excludes
+    the tied word embedding (counted once, in "embed")."""
+
+    layers: tuple[tuple[float, float], ...]  # per global layer index, by its kind
+    embed: tuple[float, float]
+    head: tuple[float, float]
+
+    def of(self, unit: Unit) -> tuple[float, float]:
+        return self.embed if unit == "embed" else self.head if unit == "head" else self.layers[int(unit)]
+
+
+def unit_params(graph: OpGraph, par, layout: StageLayout) -> UnitParams:
+    tp, ep = par.tp, par.ep
+    kinds: dict = {}
+    layers = []
+    for i in range(graph.model.num_layers):
+        ops = graph.layer_ops(i)
+        if id(ops) not in kinds:
+            c = params_per_rank(graph, tp, ep, (i,), False, False, par.etp)
+            kinds[id(ops)] = (c["dense"], c["expert"])
+        layers.append(kinds[id(ops)])
+    embed = params_per_rank(graph, tp, ep, 0, True, False)["dense"]
+    head = (params_per_rank(graph, tp, ep, 0, True, True)["dense"] - embed if layout.ends_together
+            else params_per_rank(graph, tp, ep, 0, False, True)["dense"])
+    return UnitParams(tuple(layers), (embed, 0.0), (head, 0.0))
+
+
+def stage_param_counts(graph: OpGraph, par, layout: StageLayout, stage: int) -> dict:
+    """{"dense", "expert"} parameters a rank of pipeline ``stage`` holds: the layers of its virtual
+    stages, each of its own kind, and the embedding / head where it holds the model's ends (the one
+    parameter counter of the lowering, the memory report and the search)."""
+    if not 0 <= stage < layout.p:
+        raise ValueError(f"stage_param_counts: stage {stage} outside 0..{layout.p - 1}")
+    held = layout.held(stage)
+    own = tuple(i for vs in held for i in layout.chunks[vs])
+    return params_per_rank(graph, par.tp, par.ep, own, 0 in held, layout.nv - 1 in held, par.etp)
+
+
+def rank_param_counts(model, par, stage: int) -> dict:
+    """``stage_param_counts`` from a model and a ``ParallelSpec`` (parameters do not depend on the
+    micro-batch or the dtype: the op graph is built at 1 and bf16)."""
+    return stage_param_counts(build_op_graph(model, 1, "bf16"), par, stage_layout(par), stage)
+
+
+# ---- activation deltas ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class UnitDeltas:
+    """Activation bytes of one unit's pass on one rank: ``alloc_bytes`` allocated when the pass starts
+    (F: what the unit stores; B: the output gradients W needs beyond what B frees),
+    ``recompute_bytes`` re-materialised by its recompute (B of a recomputed layer) and ``free_bytes``
+    released, with the recomputed bytes, when the pass ends."""
+
+    alloc_bytes: float = 0.0
+    recompute_bytes: float = 0.0
+    free_bytes: float = 0.0
+
+    def events(self) -> tuple[tuple[float, str], ...]:
+        """(signed delta, phase tag) in order: the allocation ("R" when it includes a recompute), then the
+        release, each omitted when zero (the walk of ``analysis.memory.schedule_trace``)."""
+        up = self.alloc_bytes + self.recompute_bytes
+        down = self.free_bytes + self.recompute_bytes
+        return (((up, "R" if self.recompute_bytes else ""),) if up else ()) + (((-down, ""),) if down else ())
+
+
+@dataclass(frozen=True)
+class ActivationRules:
+    """The activation deltas of every unit and pass: F allocates a unit's stored activations; B frees
+    the embedding's and the head's, and a layer's ``at_b`` part (a negative part is allocated: the
+    output gradients W needs), a recomputed layer holding its re-materialised activations from its
+    recompute to the end of its backward; W frees a layer's ``at_w`` part (``LayerMemory``)."""
+
+    layers: tuple[LayerMemory, ...]
+    embed_bytes: float
+    head_bytes: float
+
+    @cached_property
+    def _table(self) -> dict:
+        out: dict = {}
+        for end, size in (("embed", self.embed_bytes), ("head", self.head_bytes)):
+            out[end, "F"], out[end, "B"], out[end, "W"] = UnitDeltas(size), UnitDeltas(free_bytes=size), UnitDeltas()
+        for i, lm in enumerate(self.layers):
+            out[i, "F"] = UnitDeltas(lm.stored)
+            out[i, "B"] = UnitDeltas(max(-lm.at_b, 0.0), lm.transient, max(lm.at_b, 0.0))
+            out[i, "W"] = UnitDeltas(free_bytes=lm.at_w)
+        return out
+
+    def unit(self, unit: Unit, phase: str) -> UnitDeltas:
+        """The deltas of ``unit`` ("embed", "head", a layer index or its string) in pass ``phase``."""
+        return self._table[unit if unit in ("embed", "head") else int(unit), phase]
+
+    def action(self, units: tuple[Unit, ...], phase: str) -> list[tuple[Unit, float, str]]:
+        """(unit, signed delta, tag) of one action's units in program order (backward: reversed);
+        the tag is "R" for a recompute's allocation, else the action's phase."""
+        order = units if phase == "F" else units[::-1]
+        return [(u, delta, tag or phase) for u in order for delta, tag in self.unit(u, phase).events()]
+
+
+def activation_rules(scn, split_backward: bool | None = None, recompute_workspace: bool = True) -> ActivationRules:
+    """The rules of a scenario's plan (``split_backward``: default, whether its schedule splits it)."""
+    m, par, tr = scn.model, scn.parallel, scn.training
+    if split_backward is None:
+        split_backward = splits_backward(stage_layout(par).schedule)
+    args = (m, tr.micro_batch_size, par.tp, par.sequence_parallel, par.cp, tr.dtype_bytes)
+    return ActivationRules(layer_memories(scn, split_backward, recompute_workspace),
+                           embedding_activation_bytes(*args), head_activation_bytes(*args))
