@@ -6,7 +6,7 @@ P2P transfers connect the stages, and gradient synchronisation and the optimizer
 (``grad_sync``). In symmetric mode one representative rank per pipeline stage is lowered (DESIGN.md
 §5); collectives still name their full groups, so the cost model charges the network for all of them.
 Activation memory is attached per unit: allocated by its forward, freed by its backward (B and W
-parts for zero-bubble), the sizes from ``activation_memory``.
+parts for zero-bubble), the deltas from ``stage_units`` (one rule with the memory estimates).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 from ..model.opgraph import build_op_graph
 from ..tasks import InternalError, TaskGraph
-from .activation_memory import embedding_activation_bytes, head_activation_bytes, layer_memories
 from .blocks import build_blocks, layer_blocks
 from .context import LowerCtx
 from ..tasks import OpWork
@@ -23,8 +22,10 @@ from .grad_sync import (STREAM_DP_RS, gather_parameters, last_compute, optimizer
                         zero3_gather, zero3_reduce)
 from .layer_emit import column_backward, layer_backward, layer_forward, layer_weight_grad, tp_op
 from .mesh import DeviceMesh
-from .schedules import Action, StageMap, schedule_actions, splits_backward, stage_map
-from .sharding import grad_accumulation_bytes_per_param, linear_params, params_per_rank
+from .schedules import Action, StageMap, schedule_actions, splits_backward
+from .sharding import grad_accumulation_bytes_per_param, linear_params
+from .stage_units import (activation_rules, chunk_layers, chunk_sizes, stage_layout,  # noqa: F401 (re-exported)
+                          stage_param_counts, unit_params)
 from .zero_impl import DEEPSPEED, FSDP, FSDP2_COPY_PASSES, chunk_fetches, submodule_params
 
 
@@ -37,40 +38,6 @@ class LoweredPlan:
     chunk_layers: tuple  # virtual stage -> tuple of global layer indices
 
 
-def chunk_sizes(layers_per_stage: tuple[int, ...], v: int, smap: StageMap | None = None) -> tuple[int, ...]:
-    """Layers of every virtual stage (chunk c of rank r is virtual stage ``smap.stage(r, c)``, c·p + r in
-    the default loop map).
-
-    Each stage's layers are spread as evenly as possible over its v chunks. When they do not divide,
-    the chunks holding the embedding (chunk 0 of stage 0) and the LM head (chunk v-1 of the last
-    stage) are the ones left one layer short, as Megatron-core's account_for_embedding_in_pipeline_split
-    / account_for_loss_in_pipeline_split count those as layers (Llama 3's 126 layers on 16 stages with
-    one layer fewer on the first and the last, Dubey et al. 2024 §3.3.2); otherwise the later chunks
-    get the extra layers."""
-    p = len(layers_per_stage)
-    if v < 1 or any(n < v for n in layers_per_stage):
-        raise ValueError(f"layers per stage {list(layers_per_stage)} cannot fill virtual_stages = {v} chunks each")
-    sizes = [0] * (p * v)
-    smap = smap or StageMap("loop", p)
-    for s, n in enumerate(layers_per_stage):
-        held = smap.stages_of(s, v)
-        ends = {c for c in range(v) if held[c] in (0, p * v - 1)}
-        order = sorted(range(v), key=lambda c: (c in ends, -c if s != p - 1 else c))
-        for k, c in enumerate(order):
-            sizes[held[c]] = n // v + (1 if k < n % v else 0)
-    return tuple(sizes)
-
-
-def chunk_layers(layers_per_stage: tuple[int, ...], v: int,
-                 smap: StageMap | None = None) -> tuple[tuple[int, ...], ...]:
-    """Global layer indices of every virtual stage, in virtual-stage order (see ``chunk_sizes``)."""
-    out, first = [], 0
-    for n in chunk_sizes(layers_per_stage, v, smap):
-        out.append(tuple(range(first, first + n)))
-        first += n
-    return tuple(out)
-
-
 def lower(scn, full: bool = False) -> LoweredPlan:
     par, tr, model = scn.parallel, scn.training, scn.model
     mesh = DeviceMesh(pp=par.pp, dp=par.dp, cp=par.cp, tp=par.tp, ep=par.ep, etp=par.etp)
@@ -79,18 +46,11 @@ def lower(scn, full: bool = False) -> LoweredPlan:
     blocks = build_blocks(graph, par.tp, par.sequence_parallel, par.cp, par.ep, acc, par.etp)
     per_layer = layer_blocks(graph, par.tp, par.sequence_parallel, par.cp, par.ep, acc, par.etp)
     ctx = LowerCtx(scn, mesh, graph, blocks, full, layers=per_layer)
-    v = par.virtual_stages if par.pp > 1 else 1
-    schedule = par.schedule if par.pp > 1 else "1f1b"
+    layout = stage_layout(par)  # schedule, stage map and layers of every virtual stage (stage_units)
+    schedule, v, smap, layers = layout.schedule, layout.v, layout.smap, layout.chunks
     actions = schedule_actions(schedule, par.pp, scn.num_microbatches, v)
-    smap = stage_map(schedule, par.pp)
-    layers = chunk_layers(par.layers_per_stage, v, smap)
     ranks = tuple(range(mesh.size)) if full else mesh.representatives
-    stage_params = {}
-    for r in ranks:
-        s = mesh.stage_of(r)
-        held = smap.stages_of(s, v)
-        own = tuple(i for vs in held for i in layers[vs])  # the stage's layers, each of its own kind
-        stage_params[r] = params_per_rank(graph, par.tp, par.ep, own, 0 in held, par.pp * v - 1 in held, par.etp)
+    stage_params = {r: stage_param_counts(graph, par, layout, mesh.stage_of(r)) for r in ranks}
     _Emitter(ctx, actions, layers, ranks, splits_backward(schedule), stage_params, smap).run()
     labels = {r: f"stage {mesh.stage_of(r)} (rank {r})" for r in ranks}
     meta = {"num_stages": par.pp, "virtual_stages": v, "num_microbatches": scn.num_microbatches,
@@ -117,32 +77,14 @@ class _Emitter:
         # parameters gathered per unit: ZeRO-3, and FSDP's SHARD_GRAD_OP (zero_stage 2)
         self.zero3 = par.dp * par.cp > 1 and (par.zero_stage == 3 or (par.zero_stage == 2 and par.sharding in FSDP))
         self.plans: dict = {}  # virtual stage -> zero_impl.pass_fetches
-        self.act = self._activation_terms()
-        g, tp, ep = ctx.graph, par.tp, par.ep
-        # per layer index, its template's (dense, expert) parameters on this rank
-        kinds = {id(g.layer_ops(i)): i for i in range(g.model.num_layers)}
-        per_kind = {k: params_per_rank(g, tp, ep, (i,), False, False, par.etp) for k, i in kinds.items()}
-        self.layer_params = tuple((per_kind[id(g.layer_ops(i))]["dense"], per_kind[id(g.layer_ops(i))]["expert"])
-                                  for i in range(g.model.num_layers))
-        embed = params_per_rank(g, tp, ep, 0, True, False)["dense"]
-        # the head's parameters on a pp = 1 rank exclude the tied word embedding (counted in "embed")
-        head_alone = params_per_rank(g, tp, ep, 0, False, True)["dense"]
-        head_tied_pp1 = params_per_rank(g, tp, ep, 0, True, True)["dense"] - embed
-        one_rank = smap.rank(0) == smap.rank(self.nv - 1)  # embedding and head together (pp 1, V maps)
-        self.unit_params = {"embed": (embed, 0.0), "head": (head_tied_pp1 if one_rank else head_alone, 0.0)}
-        self.tied_pp = ctx.scn.model.tie_embeddings and not one_rank
+        # each unit's activation deltas per pass and its parameters on this rank (stage_units)
+        self.mem = activation_rules(ctx.scn, split_w)
+        ctx.layer_mem = self.mem.layers
+        g, layout = ctx.graph, stage_layout(par)
+        self.unit_params = unit_params(g, par, layout)
+        self.tied_pp = ctx.scn.model.tie_embeddings and not layout.ends_together
         # DeepSpeed fetches per submodule: one (weight, bias) pair per op holding dense parameters
-        self.layer_subs = submodule_params(linear_params(g, tp, ep))
-
-    # ---- memory terms -----------------------------------------------------------------------
-    def _activation_terms(self) -> dict:
-        """Embedding and head activation bytes; each layer's deltas (``activation_memory.layer_memory``,
-        by its kind) go to ``ctx.layer_mem``."""
-        c, scn = self.ctx, self.ctx.scn
-        args = (scn.model, scn.training.micro_batch_size, c.par.tp, c.par.sequence_parallel, c.par.cp)
-        c.layer_mem = layer_memories(scn, self.split_w)
-        return {"embed": embedding_activation_bytes(*args, c.dtype_bytes),
-                "head": head_activation_bytes(*args, c.dtype_bytes)}
+        self.layer_subs = submodule_params(linear_params(g, par.tp, par.ep))
 
     # ---- driver ------------------------------------------------------------------------------
     def run(self) -> None:
@@ -193,7 +135,7 @@ class _Emitter:
                 + (["head"] if vs == self.nv - 1 else []))
 
     def _params(self, unit: str) -> tuple[float, float]:
-        return self.unit_params[unit] if unit in ("embed", "head") else self.layer_params[int(unit)]
+        return self.unit_params.of(unit)
 
     def _send(self, r: int, vs: int, mb: int, phase: str, last: int) -> None:
         to = vs + 1 if phase == "F" else vs - 1
@@ -269,7 +211,7 @@ class _Emitter:
             deps = (x,) + waits if x is not None else waits
             if unit == "embed":
                 meta = self._meta(vs, mb, "F")
-                ctx.alloc_next(r, self.act["embed"])
+                ctx.alloc_next(r, self.mem.unit(unit, "F").alloc_bytes)
                 x = ctx.compute(r, f"F{mb}.embed", b.embed.fwd, deps, **meta)
                 # vocab-parallel embedding: all-reduce (reduce-scatter with SP) of its output over TP
                 x = tp_op(ctx, r, x, f"F{mb}.embed", "reduce_scatter" if ctx.par.sequence_parallel else "all_reduce",
@@ -279,10 +221,10 @@ class _Emitter:
                 x = ctx.join(r, f"F{mb}.head.wait", deps, **meta)
                 if ctx.par.sequence_parallel:  # ColumnParallelLinear output layer gathers the sequence
                     x = tp_op(ctx, r, x, f"F{mb}.head", "all_gather", meta)
-                ctx.alloc_next(r, self.act["head"])
+                ctx.alloc_next(r, self.mem.unit(unit, "F").alloc_bytes)
                 x = ctx.compute(r, f"F{mb}.head", b.head.fwd, () if x is None else (x,), **meta)
             else:
-                ctx.alloc_next(r, ctx.layer_mem[int(unit)].stored)
+                ctx.alloc_next(r, self.mem.unit(unit, "F").alloc_bytes)
                 x = layer_forward(ctx, r, deps, f"F{mb}.L{unit}", self._meta(vs, mb, "F", int(unit)))
         self._send(r, vs, mb, "F", x)
 
@@ -303,7 +245,7 @@ class _Emitter:
             if unit == "head":
                 meta = self._meta(vs, mb, "B")
                 x = ctx.join(r, f"B{mb}.head.wait", deps, **meta)
-                x = column_backward(ctx, r, b.head, x, f"B{mb}.head", meta, self.split_w, self.act["head"])
+                x = column_backward(ctx, r, b.head, x, f"B{mb}.head", meta, self.split_w, self.mem.unit(unit, "B").free_bytes)
             elif unit == "embed":
                 meta = self._meta(vs, mb, "B")
                 x = ctx.join(r, f"B{mb}.embed.wait", deps, **meta)
@@ -311,13 +253,12 @@ class _Emitter:
                     x = tp_op(ctx, r, x, f"B{mb}.embed_grad", "all_gather", meta)
                 if not self.split_w:  # the table's scatter-add is its weight gradient (W when split)
                     x = ctx.compute(r, f"B{mb}.embed", b.embed.bwd, () if x is None else (x,), **meta)
-                ctx.free_last(r, self.act["embed"])
+                ctx.free_last(r, self.mem.unit(unit, "B").free_bytes)
             else:
-                at_b = ctx.layer_mem[int(unit)].at_b
-                if at_b < 0:  # B allocates the output gradients W will need
-                    ctx.alloc_next(r, -at_b)
+                d = self.mem.unit(unit, "B")  # its recompute's bytes: layer_emit, ctx.transient_bytes
+                ctx.alloc_next(r, d.alloc_bytes)  # the output gradients W will need beyond what B frees
                 x = layer_backward(ctx, r, deps, f"B{mb}.L{unit}", self._meta(vs, mb, "B", int(unit)), self.split_w,
-                                   ctx.par.recompute, max(at_b, 0.0))
+                                   ctx.par.recompute, d.free_bytes)
             if not self.split_w:
                 ready.append((unit, x))
         self._grads_ready(r, vs, f"B{mb}", ready, final, x)
@@ -339,7 +280,7 @@ class _Emitter:
                                           (), "comm_tp", **meta)
                 x = ctx.compute(r, f"W{mb}.head", b.head.bwd_w, tuple(d for d in (x, g) if d is not None), **meta)
             else:
-                x = layer_weight_grad(ctx, r, x, f"W{mb}.L{unit}", meta, ctx.layer_mem[int(unit)].at_w)
+                x = layer_weight_grad(ctx, r, x, f"W{mb}.L{unit}", meta, self.mem.unit(unit, "W").free_bytes)
             ready.append((unit, x))
         self._grads_ready(r, vs, f"W{mb}", ready, final, x)
 
