@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..model.opgraph import build_op_graph
 from ..model.spec import ModelSpec
-from ..strategy import activation_memory as am
-from ..strategy.lower import chunk_layers
-from ..strategy.schedules import schedule_actions, splits_backward
+from ..strategy.schedules import schedule_actions
+from ..strategy.sharding import params_per_rank
+from ..strategy.stage_units import (activation_rules, rank_param_counts, stage_layout,  # noqa: F401 (re-exported)
+                                   stage_param_counts)
 from ..tasks import InternalError
 from ..trace import Trace, TraceEvent
 from ..units import DTYPE_BYTES, MiB
@@ -88,65 +90,10 @@ def model_state_bytes(params: int, zero_stage: int, dp: int, dtype_bytes: int, g
     }
 
 
-def layer_param_counts(model: ModelSpec, tp: int, ep: int = 1, dense_mlp: bool = False, etp: int = 0) -> dict:
-    """{"dense", "expert"} parameters of one transformer layer on one (tp, ep) rank; see
-    ``rank_param_counts`` for the layout. ``dense_mlp``: one of an MoE model's first dense layers."""
-    h = model.hidden_size
-    kv_cols = model.head_dim * max(model.num_kv_heads // tp, 1)
-    q_cols, o_rows = model.q_size // tp, model.attn_out_size // tp
-    if model.is_mla:  # down projections and latent norms duplicated, up projections split by heads
-        full, heads = model.mla_params_per_layer(), model.num_attention_heads
-        nope = model.head_dim - model.qk_rope_head_dim
-        up = (model.q_lora_rank * model.q_size if model.q_lora_rank else h * model.q_size) + \
-            model.kv_lora_rank * heads * (nope + model.v_head_dim)
-        attn = full - up + up // tp + o_rows * h + (h if model.bias else 0)
-    else:
-        attn = h * (q_cols + 2 * kv_cols) + o_rows * h + model.qk_norm_params()
-        attn += ((q_cols + 2 * kv_cols) if model.qkv_bias else 0) + (h if model.bias else 0)
-
-    def mlp(width: int, split: int = tp) -> int:
-        fc1_cols = (model.mlp_matrices - 1) * width // split
-        return h * fc1_cols + (width // split) * h + ((fc1_cols + h) if model.bias else 0)
-
-    dense = attn + model.norms_per_layer * model.norm_params()
-    if model.is_moe and not dense_mlp:
-        shared = mlp(model.moe_shared_expert_ffn_hidden_size) if model.moe_shared_expert_ffn_hidden_size else 0
-        return {"dense": dense + model.router_params_per_layer() + shared,
-                "expert": (model.num_experts // ep) * mlp(model.moe_ffn_hidden_size, etp or tp)}
-    return {"dense": dense + mlp(model.ffn_hidden_size), "expert": 0}
-
-
-def rank_param_counts(model: ModelSpec, parallel, stage: int) -> dict:
-    """{"dense", "expert"} parameters a rank of pipeline ``stage`` holds (Megatron-LM layout).
-
-    Column- and row-parallel weights and the column-parallel biases are split by tp; the row-parallel
-    output biases and the norms are replicated (Shoeybi et al. 2019, sec. 3). GQA with fewer KV heads
-    than tp replicates them (one per rank). Experts: num_experts/ep per rank, each split by etp
-    (expert tensor parallelism = tp); the router is replicated. The first stage holds the word
-    embedding (vocab-parallel, V/tp rows) and the learned position table (replicated); the last stage
-    holds the final norm and the LM head (V/tp rows), which with tied embeddings is a copy of the
-    word embedding when pp > 1 (Megatron keeps one on each end and all-reduces their gradients).
-    """
-    pp, tp = parallel.pp, parallel.tp
-    if not 0 <= stage < pp:
-        raise ValueError(f"rank_param_counts: stage {stage} outside 0..{pp - 1}")
-    layer = layer_param_counts(model, tp, parallel.ep, etp=parallel.etp)
-    per_stage = list(parallel.layers_per_stage) if parallel.layers_per_stage else [model.num_layers // pp] * pp
-    layers, first = per_stage[stage], sum(per_stage[:stage])
-    # an MoE model's first dense layers (DeepSeek first_k_dense_replace), counted in layer order
-    n_dense = max(0, min(model.moe_first_dense_layers, first + layers) - first) if model.is_moe else 0
-    dense_layer = layer_param_counts(model, tp, parallel.ep, dense_mlp=True, etp=parallel.etp)
-    dense = (layers - n_dense) * layer["dense"] + n_dense * dense_layer["dense"]
-    experts = (layers - n_dense) * layer["expert"]
-    h = model.hidden_size
-    word = model.vocab_size * h // tp
-    if stage == 0:
-        dense += word + (model.max_position_embeddings * h if model.position_embedding == "learned" else 0)
-    if stage == pp - 1:
-        dense += model.norm_params()
-        if not model.tie_embeddings or pp > 1:
-            dense += word
-    return {"dense": dense, "expert": experts}
+def layer_param_counts(model: ModelSpec, tp: int, ep: int = 1, etp: int = 0) -> dict:
+    """{"dense", "expert"} parameters of one of the model's main layers on one (tp, ep) rank, by the
+    one counter (``strategy.sharding.params_per_rank``; the layout: ``strategy.stage_units``)."""
+    return params_per_rank(build_op_graph(model, 1, "bf16"), tp, ep, 1, False, False, etp)
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +157,7 @@ def static_buffers(scn, counts: dict, trace_has_buffers: bool = False) -> dict:
         # gathers a layer's weights per use: no persistent copy.)
         out["fp8_weight_cache"] = params * FP8_WEIGHT_COPY_BYTES
     if par.zero_stage >= 3 and not trace_has_buffers and par.dp * par.cp > 1:
-        layer = layer_param_counts(scn.model, par.tp, par.ep, etp=par.etp)
+        layer = layer_param_counts(scn.model, par.tp, par.ep, par.etp)
         per_layer = layer["dense"] + layer["expert"]
         out["zero3_gathered"] = per_layer * (ZERO3_GATHERED_LAYERS * _param_bytes(tr.dtype) + tr.grad_dtype_bytes)
     return out
@@ -283,60 +230,36 @@ def _add(a: dict, b: dict) -> dict:
 
 def schedule_trace(scn, stages: list[int] | None = None, recompute_workspace: bool = True) -> Trace:
     """A trace of unit-length events in each stage's program order (``strategy.schedules``), one per
-    unit of every action (embedding, each layer, head), carrying the activation deltas the lowering
-    (strategy/lower.py) puts on them: a unit's forward allocates its activations; its backward frees
-    them (B and W parts when the schedule splits the backward), a recomputed layer re-materialising
-    ``layer_activation_bytes(none) - layer_activation_bytes(recompute)`` from its recompute to the end
-    of its backward (``recompute_workspace=False`` leaves that out: the stored activations alone, the
-    quantity of Korthikanti et al.'s formulas). Rank id = stage. It has the schedule's order but no timing, so
-    ``memory_report`` on it is a fast estimate (plan search pruning, the accuracy benchmark); the
-    simulated trace is the reference."""
-    m, par, tr = scn.model, scn.parallel, scn.training
-    p = par.pp  # one stage runs plain 1F1B, as the lowering does
-    v, schedule = (par.virtual_stages, par.schedule) if p > 1 else (1, "1f1b")
-    args = (m, tr.micro_batch_size, par.tp, par.sequence_parallel, par.cp)
-    d = tr.dtype_bytes  # as the lowering passes it
-    mem = am.layer_memories(scn, splits_backward(schedule), recompute_workspace)  # each layer by its kind
-    size = {"embed": am.embedding_activation_bytes(*args, d), "head": am.head_activation_bytes(*args, d)}
-    rows = schedule_actions(schedule, p, scn.num_microbatches, v)
-    layers_of_chunk = chunk_layers(par.layers_per_stage, v)  # uneven chunks, exactly as the lowering
+    activation delta of every unit of every action (embedding, each layer, head), the deltas the
+    lowering puts on its tasks (``strategy.stage_units.ActivationRules``): a unit's forward allocates
+    its activations; its backward frees them (B and W parts when the schedule splits the backward), a
+    recomputed layer re-materialising ``layer_activation_bytes(none) - layer_activation_bytes(recompute)``
+    from its recompute to the end of its backward (``recompute_workspace=False`` leaves that out: the
+    stored activations alone, the quantity of Korthikanti et al.'s formulas). Rank id = stage. It has
+    the schedule's order but no timing, so ``memory_report`` on it is a fast estimate (the accuracy
+    benchmark); the simulated trace is the reference."""
+    layout = stage_layout(scn.parallel)  # one stage runs plain 1F1B, as the lowering does
+    p = layout.p
+    rules = activation_rules(scn, recompute_workspace=recompute_workspace)
+    rows = schedule_actions(layout.schedule, p, scn.num_microbatches, layout.v)
+    chosen = range(p) if stages is None else stages
     events: list[TraceEvent] = []
-    for stage in (range(p) if stages is None else stages):
+    for stage in chosen:
         clock = 0.0
-
-        def emit(a, delta: float, phase: str) -> None:
-            nonlocal clock
-            events.append(TraceEvent(f"{a}", "compute", stage, "compute", clock, clock + 1.0, stage=stage,
-                                     microbatch=a.microbatch, chunk=a.chunk(p), phase=phase,
-                                     mem_delta_bytes=delta))
-            clock += 1.0
-
         for a in rows[stage]:
-            layers = layers_of_chunk[a.stage]
-            units = ["embed"] * (a.stage == 0) + list(layers) + ["head"] * (a.stage == p * v - 1)
-            if a.phase == "F":
-                for u in units:
-                    emit(a, size[u] if isinstance(u, str) else mem[u].stored, "F")
-            elif a.phase == "W":
-                for i in layers:
-                    emit(a, -mem[i].at_w, "W")
-            else:
-                for u in reversed(units):
-                    if isinstance(u, str):
-                        emit(a, -size[u], "B")
-                        continue
-                    lm = mem[u]
-                    alloc = lm.transient + max(-lm.at_b, 0.0)  # re-materialised, or dY for W beyond what B frees
-                    if alloc:
-                        emit(a, alloc, "R" if lm.transient else "B")
-                    emit(a, -(lm.transient + max(lm.at_b, 0.0)), "B")
-    labels = {s: f"stage {s}" for s in (range(p) if stages is None else stages)}
-    return Trace(tuple(events), source="schedule", rank_labels=labels)
+            for _, delta, tag in rules.action(layout.units(a.stage), a.phase):
+                events.append(TraceEvent(f"{a}", "compute", stage, "compute", clock, clock + 1.0, stage=stage,
+                                         microbatch=a.microbatch, chunk=a.chunk(p), phase=tag,
+                                         mem_delta_bytes=delta))
+                clock += 1.0
+    return Trace(tuple(events), source="schedule", rank_labels={s: f"stage {s}" for s in chosen})
 
 
 def estimate_memory(scn) -> MemoryReport:
     """``memory_report`` of every pipeline stage on ``schedule_trace``: no simulation needed."""
-    stage_params = {s: rank_param_counts(scn.model, scn.parallel, s) for s in range(scn.parallel.pp)}
+    par, layout = scn.parallel, stage_layout(scn.parallel)
+    graph = build_op_graph(scn.model, 1, "bf16")  # parameters depend on neither micro-batch nor dtype
+    stage_params = {s: stage_param_counts(graph, par, layout, s) for s in range(par.pp)}
     return memory_report(scn, stage_params, schedule_trace(scn))
 
 

@@ -2,11 +2,12 @@
 timeline, and a lower bound on the iteration time.
 
 Peak memory: ``analysis.memory.estimate_memory`` walks one event per unit (embedding, layer, head) of
-every action; here the same deltas (``schedule_trace``'s rules: a unit's F allocates its activations,
-its B frees them, a recomputed layer re-materialises ``layer(none) - layer(recompute)`` until its
-backward ends, W frees the weight-gradient part) are folded into one (peak offset, net change) pair
-per (virtual stage, phase), so the walk costs one step per action; the model state and the static
-buffers come from the same functions as ``memory_report``. Lower bound: a rank's compute stream is
+every action; here the same deltas (``strategy.stage_units.ActivationRules``, the rule the lowering
+and ``schedule_trace`` apply: a unit's F allocates its activations, its B frees them, a recomputed
+layer re-materialises ``layer(none) - layer(recompute)`` until its backward ends, W frees the
+weight-gradient part) are folded into one (peak offset, net change) pair per (virtual stage, phase),
+so the walk costs one step per action; the parameters (``stage_units.stage_param_counts``), the
+model state and the static buffers come from the same functions as ``memory_report``. Lower bound: a rank's compute stream is
 serial, so the step takes at least its compute and blocking TP collectives (each at its uncontended
 time, ``cost.collectives.collective_time_s``), plus the pipeline chain before its first action and
 after its last backward. Other communication counts as zero, so the bound holds whatever it costs.
@@ -19,20 +20,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..analysis.memory import (FRAGMENTATION_FRACTION, MIN_PARAM_BYTES, OPTIMIZER_BYTES_PER_PARAM, model_state_bytes,
-                               rank_param_counts, static_buffers)
+                               static_buffers)
 from ..cost.collectives import collective_time_s
 from ..cost.model import CostModel
 from ..hardware.topology import build_topology
-from ..model.opgraph import build_op_graph
-from ..strategy import activation_memory as am
+from ..model.opgraph import OpGraph, build_op_graph
 from ..strategy.blocks import build_blocks, layer_blocks
 from ..strategy.layer_emit import overlap_site
-from ..strategy.lower import chunk_layers
 from ..strategy.schedules import schedule_actions, splits_backward
 from ..strategy.sharding import grad_accumulation_bytes_per_param
+from ..strategy.stage_units import StageLayout, activation_rules, stage_layout, stage_param_counts
 from ..tasks import Collective, Task
 from ..units import DTYPE_BYTES
-from .estimate_streams import ds2021_host_s, dp_stream_s, pp_stream_s, schedule_of as _schedule
+from .estimate_streams import ds2021_host_s, dp_stream_s, pp_stream_s
 
 
 @dataclass(frozen=True)
@@ -62,14 +62,18 @@ class EstimateCache:
             self._memo[key] = build()
         return self._memo[key]
 
+    def layout(self, scn) -> StageLayout:
+        """The plan's stage layout (``strategy.stage_units.stage_layout``)."""
+        return self._get(("layout", scn.parallel), lambda: stage_layout(scn.parallel))
+
     def actions(self, scn):
-        schedule, v = _schedule(scn)
-        return self._get(("actions", schedule, scn.parallel.pp, scn.num_microbatches, v),
-                         lambda: schedule_actions(schedule, scn.parallel.pp, scn.num_microbatches, v))
+        lay = self.layout(scn)
+        return self._get(("actions", lay.schedule, lay.p, scn.num_microbatches, lay.v),
+                         lambda: schedule_actions(lay.schedule, lay.p, scn.num_microbatches, lay.v))
 
     def profiles(self, scn) -> list[RankProfile]:
-        schedule, v = _schedule(scn)
-        key = ("profiles", schedule, scn.parallel.pp, scn.num_microbatches, v)
+        lay = self.layout(scn)
+        key = ("profiles", lay.schedule, lay.p, scn.num_microbatches, lay.v)
         return self._get(key, lambda: [_profile(acts) for acts in self.actions(scn)])
 
     def blocks(self, scn):
@@ -80,12 +84,18 @@ class EstimateCache:
         """Every layer's blocks by its kind (``strategy.blocks.layer_blocks``, as the lowering)."""
         return self._blocks(scn, layer_blocks, "layer_blocks")
 
+    def graph(self, scn) -> OpGraph:
+        t = scn.training
+        return self._get(self._graph_key(scn), lambda: build_op_graph(scn.model, t.micro_batch_size, t.dtype))
+
+    def _graph_key(self, scn) -> tuple:
+        return ("graph", repr(scn.model), scn.training.micro_batch_size, scn.training.dtype)
+
     def _blocks(self, scn, build, what: str):
         p, t = scn.parallel, scn.training
-        gkey = ("graph", repr(scn.model), t.micro_batch_size, t.dtype)
-        graph = self._get(gkey, lambda: build_op_graph(scn.model, t.micro_batch_size, t.dtype))
+        graph = self.graph(scn)
         acc = grad_accumulation_bytes_per_param(t.grad_accumulation_fusion, t.grad_dtype_bytes, t.dtype_bytes)
-        return self._get(gkey + (what, p.tp, p.sequence_parallel, p.cp, p.ep, p.etp, acc),
+        return self._get(self._graph_key(scn) + (what, p.tp, p.sequence_parallel, p.cp, p.ep, p.etp, acc),
                          lambda: build(graph, p.tp, p.sequence_parallel, p.cp, p.ep, acc, p.etp))
 
     def _cost_key(self, scn) -> str:
@@ -181,51 +191,29 @@ def _counter(items) -> dict:
 
 
 # ---- memory ---------------------------------------------------------------------------------
-def _phase_memory(scn) -> dict:
+def _phase_memory(scn, cache: EstimateCache) -> dict:
     """Per virtual stage: {"b": bytes alive from F to B, "w": bytes alive from F to W, "F"/"B"/"W": peak
-    above the level before the action}, following analysis.memory.schedule_trace unit by unit (each
-    layer by its kind, ``activation_memory.layer_memories``)."""
-    m, par, tr = scn.model, scn.parallel, scn.training
-    schedule, v = _schedule(scn)
-    args = (m, tr.micro_batch_size, par.tp, par.sequence_parallel, par.cp)
-    d = tr.dtype_bytes
-    mem = am.layer_memories(scn, splits_backward(schedule))
-    size = {"embed": am.embedding_activation_bytes(*args, d), "head": am.head_activation_bytes(*args, d)}
-    chunks = chunk_layers(par.layers_per_stage, v)
-    nv = len(chunks)
+    above the level before the action}, folded from the unit deltas ``analysis.memory.schedule_trace``
+    walks (``strategy.stage_units.ActivationRules``)."""
+    layout, rules = cache.layout(scn), activation_rules(scn)
     out = {}
-    for vs, layers in enumerate(chunks):
-        extra = size["embed"] * (vs == 0) + size["head"] * (vs == nv - 1)
-        entry = {"b": sum(mem[i].at_b for i in layers) + extra, "w": sum(mem[i].at_w for i in layers),
-                 "F": sum(mem[i].stored for i in layers) + extra, "W": 0.0}
-        units = ["embed"] * (vs == 0) + list(layers) + ["head"] * (vs == nv - 1)
-        level = peak = 0.0
-        for delta in _b_deltas(units, size, mem):
-            level += delta
-            peak = max(peak, level)
-        entry["B"] = peak
+    for vs in range(layout.nv):
+        entry, net = {}, {}
+        for phase in "FBW":
+            level = peak = 0.0
+            for _, delta, _ in rules.action(layout.units(vs), phase):
+                level += delta
+                peak = max(peak, level)
+            entry[phase], net[phase] = peak, level
+        entry["b"], entry["w"] = -net["B"], -net["W"]
         out[vs] = entry
-    return out
-
-
-def _b_deltas(units, size, mem) -> list[float]:
-    out = []
-    for u in reversed(units):
-        if isinstance(u, str):
-            out.append(-size[u])
-            continue
-        lm = mem[u]
-        alloc = lm.transient + max(-lm.at_b, 0.0)
-        if alloc:
-            out.append(alloc)
-        out.append(-(lm.transient + max(lm.at_b, 0.0)))
     return out
 
 
 def activation_peaks(scn, cache: EstimateCache | None = None) -> list[float]:
     """Peak activation (+ recompute workspace) bytes of every pipeline rank over one step."""
     cache = cache or EstimateCache()
-    phase = _phase_memory(scn)
+    phase = _phase_memory(scn, cache)
     peaks = []
     for prof in cache.profiles(scn):
         stages, (fb, fw, action) = prof.states
@@ -246,8 +234,9 @@ def memory_totals(scn, cache: EstimateCache | None = None) -> list[float]:
     pbytes = max(DTYPE_BYTES[tr.dtype], MIN_PARAM_BYTES)
     dense_dp = par.shard_group_size or par.dp * par.cp  # HSDP shards inside its shard group
     out = []
+    graph, layout = cache.graph(scn), cache.layout(scn)
     for s, act in enumerate(activation_peaks(scn, cache)):
-        counts = rank_param_counts(scn.model, par, s)
+        counts = stage_param_counts(graph, par, layout, s)
         state = [model_state_bytes(counts[k], par.zero_stage, dp, pbytes, tr.grad_dtype_bytes, par.offload_optimizer,
                                    opt) for k, dp in (("dense", dense_dp), ("expert", par.expert_dp))]
         fixed = sum(static_buffers(scn, counts).values()) + FRAGMENTATION_FRACTION * act
@@ -260,7 +249,7 @@ def _layer_times(scn, cache: EstimateCache, b) -> tuple[float, float, float, flo
     """(F compute, F blocking TP, B compute, B blocking TP, W compute) seconds of one layer of the kind
     whose blocks are ``b``, one micro-batch."""
     par = scn.parallel
-    split = splits_backward(_schedule(scn)[0])
+    split = splits_backward(cache.layout(scn).schedule)
     work = lambda w, k=1: cache.work_s(scn, w, k)  # noqa: E731
     ring = par.cp > 1 and par.cp_algorithm == "ring"
     sp = par.sequence_parallel
@@ -297,8 +286,7 @@ def _phase_times(scn, cache: EstimateCache) -> dict:
     recompute; the asynchronous input-gradient collectives of B and W are left out. Each layer is
     costed by its kind (``strategy.blocks.layer_blocks``, as the lowering)."""
     par = scn.parallel
-    schedule, v = _schedule(scn)
-    split = splits_backward(schedule)
+    split = splits_backward(cache.layout(scn).schedule)
     b = cache.blocks(scn)
     work = lambda w: cache.work_s(scn, w)  # noqa: E731
     sp = par.sequence_parallel
@@ -306,7 +294,7 @@ def _phase_times(scn, cache: EstimateCache) -> dict:
     per_layer = [_kind_times(scn, cache, lb, memo) for lb in cache.layer_blocks(scn)]
     embed_tp = cache.tp_s(scn, "reduce_scatter" if sp else "all_reduce")
     gather = cache.tp_s(scn, "all_gather") if sp else 0.0
-    chunks = chunk_layers(par.layers_per_stage, v)
+    chunks = cache.layout(scn).chunks
     nv = len(chunks)
     out = {}
     for vs, layers in enumerate(chunks):
@@ -335,7 +323,7 @@ def time_lower_bound(scn, cache: EstimateCache | None = None) -> tuple[float, fl
     over ranks and streams."""
     cache = cache or EstimateCache()
     t = _phase_times(scn, cache)
-    nv = scn.parallel.pp * _schedule(scn)[1]
+    nv = cache.layout(scn).nv
     fwd = [sum(t[vs, "F"]) for vs in range(nv)]
     bwd = [sum(t[vs, "B"]) for vs in range(nv)]
     best = (0.0, 0.0)

@@ -124,8 +124,16 @@ def unit_params(graph: OpGraph, par, layout: StageLayout) -> UnitParams:
 
 def stage_param_counts(graph: OpGraph, par, layout: StageLayout, stage: int) -> dict:
     """{"dense", "expert"} parameters a rank of pipeline ``stage`` holds: the layers of its virtual
-    stages, each of its own kind, and the embedding / head where it holds the model's ends (the one
-    parameter counter of the lowering, the memory report and the search)."""
+    stages, each of its own kind (an MoE model's first dense layers), and the embedding / head where
+    it holds the model's ends, under the schedule's stage map (a V map puts both on rank 0). The one
+    parameter counter of the lowering, the memory report and the search.
+
+    Megatron-LM layout (``sharding.params_per_rank``): column- and row-parallel weights and the
+    column-parallel biases are split by tp; the row-parallel output biases and the norms are
+    replicated (Shoeybi et al. 2019, sec. 3); GQA with fewer KV heads than tp replicates them; experts
+    num_experts/ep per rank, each split by etp; the router replicated; the word embedding and LM head
+    vocab-parallel, the learned position table replicated; with tied embeddings the head's rank keeps
+    a copy of the word embedding unless it also holds the embedding."""
     if not 0 <= stage < layout.p:
         raise ValueError(f"stage_param_counts: stage {stage} outside 0..{layout.p - 1}")
     held = layout.held(stage)
