@@ -104,6 +104,13 @@ class LowerCtx:
                 raise ValueError(f"task {self.builder.task(tid).name!r} both allocates {old} and frees {nbytes} bytes")
             self.builder.set_mem(tid, old - nbytes)
 
+    def sync_key(self, rank: int, group: tuple[int, ...]) -> int:
+        """The barrier key of ``rank``'s next collective over ``group``: every simulated participant
+        emits its copy in the same order, so the copies are numbered per group."""
+        seq = self._sync_seq.get((rank, group), 0)
+        self._sync_seq[(rank, group)] = seq + 1
+        return self._sync_keys.setdefault((group, seq), len(self._sync_keys))
+
     # ---- task constructors ---------------------------------------------------------------
     def compute(self, rank: int, name: str, work: tuple[OpWork, ...], deps=(), category: str = "compute",
                 **meta) -> int:
@@ -126,12 +133,9 @@ class LowerCtx:
              axis: str, category: str, deps=(), overlap: tuple = (), **meta) -> int:
         sync = -1
         if len(group) > 1 and op != "send_recv" and (self.full or axis == "pp"):
-            # every simulated participant emits its copy in the same order: number them per group. In
-            # symmetric mode only a pipeline-axis group (the tied-embedding all-reduce) holds more
+            # In symmetric mode only a pipeline-axis group (the tied-embedding all-reduce) holds more
             # than one simulated representative; every other group has one and needs no barrier.
-            seq = self._sync_seq.get((rank, group), 0)
-            self._sync_seq[(rank, group)] = seq + 1
-            sync = self._sync_keys.setdefault((group, seq), len(self._sync_keys))
+            sync = self.sync_key(rank, group)
         key = (op, float(size_bytes), group, axis, overlap)
         c = self._collectives.get(key)
         if c is None:

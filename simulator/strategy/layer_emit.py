@@ -220,15 +220,16 @@ def layer_backward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, split_
     return x
 
 
-def layer_weight_grad(ctx: LowerCtx, rank: int, dep: int | None, name: str, meta: dict,
+def layer_weight_grad(ctx: LowerCtx, rank: int, deps: tuple, name: str, meta: dict,
                       free_bytes: float = 0.0) -> int:
-    """Zero-bubble W: every weight-gradient GEMM of the layer (Qi et al. 2024 §2), releasing
-    ``free_bytes`` of activations. With SP the column-parallel GEMMs' sequence-sharded inputs are
-    all-gathered again first, as in B+W."""
-    deps = _d(dep)
+    """Zero-bubble W after ``deps`` (at most one task): every weight-gradient GEMM of the layer (Qi
+    et al. 2024 §2), releasing ``free_bytes`` of activations. With SP the column-parallel GEMMs'
+    sequence-sharded inputs are all-gathered again first, as in B+W."""
+    after = tuple(d for d in deps if d is not None)
+    deps = after
     if ctx.par.sequence_parallel and ctx.par.tp > 1:
         size = ctx.full_activation_bytes()
-        deps += tuple(ctx.tp_collective(rank, f"{name}.{blk}.input_all_gather", "all_gather", size, _d(dep),
+        deps += tuple(ctx.tp_collective(rank, f"{name}.{blk}.input_all_gather", "all_gather", size, after,
                                         COMM_TP, **meta) for blk in ("mlp", "attn"))
     return ctx.compute(rank, f"{name}.W", ctx.layer_blocks(meta["layer"]).layer_w, deps, mem_delta_bytes=-free_bytes,
                        **meta)

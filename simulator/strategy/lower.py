@@ -26,6 +26,7 @@ from .schedules import Action, StageMap, schedule_actions, splits_backward
 from .sharding import grad_accumulation_bytes_per_param, linear_params
 from .stage_units import (activation_rules, chunk_layers, chunk_sizes, stage_layout,  # noqa: F401 (re-exported)
                           stage_param_counts, unit_params)
+from .stamp import Stamper
 from .zero_impl import DEEPSPEED, FSDP, FSDP2_COPY_PASSES, chunk_fetches, submodule_params
 
 
@@ -77,6 +78,7 @@ class _Emitter:
         # parameters gathered per unit: ZeRO-3, and FSDP's SHARD_GRAD_OP (zero_stage 2)
         self.zero3 = par.dp * par.cp > 1 and (par.zero_stage == 3 or (par.zero_stage == 2 and par.sharding in FSDP))
         self.plans: dict = {}  # virtual stage -> zero_impl.pass_fetches
+        self.stamp = Stamper(ctx)  # layers emitted once per shape, then stamped out (``stamp``)
         # each unit's activation deltas per pass and its parameters on this rank (stage_units)
         self.mem = activation_rules(ctx.scn, split_w)
         ctx.layer_mem = self.mem.layers
@@ -225,7 +227,7 @@ class _Emitter:
                 x = ctx.compute(r, f"F{mb}.head", b.head.fwd, () if x is None else (x,), **meta)
             else:
                 ctx.alloc_next(r, self.mem.unit(unit, "F").alloc_bytes)
-                x = layer_forward(ctx, r, deps, f"F{mb}.L{unit}", self._meta(vs, mb, "F", int(unit)))
+                x = self.stamp.call(layer_forward, r, deps, f"F{mb}.L{unit}", self._meta(vs, mb, "F", int(unit)))
         self._send(r, vs, mb, "F", x)
 
     def _count(self, r: int, vs: int, phase: str) -> bool:
@@ -257,8 +259,8 @@ class _Emitter:
             else:
                 d = self.mem.unit(unit, "B")  # its recompute's bytes: layer_emit, ctx.transient_bytes
                 ctx.alloc_next(r, d.alloc_bytes)  # the output gradients W will need beyond what B frees
-                x = layer_backward(ctx, r, deps, f"B{mb}.L{unit}", self._meta(vs, mb, "B", int(unit)), self.split_w,
-                                   ctx.par.recompute, d.free_bytes)
+                x = self.stamp.call(layer_backward, r, deps, f"B{mb}.L{unit}", self._meta(vs, mb, "B", int(unit)),
+                                    self.split_w, ctx.par.recompute, d.free_bytes)
             if not self.split_w:
                 ready.append((unit, x))
         self._grads_ready(r, vs, f"B{mb}", ready, final, x)
@@ -280,7 +282,8 @@ class _Emitter:
                                           (), "comm_tp", **meta)
                 x = ctx.compute(r, f"W{mb}.head", b.head.bwd_w, tuple(d for d in (x, g) if d is not None), **meta)
             else:
-                x = layer_weight_grad(ctx, r, x, f"W{mb}.L{unit}", meta, self.mem.unit(unit, "W").free_bytes)
+                x = self.stamp.call(layer_weight_grad, r, (x,), f"W{mb}.L{unit}", meta,
+                                    self.mem.unit(unit, "W").free_bytes)
             ready.append((unit, x))
         self._grads_ready(r, vs, f"W{mb}", ready, final, x)
 

@@ -1,0 +1,71 @@
+"""Templates (strategy/stamp.py): a lowering that stamps its layers out of recorded templates builds
+exactly the task graph that emitting every layer one by one builds, task for task."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator.scenario import scenario_from_dict
+from simulator.strategy import stamp
+from simulator.strategy.lower import lower
+
+
+def _scenario(model: dict | None = None, microbatches: int = 6, **par) -> dict:
+    p = {"tp": 2, "pp": 2, "dp": 2, "schedule": "1f1b", "recompute": "none", **par}
+    gpus = p["tp"] * p["pp"] * p["dp"] * p.get("cp", 1)
+    cluster = {"preset": "dgx-a100-80gb", "num_nodes": 1} if gpus >= 8 else \
+        {"preset": "dgx-a100-80gb", "num_nodes": 1, "gpus_per_node": gpus}
+    return {"model": model or {"preset": "gpt3-1.3b", "num_layers": 6, "seq_length": 1024},
+            "cluster": cluster if gpus <= 8 else {"preset": "dgx-a100-80gb", "num_nodes": gpus // 8},
+            "parallelism": p, "training": {"global_batch_size": microbatches * p["dp"], "micro_batch_size": 1}}
+
+
+CASES = {
+    "1f1b-full-sp": _scenario(recompute="full", sequence_parallel=True),
+    "gpipe-selective": _scenario(schedule="gpipe", recompute="selective"),
+    "interleaved": _scenario(schedule="interleaved-1f1b", virtual_stages=3, recompute="full", microbatches=4),
+    "zero-bubble-sp": _scenario(schedule="zero-bubble", sequence_parallel=True, recompute="full"),
+    "zb-v": _scenario(schedule="zb-v", virtual_stages=2, sequence_parallel=True),
+    "zero3-fsdp2": _scenario(zero_stage=3, sharding="fsdp2", recompute="full"),
+    "zero3-deepspeed": _scenario(zero_stage=3, sharding="deepspeed"),
+    "cp-ring": _scenario(cp=2, sequence_parallel=True, recompute="selective"),
+    "tp-comm-overlap": _scenario(sequence_parallel=True, tp_comm_overlap=True),
+    "moe-ep": _scenario({"preset": "mixtral-8x7b", "num_layers": 4, "seq_length": 512}, tp=1, ep=2,
+                        sequence_parallel=True, schedule="zero-bubble"),
+}
+
+
+def _without_templates(monkeypatch) -> None:
+    monkeypatch.setattr(stamp.Stamper, "call",
+                        lambda self, fn, rank, deps, name, meta, *args: fn(self.ctx, rank, deps, name, meta, *args))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("full", [False, True])
+def test_stamped_lowering_equals_emitting_every_layer(name, full, monkeypatch):
+    scn = scenario_from_dict(CASES[name], default_name=name)
+    stamped = lower(scn, full).graph
+    _without_templates(monkeypatch)
+    plain = lower(scn, full).graph
+    assert len(stamped) == len(plain)
+    assert stamped.tasks == plain.tasks
+    assert stamped.streams == plain.streams
+
+
+def test_templates_are_recorded_once_per_shape_and_replayed():
+    """GPT-style layers: one template per (rank, chunk, layer, phase); every other micro-batch replays."""
+    scn = scenario_from_dict(_scenario(recompute="full"), default_name="t")
+    seen = []
+    real = stamp.Stamper._record
+
+    def spy(self, key, *a):
+        seen.append(key)
+        return real(self, key, *a)
+
+    stamp.Stamper._record = spy
+    try:
+        lower(scn)
+    finally:
+        stamp.Stamper._record = real
+    ranks, layers_per_stage, phases = 2, 3, 2  # symmetric mode: one rank per stage; F and B
+    assert len(seen) == ranks * layers_per_stage * phases
