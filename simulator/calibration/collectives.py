@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from ..cost.calibrated import CollectiveRow
@@ -32,26 +33,7 @@ def _worker(rank: int, world: int, init_file: str, out_file: str, sizes: tuple[i
     for op in OPS:
         for size in sizes:
             elems = (size // 2) // world * world
-            if op == "all_reduce":
-                buf = torch.ones(elems, device="cuda", dtype=dt)
-
-                def fn(buf=buf):
-                    dist.all_reduce(buf)
-            elif op == "all_gather":
-                out, inp = torch.empty(elems, device="cuda", dtype=dt), torch.ones(elems // world, device="cuda", dtype=dt)
-
-                def fn(out=out, inp=inp):
-                    dist.all_gather_into_tensor(out, inp)
-            elif op == "reduce_scatter":
-                out, inp = torch.empty(elems // world, device="cuda", dtype=dt), torch.ones(elems, device="cuda", dtype=dt)
-
-                def fn(out=out, inp=inp):
-                    dist.reduce_scatter_tensor(out, inp)
-            else:
-                out, inp = torch.empty(elems, device="cuda", dtype=dt), torch.ones(elems, device="cuda", dtype=dt)
-
-                def fn(out=out, inp=inp):
-                    dist.all_to_all_single(out, inp)
+            fn = _collective_call(op, elems, world, dt)
             for _ in range(WARMUP):
                 fn()
             torch.cuda.synchronize()
@@ -65,6 +47,27 @@ def _worker(rank: int, world: int, init_file: str, out_file: str, sizes: tuple[i
         Path(out_file).write_text(json.dumps(results))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _collective_call(op: str, elems: int, world: int, dt) -> Callable[[], object]:
+    """One call of collective ``op`` on its buffers (sizes as ``tasks.Collective`` counts them)."""
+    import torch
+    import torch.distributed as dist
+
+    def buffers(out_elems: int, in_elems: int):
+        return torch.empty(out_elems, device="cuda", dtype=dt), torch.ones(in_elems, device="cuda", dtype=dt)
+
+    if op == "all_reduce":
+        buf = torch.ones(elems, device="cuda", dtype=dt)
+        return lambda: dist.all_reduce(buf)
+    if op == "all_gather":
+        out, inp = buffers(elems, elems // world)
+        return lambda: dist.all_gather_into_tensor(out, inp)
+    if op == "reduce_scatter":
+        out, inp = buffers(elems // world, elems)
+        return lambda: dist.reduce_scatter_tensor(out, inp)
+    out, inp = buffers(elems, elems)
+    return lambda: dist.all_to_all_single(out, inp)
 
 
 def profile_collectives(world: int, sizes: tuple[int, ...] = SIZES_BYTES) -> list[CollectiveRow]:

@@ -35,7 +35,7 @@ def simulated_ops(result, rank: int | None = None) -> tuple[int, list[SimOp]]:
     """(rank, ops): every OpWork of one simulated rank's compute tasks, timed within its task in
     proportion to the cost model's time for it (tables where measured, else the roofline)."""
     scn, graph, sim = result.scenario, result.graph, result.sim
-    rank = rank if rank in graph.ranks else graph.ranks[0]
+    rank = rank if rank is not None and rank in graph.ranks else graph.ranks[0]
     tables = getattr(result, "tables", None)
     if tables is None and scn.cost.compute == "calibrated":
         from ..cost.calibrated import CalibrationTables

@@ -16,12 +16,11 @@ import gzip
 import json
 from pathlib import Path
 
-from ..tasks import gemm_grad_shapes
 from ..units import S_TO_US
 from .compare import PHASE_AS_MEASURED, sim_rank_of, simulated_ops
 from .kernel_names import categorize
 from .kineto import ANNOTATION_PREFIX, STEP_PREFIX
-from .matching import SimOp
+from .matching import SimOp, gemm_pass_shapes
 
 HOST_PID, MAIN_TID, COMM_TID = 1000, 1, 2
 COMPUTE_STREAM_ID, COMM_STREAM_ID = 7, 20
@@ -51,9 +50,10 @@ _VECTOR_OPS = {"norm": "aten::native_layer_norm", "softmax": "aten::_softmax", "
 def launches(s: SimOp) -> list[tuple[str, tuple, float]]:
     """(ATen op, its Input Dims, share of the op's time) of each kernel a simulated op launches."""
     w = s.work
+    if w is None:
+        raise ValueError(f"simulated op {s.name!r} carries no work to export")
     if s.kind == "gemm" and len(w.shape) == 3:
-        dgrad, wgrad = gemm_grad_shapes(tuple(w.shape))
-        shapes = {"fwd": [w.shape], "bwd_input": [dgrad], "bwd_weight": [wgrad]}.get(s.pass_, [dgrad, wgrad])
+        shapes = gemm_pass_shapes(w.shape, s.pass_)
         return [("aten::mm", ((m, k), (k, n)), 1.0 / len(shapes)) for m, n, k in shapes]
     if s.kind == "attention" and len(w.shape) == 5:
         b, h, sq, skv, hd = w.shape

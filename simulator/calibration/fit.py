@@ -80,7 +80,7 @@ def _fit_trace(path: str, plan, acc: _Acc) -> dict:
                 continue
             op = nccl_op(o.name) or nccl_op(o.annotation) or nccl_op(o.op)
             same = [c for c in colls if c.op == op]
-            if same:
+            if op is not None and same:
                 c = same[seen.get(op, 0) % len(same)]
                 seen[op] = seen.get(op, 0) + 1
                 acc.comm.setdefault((op, len(c.group), c.size_bytes), []).append(o.duration_s)

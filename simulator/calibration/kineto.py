@@ -202,7 +202,7 @@ def _sweep_host(host: list[dict], clock: _Clock) -> tuple[list[MeasuredOp], list
     fwd_annotation: dict[int, str] = {}
     launch_ctx: dict = {}
     cpu_ops, runtime = [], []
-    stacks: dict[tuple[int, int], list[dict]] = {}
+    stacks: dict[tuple[int, int | None], list[dict]] = {}  # (pid, tid); legacy traces may lack the tid
     for e in host:
         stack = stacks.setdefault((e["pid"], e.get("tid")), [])
         while stack and _ends_before(stack[-1], e):
@@ -251,7 +251,7 @@ def parse_kineto(path: str | Path) -> KinetoRun:
     t0 = min(e["ts"] for e in device + host)
     clock = _Clock(t0, _step_spans(host, lambda ts: (ts - t0) / S_TO_US, "user_annotation"))
     cpu_ops, runtime, launch_ctx = _sweep_host(host, clock)
-    dist = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
+    dist = _distributed_info(doc)
     dist_rank = int(dist.get("rank", 0) or 0)
     devices = sorted({e["pid"] for e in device})
     ops = _device_ops(device, launch_ctx, clock, lambda e: e["pid"] if len(devices) > 1 else dist_rank)
@@ -265,9 +265,15 @@ def parse_kineto(path: str | Path) -> KinetoRun:
     return KinetoRun(cpu_ops if cpu_only else ops, cpu_ops, runtime, clock.steps, cpu_only, meta, gpu_steps)
 
 
+def _distributed_info(doc: dict) -> dict:
+    """The trace's ``distributedInfo`` (rank, world size, backend), {} when absent or malformed."""
+    info = doc.get("distributedInfo")
+    return info if isinstance(info, dict) else {}
+
+
 def _metadata(doc: dict, path, events, device, devices, runtime, launch_ctx, cpu_only: bool) -> dict:
     props = doc.get("deviceProperties") or []
-    dist = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
+    dist = _distributed_info(doc)
     name = next((p.get("name") for p in props if isinstance(p, dict) and devices and p.get("id") == devices[0]),
                 "GPU (no deviceProperties)")
     return {

@@ -66,6 +66,15 @@ class Match(NamedTuple):
     how: str  # annotation | shape | order | communication
 
 
+def gemm_pass_shapes(shape: tuple[int, ...], pass_: str) -> list[tuple[int, int, int]]:
+    """The (m, n, k) GEMMs a forward (m, n, k) GEMM's work runs in pass ``pass_``
+    (``profile.pass_of``): itself forward, its input- or weight-gradient GEMM, or both for a full
+    backward (``tasks.gemm_grad_shapes``)."""
+    m, n, k = shape
+    dgrad, wgrad = gemm_grad_shapes((m, n, k))
+    return {"fwd": [(m, n, k)], "bwd_input": [dgrad], "bwd_weight": [wgrad]}.get(pass_, [dgrad, wgrad])
+
+
 def _shape_keys(s: SimOp) -> list[tuple]:
     """Index keys of a simulated op for shape matching (class, shape signature)."""
     w = s.work
@@ -73,9 +82,7 @@ def _shape_keys(s: SimOp) -> list[tuple]:
     if w is None or not w.shape:
         return []
     if s.kind == "gemm" and len(w.shape) == 3:
-        dgrad, wgrad = gemm_grad_shapes(tuple(w.shape))
-        shapes = {"fwd": [w.shape], "bwd_input": [dgrad], "bwd_weight": [wgrad]}.get(s.pass_, [dgrad, wgrad])
-        return [(cat, gemm_key(tuple(x))) for x in shapes]
+        return [(cat, gemm_key(x)) for x in gemm_pass_shapes(w.shape, s.pass_)]
     if s.kind == "attention":
         return [(cat, tuple(w.shape))]
     return [(cat, math.prod(w.shape))]
@@ -111,7 +118,7 @@ def _units(ops: list[MeasuredOp]) -> list[list[int]]:
 def match_step(ops: list[MeasuredOp], sim: list[SimOp], comm_ops: set[str]) -> list[Match | None]:
     """One profiler step of one rank: for each measured op (in time order), its match or None."""
     by_note = {(s.phase, s.microbatch, s.layer, s.name): s for s in sim}
-    by_name = {}
+    by_name: dict[tuple[str, str], SimOp] = {}
     for s in sim:
         by_name.setdefault((s.phase, s.name), s)
     index: dict[tuple, list[SimOp]] = {}
@@ -144,7 +151,7 @@ def _match_one(o: MeasuredOp, by_note, by_name, index, seen, comm_ops) -> Match 
         return Match((phase, name), (phase, mb, layer, name), s, "annotation") if s is not None else None
     key = _measured_key(o)
     cands = index.get((o.phase,) + key) if key else None
-    if not cands:
+    if not key or not cands:
         return None
     n = seen.get((o.phase,) + key, 0)
     seen[(o.phase,) + key] = n + 1

@@ -76,7 +76,7 @@ def scenario_specs(scn) -> list[KernelSpec]:
     from ..strategy.lower import lower
 
     plan = lower(scn)
-    out = {}
+    out: dict[tuple, KernelSpec] = {}
     for t in plan.graph.tasks:
         if t.kind != "compute":
             continue
@@ -90,7 +90,7 @@ def preset_specs(models: tuple[ModelSpec, ...] | None = None, tps: tuple[int, ..
                  micro_batch_size: int = 1, dtype: str = "bf16") -> list[KernelSpec]:
     """Forward and backward work of every layer op of the model presets under TP (with and without
     sequence parallelism), plus Adam over a range of shard sizes."""
-    out = {}
+    out: dict[tuple, KernelSpec] = {}
     for model in models if models is not None else tuple(MODEL_PRESETS.values()):
         g = build_op_graph(model, micro_batch_size, dtype)
         ops = g.embed + g.layer + g.head

@@ -81,10 +81,11 @@ def _block_class(spec: ModelSpec):
             super().__init__()
             self.index = index
             self.ln1, self.ln2 = _norm(spec), _norm(spec)
-            self.qkv = nn.Linear(h, h + 2 * kv * hd, bias=spec.bias)
-            self.attn_out = nn.Linear(h, h, bias=spec.bias)
-            self.fc1 = nn.Linear(h, (spec.mlp_matrices - 1) * spec.ffn_hidden_size, bias=spec.bias)
-            self.fc2 = nn.Linear(spec.ffn_hidden_size, h, bias=spec.bias)
+            bias = bool(spec.bias)  # ModelSpec resolves None to the style's default
+            self.qkv = nn.Linear(h, h + 2 * kv * hd, bias=bias)
+            self.attn_out = nn.Linear(h, h, bias=bias)
+            self.fc1 = nn.Linear(h, (spec.mlp_matrices - 1) * spec.ffn_hidden_size, bias=bias)
+            self.fc2 = nn.Linear(spec.ffn_hidden_size, h, bias=bias)
 
         def forward(self, x, mb: int, rot):
             return self._mlp(self._attention(x, mb, rot), mb)
@@ -98,7 +99,7 @@ def _block_class(spec: ModelSpec):
                 q, k, v = (t.view(b, s, n, hd).transpose(1, 2) for t, n in ((q, heads), (k, kv), (v, kv)))
             if rot is not None:
                 with record_function(_tag(mb, self.index, "rope")):
-                    q, k = _rope(q, *rot, hd), _rope(k, *rot, hd)
+                    q, k = (_rope(t, rot[0], rot[1], hd) for t in (q, k))
             with record_function(_tag(mb, self.index, "attn_core")):
                 a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != heads)
                 a = a.transpose(1, 2).reshape(b, s, h)
@@ -134,8 +135,9 @@ def _init_weights(model, spec: ModelSpec) -> None:
     for mod in model.modules():
         if isinstance(mod, (nn.Linear, nn.Embedding)):
             nn.init.normal_(mod.weight, 0.0, INIT_STD)
-            if getattr(mod, "bias", None) is not None:
-                nn.init.zeros_(mod.bias)
+            bias = getattr(mod, "bias", None)
+            if isinstance(bias, torch.Tensor):
+                nn.init.zeros_(bias)
     if model.wpe is None:
         hd = spec.head_dim
         inv = 1.0 / (10000 ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))

@@ -227,6 +227,7 @@ def activation_peaks(scn, cache: EstimateCache | None = None) -> list[float]:
 def memory_totals(scn, cache: EstimateCache | None = None) -> list[float]:
     """memory_bytes["total"] of every pipeline stage, as ``memory_report`` accounts it."""
     par, tr = scn.parallel, scn.training
+    cache = cache or EstimateCache()
     opt = OPTIMIZER_BYTES_PER_PARAM.get(tr.optimizer)
     if opt is None:
         raise ValueError(f"training.optimizer {tr.optimizer!r} has no memory rule; known: "
