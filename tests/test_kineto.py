@@ -187,7 +187,8 @@ def test_committed_tiny_model_trace_maps_every_op():
 
 
 def _fake_run(with_annotations: bool):
-    """A measured run whose kernels are the simulated ops of tiny-gpt, each twice as long, back to back."""
+    """A measured run whose kernels are the simulated ops of tiny-gpt on a timeline twice as slow (each
+    kernel and each launch gap between them twice as long)."""
     from simulator.calibration.compare import kind_category, simulated_ops
     from simulator.calibration.kineto import KinetoRun, MeasuredOp
     from simulator.pipeline import simulate
@@ -195,23 +196,26 @@ def _fake_run(with_annotations: bool):
 
     result = simulate(load_scenario(ROOT / "scenarios" / "calibration" / "tiny-gpt.toml"))
     _, sim = simulated_ops(result, 0)
-    ops, t = [], 0.0
+    ops = []
     for s in sim:
         note = f"sim:{s.microbatch}:{s.layer}:{s.name}" if with_annotations else ""
-        ops.append(MeasuredOp(s.name, kind_category(s.kind), 0, "stream 7", t, t + 2 * s.duration_s, s.phase, 0, note))
-        t += 2 * s.duration_s
-    return KinetoRun(ops, [], [], {0: (0.0, t)}, False, {"source_file": "fake", "device": "fake"}), result
+        ops.append(MeasuredOp(s.name, kind_category(s.kind), 0, "stream 7", 2 * s.start_s, 2 * s.end_s, s.phase, 0,
+                              note))
+    end = 2 * result.metrics["iteration_time_s"]
+    return KinetoRun(ops, [], [], {0: (0.0, end)}, False, {"source_file": "fake", "device": "fake"}), result
 
 
 @pytest.mark.parametrize("annotated", [True, False])
 def test_compare_maps_kernels_to_ops(annotated):
-    from simulator.calibration.compare import compare_run
+    from simulator.calibration.compare import compare_run, simulated_ops
 
     run, result = _fake_run(annotated)
     c = compare_run(run, result)
     assert c["mapping"] == ("annotation" if annotated else "shape-order")
-    assert c["step_time_error"] == pytest.approx(-0.5)
-    assert c["measured_step_s"] == pytest.approx(2 * c["simulated_step_s"])
+    _, sim = simulated_ops(result, 0)
+    busy_span_s = max(s.end_s for s in sim) - min(s.start_s for s in sim)
+    assert c["measured_step_s"] == pytest.approx(2 * busy_span_s)
+    assert c["step_time_error"] == pytest.approx(c["simulated_step_s"] / c["measured_step_s"] - 1)
     assert len(c["per_op"]) == 30 and all(r["error"] == pytest.approx(-0.5) for r in c["per_op"])
     assert {r["category"] for r in c["per_category"]} == {"gemm", "attention", "norm", "elementwise"}
     assert c["coverage"] == pytest.approx(1.0) and not c["coverage_warning"]
