@@ -83,6 +83,7 @@ class _Emitter:
         self.mem = activation_rules(ctx.scn, split_w)
         ctx.layer_mem = self.mem.layers
         g, layout = ctx.graph, stage_layout(par)
+        self.layout = layout
         self.unit_params = unit_params(g, par, layout)
         self.tied_pp = ctx.scn.model.tie_embeddings and not layout.ends_together
         # DeepSpeed fetches per submodule: one (weight, bias) pair per op holding dense parameters
@@ -132,9 +133,8 @@ class _Emitter:
         return {"microbatch": mb, "chunk": vs // self.p, "phase": phase, "layer": layer}
 
     def _units(self, vs: int) -> list[str]:
-        """The chunk's units in forward order: "embed", layer indices as strings, "head"."""
-        return ((["embed"] if vs == 0 else []) + [str(layer) for layer in self.layers[vs]]
-                + (["head"] if vs == self.nv - 1 else []))
+        """The chunk's units in forward order (``stage_units.StageLayout.units``), layers as strings."""
+        return [str(u) for u in self.layout.units(vs)]
 
     def _params(self, unit: str) -> tuple[float, float]:
         return self.unit_params.of(unit)
