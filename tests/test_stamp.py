@@ -53,7 +53,8 @@ def test_stamped_lowering_equals_emitting_every_layer(name, full, monkeypatch):
 
 
 def test_templates_are_recorded_once_per_shape_and_replayed():
-    """GPT-style layers: one template per (rank, chunk, layer, phase); every other micro-batch replays."""
+    """GPT-style layers: one template per (rank, chunk, phase) pass and per layer inside it; every
+    other micro-batch replays them."""
     scn = scenario_from_dict(_scenario(recompute="full"), default_name="t")
     seen = []
     real = stamp.Stamper._record
@@ -67,5 +68,9 @@ def test_templates_are_recorded_once_per_shape_and_replayed():
         lower(scn)
     finally:
         stamp.Stamper._record = real
-    ranks, layers_per_stage, phases = 2, 3, 2  # symmetric mode: one rank per stage; F and B
-    assert len(seen) == ranks * layers_per_stage * phases
+    ranks, layers_per_stage = 2, 3  # symmetric mode: one rank per stage
+    passes = [k for k in seen if k[0].__name__ in ("_forward_units", "_backward_units")]
+    layers = [k for k in seen if k[0].__name__ in ("layer_forward", "layer_backward")]
+    assert len(passes) == ranks * 2  # each rank's F and B pass, recorded at its first micro-batch
+    assert len(layers) == ranks * layers_per_stage * 2  # and inside it each layer's F and B
+    assert len(seen) == len(passes) + len(layers)

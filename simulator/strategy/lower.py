@@ -12,6 +12,7 @@ parts for zero-bubble), the deltas from ``stage_units`` (one rule with the memor
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 
 from ..model.opgraph import build_op_graph
 from ..tasks import InternalError, TaskGraph
@@ -205,30 +206,45 @@ class _Emitter:
             yield waits
 
     def _forward(self, r: int, vs: int, mb: int, dep: int | None) -> None:
-        ctx, b = self.ctx, self.ctx.blocks
-        x = ctx.join(r, f"F{mb}.wait", (dep,), **self._meta(vs, mb, "F"))
-        units = self._units(vs)
-        for unit, waits in zip(units, self._prefetching(r, vs, "F", f"F{mb}")):
-            waits += tuple(self.gathers.pop((r, vs, unit), ()))
+        """F of virtual stage vs for micro-batch mb after ``dep`` (the received activation). Outside
+        ZeRO-3 the whole pass is stamped from a template (``stamp``); the parameter all-gathers its
+        first units wait for (``_early_param_gather``) go in as outside dependencies."""
+        meta = self._meta(vs, mb, "F")
+        if self.zero3:
+            x = self._forward_units(self.ctx, r, (dep,), f"F{mb}", meta, vs, ())
+        else:
+            got = [tuple(self.gathers.pop((r, vs, u), ())) for u in self._units(vs)] if self.gathers else []
+            x = self.stamp.call(self._forward_units, r, (dep,) + tuple(chain.from_iterable(got)), f"F{mb}", meta, vs,
+                                tuple(map(len, got)))
+        self._send(r, vs, mb, "F", x)
+
+    def _forward_units(self, ctx: LowerCtx, r: int, deps: tuple, name: str, meta: dict, vs: int,
+                       counts: tuple[int, ...]) -> int:
+        """The units of an F pass after deps[0]; unit k also waits for the next counts[k] of deps[1:]."""
+        b, mb = ctx.blocks, meta["microbatch"]
+        x = ctx.join(r, f"{name}.wait", deps[:1], **meta)
+        extra, at = deps[1:], 0
+        for k, (unit, waits) in enumerate(zip(self._units(vs), self._prefetching(r, vs, "F", name))):
+            if counts:
+                waits += extra[at:at + counts[k]]
+                at += counts[k]
             deps = (x,) + waits if x is not None else waits
             if unit == "embed":
-                meta = self._meta(vs, mb, "F")
                 ctx.alloc_next(r, self.mem.unit(unit, "F").alloc_bytes)
-                x = ctx.compute(r, f"F{mb}.embed", b.embed.fwd, deps, **meta)
+                x = ctx.compute(r, f"{name}.embed", b.embed.fwd, deps, **meta)
                 # vocab-parallel embedding: all-reduce (reduce-scatter with SP) of its output over TP
-                x = tp_op(ctx, r, x, f"F{mb}.embed", "reduce_scatter" if ctx.par.sequence_parallel else "all_reduce",
+                x = tp_op(ctx, r, x, f"{name}.embed", "reduce_scatter" if ctx.par.sequence_parallel else "all_reduce",
                           meta)
             elif unit == "head":
-                meta = self._meta(vs, mb, "F")
-                x = ctx.join(r, f"F{mb}.head.wait", deps, **meta)
+                x = ctx.join(r, f"{name}.head.wait", deps, **meta)
                 if ctx.par.sequence_parallel:  # ColumnParallelLinear output layer gathers the sequence
-                    x = tp_op(ctx, r, x, f"F{mb}.head", "all_gather", meta)
+                    x = tp_op(ctx, r, x, f"{name}.head", "all_gather", meta)
                 ctx.alloc_next(r, self.mem.unit(unit, "F").alloc_bytes)
-                x = ctx.compute(r, f"F{mb}.head", b.head.fwd, () if x is None else (x,), **meta)
+                x = ctx.compute(r, f"{name}.head", b.head.fwd, () if x is None else (x,), **meta)
             else:
                 ctx.alloc_next(r, self.mem.unit(unit, "F").alloc_bytes)
-                x = self.stamp.call(layer_forward, r, deps, f"F{mb}.L{unit}", self._meta(vs, mb, "F", int(unit)))
-        self._send(r, vs, mb, "F", x)
+                x = self.stamp.call(layer_forward, r, deps, f"{name}.L{unit}", self._meta(vs, mb, "F", int(unit)))
+        return x
 
     def _count(self, r: int, vs: int, phase: str) -> bool:
         """Count a backward (B or W) pass of (rank, virtual stage); True on the last micro-batch."""
@@ -237,55 +253,73 @@ class _Emitter:
         return n == self.m
 
     def _backward(self, r: int, vs: int, mb: int, dep: int | None) -> None:
-        ctx, b = self.ctx, self.ctx.blocks
+        """B of virtual stage vs for micro-batch mb after ``dep``; stamped outside ZeRO-3 (see _forward)."""
         final = self._count(r, vs, "B")
-        ready: list = []
-        x = dep
-        units = self._units(vs)[::-1]
-        for unit, waits in zip(units, self._prefetching(r, vs, "B", f"B{mb}")):
+        meta = self._meta(vs, mb, "B")
+        if self.zero3:
+            out = self._backward_units(self.ctx, r, (dep,), f"B{mb}", meta, vs)
+        else:
+            out = self.stamp.call(self._backward_units, r, (dep,), f"B{mb}", meta, vs)
+        x = out[-1]
+        ready = [] if self.split_w else list(zip(self._units(vs)[::-1], out[:-1]))
+        self._grads_ready(r, vs, f"B{mb}", ready, final, x)
+        self._send(r, vs, mb, "B", x)
+
+    def _backward_units(self, ctx: LowerCtx, r: int, deps: tuple, name: str, meta: dict, vs: int) -> tuple:
+        """The units of a B pass after deps[0], in backward order; returns the last task of every unit
+        (when the backward is not split) and the pass's last task."""
+        b, mb = ctx.blocks, meta["microbatch"]
+        ends: list = []
+        x = deps[0]
+        for unit, waits in zip(self._units(vs)[::-1], self._prefetching(r, vs, "B", name)):
             deps = (x,) + waits if x is not None else waits
             if unit == "head":
-                meta = self._meta(vs, mb, "B")
-                x = ctx.join(r, f"B{mb}.head.wait", deps, **meta)
-                x = column_backward(ctx, r, b.head, x, f"B{mb}.head", meta, self.split_w, self.mem.unit(unit, "B").free_bytes)
+                x = ctx.join(r, f"{name}.head.wait", deps, **meta)
+                x = column_backward(ctx, r, b.head, x, f"{name}.head", meta, self.split_w,
+                                    self.mem.unit(unit, "B").free_bytes)
             elif unit == "embed":
-                meta = self._meta(vs, mb, "B")
-                x = ctx.join(r, f"B{mb}.embed.wait", deps, **meta)
+                x = ctx.join(r, f"{name}.embed.wait", deps, **meta)
                 if ctx.par.sequence_parallel:  # conjugate of the embedding's reduce-scatter
-                    x = tp_op(ctx, r, x, f"B{mb}.embed_grad", "all_gather", meta)
+                    x = tp_op(ctx, r, x, f"{name}.embed_grad", "all_gather", meta)
                 if not self.split_w:  # the table's scatter-add is its weight gradient (W when split)
-                    x = ctx.compute(r, f"B{mb}.embed", b.embed.bwd, () if x is None else (x,), **meta)
+                    x = ctx.compute(r, f"{name}.embed", b.embed.bwd, () if x is None else (x,), **meta)
                 ctx.free_last(r, self.mem.unit(unit, "B").free_bytes)
             else:
                 d = self.mem.unit(unit, "B")  # its recompute's bytes: layer_emit, ctx.transient_bytes
                 ctx.alloc_next(r, d.alloc_bytes)  # the output gradients W will need beyond what B frees
-                x = self.stamp.call(layer_backward, r, deps, f"B{mb}.L{unit}", self._meta(vs, mb, "B", int(unit)),
+                x = self.stamp.call(layer_backward, r, deps, f"{name}.L{unit}", self._meta(vs, mb, "B", int(unit)),
                                     self.split_w, ctx.par.recompute, d.free_bytes)
             if not self.split_w:
-                ready.append((unit, x))
-        self._grads_ready(r, vs, f"B{mb}", ready, final, x)
-        self._send(r, vs, mb, "B", x)
+                ends.append(x)
+        return tuple(ends) + (x,)
 
     def _weight(self, r: int, vs: int, mb: int, dep: int | None) -> None:
-        ctx, b = self.ctx, self.ctx.blocks
+        """W of virtual stage vs for micro-batch mb (split backward schedules), stamped (see _forward)."""
         final = self._count(r, vs, "W")
-        ready: list = []
+        out = self.stamp.call(self._weight_units, r, (), f"W{mb}", self._meta(vs, mb, "W"), vs)
+        self._grads_ready(r, vs, f"W{mb}", list(zip(self._units(vs)[::-1], out[:-1])), final, out[-1])
+
+    def _weight_units(self, ctx: LowerCtx, r: int, deps: tuple, name: str, meta: dict, vs: int) -> tuple:
+        """The weight-gradient GEMMs of every unit, in backward order; returns each unit's last task
+        and the pass's last task."""
+        b, mb = ctx.blocks, meta["microbatch"]
+        ends: list = []
         x = None
         for unit in self._units(vs)[::-1]:
             meta = self._meta(vs, mb, "W", -1 if unit in ("embed", "head") else int(unit))
             if unit == "embed":
-                x = ctx.compute(r, f"W{mb}.embed", b.embed.bwd_w, () if x is None else (x,), **meta)
+                x = ctx.compute(r, f"{name}.embed", b.embed.bwd_w, () if x is None else (x,), **meta)
             elif unit == "head":
                 g = None
                 if ctx.par.sequence_parallel:  # the LM head's sequence-sharded input, gathered again
-                    g = ctx.tp_collective(r, f"W{mb}.head.input_all_gather", "all_gather", ctx.full_activation_bytes(),
+                    g = ctx.tp_collective(r, f"{name}.head.input_all_gather", "all_gather", ctx.full_activation_bytes(),
                                           (), "comm_tp", **meta)
-                x = ctx.compute(r, f"W{mb}.head", b.head.bwd_w, tuple(d for d in (x, g) if d is not None), **meta)
+                x = ctx.compute(r, f"{name}.head", b.head.bwd_w, tuple(d for d in (x, g) if d is not None), **meta)
             else:
-                x = self.stamp.call(layer_weight_grad, r, (x,), f"W{mb}.L{unit}", meta,
+                x = self.stamp.call(layer_weight_grad, r, (x,), f"{name}.L{unit}", meta,
                                     self.mem.unit(unit, "W").free_bytes)
-            ready.append((unit, x))
-        self._grads_ready(r, vs, f"W{mb}", ready, final, x)
+            ends.append(x)
+        return tuple(ends) + (x,)
 
     # ---- gradients and parameters --------------------------------------------------------------
     def _grads_ready(self, r: int, vs: int, action: str, units: list, final: bool, end: int) -> None:

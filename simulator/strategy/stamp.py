@@ -1,13 +1,14 @@
-"""Templates of repeated emission: a layer's tasks built once per shape, stamped out with id arithmetic.
+"""Templates of repeated emission: a pass's or a layer's tasks built once per shape, stamped out with id arithmetic.
 
 Identical layers of identical micro-batches emit identical task sequences that differ only in their
 ids, their names' micro-batch prefix, their ``microbatch`` field and the tasks they wait for outside
-(issue 20). ``Stamper.call`` runs an emitting function the first time it meets a key (the rank, the
-virtual stage, the layer, the phase, the activation bytes pending on the rank, the pattern of the
-outside dependencies and the function's other arguments: everything the emitted sequence depends on
-besides the micro-batch) and records what it appended; later calls with that key append the same
-tasks again with shifted ids, the new name prefix and micro-batch, and the new outside dependencies.
-The result is the graph the function itself would have built, task for task (a test compares).
+(issue 20). ``Stamper.call`` runs an emitting function (one F/B/W pass of a virtual stage, or one
+layer of it) the first time it meets a key (the function and its other arguments, the rank, the
+chunk, the layer, the phase, the activation bytes pending on the rank and the pattern of the outside
+dependencies: everything the emitted sequence depends on besides the micro-batch) and records what
+it appended; later calls with that key append the same tasks again with shifted ids, the new name
+prefix and micro-batch, and the new outside dependencies. The result is the graph the function
+itself would have built, task for task (tests/test_stamp.py compares).
 
 A recording is refused (the function then always runs itself) when the emitted tasks reach outside
 what the key captures: a dependency on an earlier task that was not passed in, a task on another
@@ -19,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import repeat
+from typing import Any
 
 from ..tasks import Task
 from .context import LowerCtx
@@ -46,7 +48,7 @@ class Template:
     mems: tuple[float, ...]
     groups: tuple[tuple[int, tuple[int, ...]], ...]  # (task offset, group) of barrier-numbered collectives
     lanes: tuple[tuple[str, tuple[int, ...]], ...]  # stream -> offsets of its tasks, in order
-    result: int  # offset of the returned task (>= 0), or ~index of an outside dependency
+    result: int | tuple[int, ...]  # the returned task (or tasks): offset (>= 0) or ~index of an outside dependency
     pending_after: float  # activation bytes the rank's next kernel allocates after the call
     last_kernel: int  # offset of the rank's latest activation kernel after the call; -1: unchanged
 
@@ -58,8 +60,9 @@ class Stamper:
         self.ctx = ctx
         self.templates: dict[tuple, Template | None] = {}
 
-    def call(self, fn: Callable[..., int], rank: int, deps: tuple, name: str, meta: dict, *args) -> int:
-        """``fn(ctx, rank, deps, name, meta, *args)``, from its template when one was recorded."""
+    def call(self, fn: Callable[..., Any], rank: int, deps: tuple, name: str, meta: dict, *args) -> Any:
+        """``fn(ctx, rank, deps, name, meta, *args)``, from its template when one was recorded; ``fn``
+        returns a task id or a tuple of them."""
         ctx = self.ctx
         ext = tuple(d for d in deps if d is not None)
         pending = ctx._pending_alloc.get(rank, 0.0)
@@ -72,8 +75,8 @@ class Stamper:
             return fn(ctx, rank, deps, name, meta, *args)
         return self._replay(tpl, rank, ext, name, meta["microbatch"], meta["chunk"])
 
-    def _record(self, key: tuple, fn: Callable[..., int], rank: int, deps: tuple, ext: tuple, name: str,
-                meta: dict, args: tuple) -> int:
+    def _record(self, key: tuple, fn: Callable[..., Any], rank: int, deps: tuple, ext: tuple, name: str,
+                meta: dict, args: tuple) -> Any:
         ctx, tasks = self.ctx, self.ctx.builder._tasks
         base = len(tasks)
         before = ctx._last_kernel.get(rank)
@@ -81,7 +84,11 @@ class Stamper:
         out = fn(ctx, rank, deps, name, meta, *args)
         after = ctx._last_kernel.get(rank)
         clean = before is None or tasks[before].mem_delta_bytes == before_mem
-        result = out - base if out is not None and out >= base else (~ext.index(out) if out in ext else None)
+        outs = out if isinstance(out, tuple) else (out,)
+        codes = [o - base if o is not None and o >= base else (~ext.index(o) if o in ext else None) for o in outs]
+        result: int | tuple[int, ...] | None = None
+        if None not in codes:
+            result = tuple(c for c in codes if c is not None) if isinstance(out, tuple) else codes[0]
         tpl = _template(tasks[base:], base, ext, name, rank, meta, ctx.stage(rank)) if clean else None
         if tpl is None or result is None:
             self.templates[key] = None
@@ -90,7 +97,7 @@ class Stamper:
                                        last_kernel=after - base if after is not None and after >= base else -1)
         return out
 
-    def _replay(self, tpl: Template, rank: int, ext: tuple, name: str, mb: int, chunk: int) -> int:
+    def _replay(self, tpl: Template, rank: int, ext: tuple, name: str, mb: int, chunk: int) -> Any:
         ctx = self.ctx
         b = ctx.builder
         base = len(b._tasks)
@@ -119,7 +126,9 @@ class Stamper:
         if tpl.last_kernel >= 0:
             ctx._last_kernel[rank] = base + tpl.last_kernel
         r = tpl.result
-        return base + r if r >= 0 else ext[~r]
+        if isinstance(r, int):
+            return base + r if r >= 0 else ext[~r]
+        return tuple([base + c if c >= 0 else ext[~c] for c in r])
 
 
 def _template(new: list[Task], base: int, ext: tuple, name: str, rank: int, meta: dict,
