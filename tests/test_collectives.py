@@ -222,13 +222,15 @@ def test_nvls_tree_across_two_nodes_runs_at_nccl_per_channel_ceiling():
     """NVLSTree: NVLink SHARP inside each node (S(1 + 1/8) each way at 5/6 of the NVLink rate) and
     S/8 per GPU through its NIC each way; on DGX H100 both allow more than NCCL 2.28's ceiling of
     57.7 GB/s bus bandwidth per NVLS channel on 2 nodes (8 heads, one per NIC), which binds;
-    latency 23 + 2 x 14 us."""
+    latency 23 + 2 x 14 us, plus the pipeline fill: 2 network hops of one 128 KB chunk for each of
+    16 channels x 8 heads, at the same rate."""
     topo = build_topology(H100.with_nodes(2))
     size = 8 * GiB
     t = collective_time_s(_coll("all_reduce", size, range(16)), topo, "nvls_tree")
     nvlink = topo.capacity_Bps[("gpu0", "nvs0")]
     assert size * (1 + 1 / 8) / (nvlink * 5 / 6) < size * 2 * 15 / 16 / (8 * 57.7e9)
-    expected = (23 + 2 * 14) * US + size * 2 * 15 / 16 / (8 * 57.7e9)
+    fill_bytes = 2 * 16 * 8 * 128 * 1024
+    expected = (23 + 2 * 14) * US + (size + fill_bytes) * 2 * 15 / 16 / (8 * 57.7e9)
     assert t == pytest.approx(expected, rel=1e-9)
     plan = plan_collective(_coll("all_reduce", size, range(16)), topo, "nvls_tree")
     nic_out = sum(f.size_bytes for s in plan.steps for f in s.flows if ("nic0.3", "leaf3.0") in f.links)
@@ -246,11 +248,14 @@ def test_nvls_tree_across_two_nodes_runs_at_nccl_per_channel_ceiling():
 
 
 def test_nvls_tree_is_nic_bound_on_slow_nics():
-    """With 8 x 100 Gb/s NICs the S/8 per NIC of NVLSTree binds: t = S/8 / NIC rate + latency."""
+    """With 8 x 100 Gb/s NICs the S/8 per NIC of NVLSTree binds: t = S/8 / NIC rate + latency, the
+    pipeline fill (2 hops x 16 channels x 8 heads x 128 KB) at the same rate."""
     slow = replace(H100, nic_bandwidth_Bps=12.5e9).with_nodes(2)
     topo = build_topology(slow)
     t = collective_time_s(_coll("all_reduce", 8 * GiB, range(16)), topo, "nvls_tree")
-    assert t == pytest.approx((23 + 2 * 14) * US + 8 * GiB / 8 / (12.5e9 * IB_EFFICIENCY), rel=1e-9)
+    fill_bytes = 2 * 16 * 8 * 128 * 1024
+    assert t == pytest.approx((23 + 2 * 14) * US + (8 * GiB + fill_bytes) / 8 / (12.5e9 * IB_EFFICIENCY),
+                              rel=1e-9)
 
 
 def test_fabric_profiles_restrict_the_tuner_as_their_vendors_prescribe():
@@ -269,12 +274,16 @@ def test_fabric_profiles_restrict_the_tuner_as_their_vendors_prescribe():
 
 def test_nvls_tree_ceiling_beyond_two_nodes_and_ring_plateau():
     """NCCL 2.28's NVLSTree ceiling over more than 2 nodes is 45.5 GB/s per channel (Hopper), so 4 DGX
-    H100 reach 8 x 45.5 GB/s busbw; latency 23 + 2 log2(4) x 14 us. The ring plateau (x1.4 latency)
-    applies to Simple all-reduce across nodes only, from 64 B per channel and rank."""
+    H100 reach 8 x 45.5 GB/s busbw; latency 23 + 2 log2(4) x 14 us; pipeline fill over 2 log2(4)
+    network hops of NCCL_NVLSTREE_MAX_CHUNKSIZE's 64 KB (4 nodes and more) per channel and head. The
+    ring plateau (x1.4 latency) applies to Simple all-reduce across nodes only, from 64 B per
+    channel and rank."""
     topo = build_topology(H100.with_nodes(4))
     size = 8 * GiB
     t = collective_time_s(_coll("all_reduce", size, range(32)), topo, "nvls_tree")
-    assert t == pytest.approx((23 + 4 * 14) * US + size * 2 * 31 / 32 / (8 * 45.5e9), rel=1e-9)
+    fill_bytes = 4 * 16 * 8 * 64 * 1024
+    assert t == pytest.approx((23 + 4 * 14) * US + (size + fill_bytes) * 2 * 31 / 32 / (8 * 45.5e9),
+                              rel=1e-9)
     assert tuner.ring_plateau("all_reduce", "simple", 2, 16 * 16 * 64, 16, 16, "hopper") == 1.4
     assert tuner.ring_plateau("all_reduce", "simple", 2, 16 * 16 * 64 - 1, 16, 16, "hopper") == 1.0
     assert tuner.ring_plateau("all_reduce", "ll128", 2, GiB, 16, 16, "hopper") == 1.0

@@ -10,6 +10,7 @@ time comes from max-min fair flows over the topology (``cost/fairshare``).
 from __future__ import annotations
 
 from ..hardware.topology import Topology
+from ..units import GB
 from ..tasks import COLLECTIVE_OPS, Collective
 from . import nccl_tuner as tuner
 from .algorithms import (GroupShape, Phase, direct_flows, group_shape, hierarchical_phases,
@@ -196,6 +197,8 @@ def _efficiency(topo: Topology, op: str, size: float, shape: GroupShape, alg: st
     channels = shape.rails if shape.uniform else 1
     cap = tuner.max_busbw_Bps(alg, proto, topo.cluster.gpu.architecture, shape.num_nodes,
                               channels)
+    if alg == "p2p":  # a send runs on as many P2P channels as its size earns (enqueue.cc)
+        cap = tuner.p2p_max_Bps(size, shape.n, shape.num_nodes, topo.cluster.nic_bandwidth_Bps / GB)
     if cap < float("inf") and bw_s_per_byte > 0:
         # NCCL converts bus to algorithm bandwidth with 1/2 for trees and nRanks/nSteps for rings
         # (and, since 2.28, for NVLS / NVLSTree: tuning.cc "ratio *= (1.0 * nRanks) / nsteps").
@@ -205,14 +208,26 @@ def _efficiency(topo: Topology, op: str, size: float, shape: GroupShape, alg: st
 
 
 def _estimate(topo: Topology, op: str, size: float, group: tuple[int, ...],
-              alg: str, proto: str, bw: float | None = None) -> float:
-    """Uncontended seconds of one algorithm/protocol; ``bw`` (seconds per byte) overrides the
-    fluid-timed value, e.g. with a lower bound of it (the time is non-decreasing in ``bw``)."""
+              alg: str, proto: str, bw: float | None = None, fill: bool = False) -> float:
+    """Uncontended seconds of one algorithm/protocol as NCCL's tuner models it, plus (``fill``) the
+    pipeline fill it leaves out; ``bw`` (seconds per byte) overrides the fluid-timed value, e.g.
+    with a lower bound of it (the time is non-decreasing in ``bw``)."""
     phases, bw_s = _unit_phases(topo, op, group, alg) if bw is None else (_phases(topo, op, group, alg), bw)
     shape = group_shape(group, topo)
     base, lats = _latencies(alg, proto, op, shape, phases, topo.cluster.gpu.architecture, size)
     eff = _efficiency(topo, op, size, shape, alg, proto, bw_s)
+    if fill:
+        base += _pipeline_fill_s(topo, alg, size, shape, bw_s / eff)
     return base + sum(p.repeat * lat for p, lat in zip(phases, lats)) + bw_s * size / eff
+
+
+def _pipeline_fill_s(topo: Topology, alg: str, size: float, shape: GroupShape, s_per_byte: float) -> float:
+    """Time NVLSTree's chunk pipelines take to fill across the tree's network hops, at the rate the
+    collective runs (``nccl_tuner.nvls_tree_pipeline_bytes``); 0 for the other algorithms."""
+    if alg != "nvls_tree":
+        return 0.0
+    return s_per_byte * tuner.nvls_tree_pipeline_bytes(size, topo.cluster.gpu.architecture,
+                                                        shape.rails, shape.num_nodes)
 
 
 def _bw_lower_bound(topo: Topology, op: str, group: tuple[int, ...], alg: str) -> float:
@@ -230,7 +245,7 @@ def _bw_lower_bound(topo: Topology, op: str, group: tuple[int, ...], alg: str) -
 
 def _best(topo: Topology, op: str, size: float, group: tuple[int, ...],
           algorithm: str | None) -> tuple[str, str, float]:
-    """(algorithm, protocol, uncontended seconds) of the fastest candidate, memoised."""
+    """(algorithm, protocol, uncontended seconds) of the candidate NCCL's tuner picks, memoised."""
     return _memoised(topo, "collective_best", (op, size, group, algorithm),
                      lambda: _pick(topo, op, size, group, algorithm))
 
@@ -248,7 +263,8 @@ def _pick(topo: Topology, op: str, size: float, group: tuple[int, ...],
             best = (alg, proto, t)
     if best is None:
         raise ValueError(f"no algorithm can run {op} over {len(group)} ranks")
-    return best
+    # NCCL picks by its tuner's model; the chosen one then also pays what that model leaves out
+    return best[0], best[1], _estimate(topo, op, size, group, best[0], best[1], fill=True)
 
 
 def _canonical(group: tuple[int, ...], topo: Topology) -> tuple[int, ...]:
@@ -288,6 +304,7 @@ def _build_plan(topo: Topology, op: str, size: float, group: tuple[int, ...],
     shape = group_shape(group, topo)
     base, lats = _latencies(alg, proto, op, shape, phases, topo.cluster.gpu.architecture, size)
     scale = size / _efficiency(topo, op, size, shape, alg, proto, bw)
+    base += _pipeline_fill_s(topo, alg, size, shape, bw * scale / size)
     steps = [CommStep(base)] if base > 0 else []
     for ph, lat in zip(phases, lats):
         flows = tuple(Flow(f.links, f.size_bytes * scale, f.weight) for f in ph.flows)

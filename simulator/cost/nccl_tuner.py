@@ -259,3 +259,96 @@ def p2p_latency_s(protocol: str, num_nodes: int) -> float:
 
 def p2p_protocol(bytes_per_peer: float) -> str:
     return "ll" if bytes_per_peer <= P2P_LL_THRESHOLD_BYTES else "simple"
+
+
+# --- P2P channels (NCCL 2.30.7, src/enqueue.cc addP2pToPlan / scheduleP2pTasksToPlan) ----------------
+# A send runs on nChannels P2P channels, each one CTA; the count depends on the size, so small and
+# medium sends run on few channels. paths.cc ncclTopoGetNchannels gives an NVLink peer
+# 2 * path_bw / nvlBw channels, pow2Up'ed (ncclTopoComputeP2pChannels); NVSwitch nodes print
+# "32 p2p channels, 32 p2p channels per peer" (NCCL INFO on 8 x A100 and on p5.48xlarge 8 x H100).
+P2P_NVL_CHANNELS = 32
+P2P_NVL_CHANNELS_PER_PEER = 32
+# paths.cc NCCL_P2P_PER_CHANNEL_NET_BW = 14 GB/s: NCCL's figure for what one P2P channel carries; it
+# gives a network peer max(NICs, ceil(NIC GB/s / 14)) channels. One P2P channel is one CTA running
+# the same copy loop over either transport, so it bounds NVLink P2P channels too.
+P2P_PER_CHANNEL_GBPS = 14.0
+# NCCL_MAX_DEV_WORK_P2P_PER_BATCH (device.h): peers per work batch in paths.cc's per-peer halving.
+P2P_PEERS_PER_BATCH = 8
+# init.cc computeBuffSizes: p2pChunkSize = NCCL_P2P_NVL_CHUNKSIZE 512 KB inside an NVLink node,
+# NCCL_P2P_NET_CHUNKSIZE 128 KB once the communicator spans nodes.
+P2P_NVL_CHUNK_BYTES = 512 * 1024
+P2P_NET_CHUNK_BYTES = 128 * 1024
+
+
+def _pow2_up(x: int) -> int:
+    return 1 << max(0, (int(x) - 1).bit_length())
+
+
+def p2p_channels_per_peer(num_nodes: int, n_ranks: int, nic_GBps: float) -> int:
+    """p2pnChannelsPerPeer: 32 over NVLink; across nodes max(1 NIC, ceil(NIC / 14 GB/s)), pow2Up,
+    halved while it times ceil(nRanks / 8) exceeds the 32 P2P channels (paths.cc)."""
+    if num_nodes <= 1:
+        return P2P_NVL_CHANNELS_PER_PEER
+    per_peer = _pow2_up(max(1, math.ceil(nic_GBps / P2P_PER_CHANNEL_GBPS)))
+    while per_peer * -(-n_ranks // P2P_PEERS_PER_BATCH) > P2P_NVL_CHANNELS and per_peer > 1:
+        per_peer //= 2
+    return min(per_peer, P2P_NVL_CHANNELS)
+
+
+def p2p_send_channels(size_bytes: float, n_ranks: int, num_nodes: int, nic_GBps: float = 0.0) -> int:
+    """Channels one send of ``size_bytes`` runs on (enqueue.cc): nChannelsMin is the per-peer count
+    halved until nChannelsMin * nRanks <= p2pnChannels; a send starts on min(nChannelsMin,
+    ceil(bytes / minPartSize)) and doubles while its part exceeds maxPartSize (chunk * 32 in one
+    node, one chunk across nodes) and the count stays <= half the per-peer maximum."""
+    most = p2p_channels_per_peer(num_nodes, n_ranks, nic_GBps)
+    least = most
+    while least * n_ranks > P2P_NVL_CHANNELS and least > 1:
+        least //= 2
+    step = P2P_NVL_CHUNK_BYTES if num_nodes <= 1 else P2P_NET_CHUNK_BYTES
+    min_part, max_part = (step // 8, step * 32) if num_nodes <= 1 else (step // 2, step)
+    size = max(1, int(size_bytes))
+    channels = max(1, min(least, -(-size // min_part)))
+    part = max(min_part, -(-size // channels))
+    while part > max_part and channels <= most // 2:
+        channels *= 2
+        part = -(-size // channels)
+    return channels
+
+
+def p2p_max_Bps(size_bytes: float, n_ranks: int, num_nodes: int, nic_GBps: float = 0.0) -> float:
+    """Bandwidth ceiling of one send: its channels times what one P2P channel carries."""
+    return p2p_send_channels(size_bytes, n_ranks, num_nodes, nic_GBps) * P2P_PER_CHANNEL_GBPS * GB
+
+
+# --- NVLSTree chunking (NCCL 2.30.7) -------------------------------------------------------------
+# transport/nvls.cc: NVLS_NCHANNELS_SM90 16 and NVLS_NCHANNELS_SM100 32 channels (multi-node);
+# NCCL_NVLS_CHUNKSIZE 128 KB; NCCL_NVLSTREE_MAX_CHUNKSIZE defaults to 64 KB from 4 nodes on, else the
+# chunk size.
+NVLS_CHANNELS = {"hopper": 16, "blackwell": 32}
+NVLS_CHUNK_BYTES = 128 * 1024
+NVLS_TREE_MAX_CHUNK_BYTES_4NODES = 64 * 1024
+# enqueue.cc calcCollChunking, NVLS_TREE: the chunk is cut to 256K / 128K / 64K / 32K while nBytes is
+# below 32 / 16 / 4 / 1 x concurrentOps x chunk (concurrentOps = nChannels x nHeads).
+NVLS_TREE_CHUNK_CUTS = ((32, 262144), (16, 131072), (4, 65536), (1, 32768))
+
+
+def nvls_tree_chunk_bytes(size_bytes: float, concurrent_ops: int, num_nodes: int) -> int:
+    chunk = NVLS_CHUNK_BYTES if num_nodes < 4 else min(NVLS_CHUNK_BYTES, NVLS_TREE_MAX_CHUNK_BYTES_4NODES)
+    for times, floor in NVLS_TREE_CHUNK_CUTS:
+        if size_bytes < times * concurrent_ops * chunk and chunk > floor:
+            chunk = floor
+    return chunk
+
+
+def nvls_tree_pipeline_bytes(size_bytes: float, architecture: str, heads: int, num_nodes: int) -> float:
+    """Bytes of the collective whose transfer time the NVLSTree pipeline adds before the first
+    chunk comes back: the collective runs as concurrentOps = channels x heads independent
+    pipelines, each moving its share in chunks; Simple forwards a chunk only once it has arrived
+    whole (store and forward), so each of the 2 x log2(nNodes) network hops of the tree (the hops
+    tuning.cc charges interLat for) holds one chunk per pipeline: a chunk's worth of time at the
+    pipeline's rate, i.e. ops x chunk bytes of the collective (all of it when a pipeline holds
+    less than a chunk)."""
+    ops = NVLS_CHANNELS.get(architecture, NVLS_CHANNELS["hopper"]) * max(1, heads)
+    chunk = nvls_tree_chunk_bytes(size_bytes, ops, num_nodes)
+    hops = 2 * int(math.log2(num_nodes))
+    return hops * min(float(size_bytes), float(ops * chunk))
