@@ -10,6 +10,7 @@ import gzip
 import json
 from dataclasses import dataclass, field
 from functools import cached_property, partial
+from itertools import chain
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
@@ -108,29 +109,53 @@ class Trace:
 class ColumnTrace(Trace):
     """A simulated Trace held as columns (the engine's task tuples and start/end lists); the
     TraceEvents are made on first use of ``events``, all at once in C loops (``zip``/``map``),
-    equal to those built one by one. The few answers metrics need come from the columns."""
+    equal to those built one by one. The few answers metrics need come from the columns: with
+    ``lanes`` (the task graph's (rank, stream) -> task ids in program order, along which end times
+    never decrease) a rank's last end and its events are found without making the others'."""
 
     _columns: tuple[Sequence[tuple], Sequence[float], Sequence[float], Sequence[float]]
+    _lanes: dict
 
     def __init__(self, tasks: Sequence[tuple], start_s: Sequence[float], end_s: Sequence[float],
                  flops: Sequence[float], source: str = "simulated", rank_labels: dict | None = None,
-                 metadata: dict | None = None) -> None:
+                 metadata: dict | None = None, lanes: dict | None = None) -> None:
         for name, value in (("source", source), ("rank_labels", dict(rank_labels or {})),
-                            ("metadata", dict(metadata or {})), ("_columns", (tasks, start_s, end_s, flops))):
+                            ("metadata", dict(metadata or {})), ("_columns", (tasks, start_s, end_s, flops)),
+                            ("_lanes", lanes or {})):
             object.__setattr__(self, name, value)
 
     @cached_property
     def events(self) -> tuple[TraceEvent, ...]:  # type: ignore[override]
+        return tuple(self._make(range(len(self._columns[0]))))
+
+    def _make(self, ids: Sequence[int]) -> list[TraceEvent]:
+        """The events of tasks ``ids``, in that order."""
         tasks, start, end, flops = self._columns
+        sub = list(map(tasks.__getitem__, ids))
         # tasks.Task fields: name 1, rank 3, stream 4, category 5, stage 9, microbatch 10, chunk 11,
         # phase 12, layer 13, mem_delta_bytes 14
-        col = [list(map(itemgetter(k), tasks)) for k in (1, 5, 3, 4, 9, 10, 11, 12, 13, 14)]
-        rows = zip(*col[:4], start, end, *col[4:9], flops, col[9])
-        return tuple(map(partial(tuple.__new__, TraceEvent), rows))  # type: ignore[arg-type]
+        col = [list(map(itemgetter(k), sub)) for k in (1, 5, 3, 4, 9, 10, 11, 12, 13, 14)]
+        at = [list(map(c.__getitem__, ids)) for c in (start, end, flops)]
+        rows = zip(*col[:4], at[0], at[1], *col[4:9], at[2], col[9])
+        return list(map(partial(tuple.__new__, TraceEvent), rows))  # type: ignore[arg-type]
+
+    def on(self, rank: int, stream: str | None = None) -> list[TraceEvent]:
+        if not self._lanes or "events" in self.__dict__:
+            return super().on(rank, stream)
+        lanes = [ids for (r, s), ids in self._lanes.items() if r == rank and (stream is None or s == stream)]
+        return self._make(sorted(chain.from_iterable(lanes)))
 
     def last_end_by_rank(self) -> dict[int, float]:
         tasks, _, end, _ = self._columns
-        last: dict[int, float] = {}
+        if self._lanes:  # each lane's last task ends last; ranks by their first task
+            first: dict[int, int] = {}
+            last: dict[int, float] = {}
+            for (rank, _stream), ids in self._lanes.items():
+                if ids:
+                    first[rank] = min(first.get(rank, ids[0]), ids[0])
+                    last[rank] = max(last.get(rank, end[ids[-1]]), end[ids[-1]])
+            return {r: last[r] for r in sorted(first, key=first.__getitem__)}
+        last = {}
         for rank, e in zip(map(itemgetter(3), tasks), end):
             if e > last.get(rank, float("-inf")):
                 last[rank] = e

@@ -16,10 +16,12 @@ rank as a list scheduler. ``simulate_graph`` wires them together.
 
 from __future__ import annotations
 
+from collections import Counter, deque
 from collections.abc import Callable, Generator
 from typing import Any
 from dataclasses import dataclass
 from functools import cached_property, partial
+from itertools import repeat
 from operator import itemgetter
 from typing import Protocol
 
@@ -223,29 +225,26 @@ def simulate_graph(graph: TaskGraph, cost: TaskCost, capacity_Bps: dict | None =
     clocks = Clocks(env, n)
     transfers = Transfers(env, cost, capacity_Bps or {})
     durations = [cost.duration_s(t) for t in tasks]
-    participants: dict[int, int] = {}
-    for t in tasks:
-        if t.sync_key >= 0:
-            participants[t.sync_key] = participants.get(t.sync_key, 0) + 1
+    sync = list(map(itemgetter(15), tasks))  # Task.sync_key
+    participants = Counter(filter((-1).__ne__, sync))
     barriers = {k: Barrier(env, c) for k, c in participants.items() if c > 1}
     static: dict[int, list[tuple[int, ...]]] = {}
     group_of = [-1] * n  # the rank whose static process runs the task, -1 for a network stream's task
     for (rank, _stream), ids in graph.streams.items():
-        if all(durations[i] is not None and tasks[i].sync_key not in barriers for i in ids):
+        if None not in map(durations.__getitem__, ids) and barriers.keys().isdisjoint(map(sync.__getitem__, ids)):
             static.setdefault(rank, []).append(ids)
-            for i in ids:
-                group_of[i] = rank
+            deque(map(group_of.__setitem__, ids, repeat(rank)), 0)
         else:
             env.process(stream(clocks, tasks, durations, ids, barriers, transfers))
     deps = list(map(itemgetter(6), tasks))  # Task.deps
     for rank, lanes in static.items():
         env.process(static_lanes(clocks, deps, durations, rank, lanes, group_of, tasks))
     env.run()
-    missing = [tasks[i].name for i in range(n) if clocks.end[i] is None]
-    if missing:
+    if None in clocks.end:
+        missing = [tasks[i].name for i in range(n) if clocks.end[i] is None]
         raise InternalError(f"simulation deadlocked: {len(missing)} tasks never ran, first {missing[0]!r}")
     end: list[float] = clocks.end  # type: ignore[assignment]
-    trace = ColumnTrace(tasks, clocks.start, end, _flops(tasks), "simulated", rank_labels, metadata)
+    trace = ColumnTrace(tasks, clocks.start, end, _flops(tasks), "simulated", rank_labels, metadata, graph.streams)
     return SimResult(trace, clocks.start, end, max(end) if n else 0.0, transfers.net,
                      transfers.contention)
 

@@ -101,16 +101,18 @@ class Stamper:
         ctx = self.ctx
         b = ctx.builder
         base = len(b._tasks)
-        deps: list[tuple[int, ...]] = list(zip(map(base.__add__, tpl.single)))
+        ids = list(range(base, base + len(tpl.single)))  # one int object per id, shared by deps and lanes
+        at = ids.__getitem__
+        deps: list[tuple[int, ...]] = list(zip(map(at, tpl.single)))
         for k, codes in tpl.special:
-            deps[k] = tuple([base + o if o >= 0 else ext[~o] for o in codes])
+            deps[k] = tuple([ids[o] if o >= 0 else ext[~o] for o in codes])
         syncs: Iterable[int] = repeat(-1)
         if tpl.groups:
             syncs = [-1] * len(deps)
             for k, group in tpl.groups:
                 syncs[k] = ctx.sync_key(rank, group)
         b._tasks.extend(map(_new, repeat(Task), zip(
-            range(base, base + len(deps)), map(name.__add__, tpl.suffixes), tpl.kinds, repeat(rank), tpl.streams,
+            ids, map(name.__add__, tpl.suffixes), tpl.kinds, repeat(rank), tpl.streams,
             tpl.categories, deps, tpl.works, tpl.comms, repeat(ctx.stage(rank)), repeat(mb), repeat(chunk),
             tpl.phases, tpl.layers, tpl.mems, syncs)))
         streams = b._streams
@@ -118,7 +120,7 @@ class Stamper:
             lane = streams.get((rank, stream))
             if lane is None:
                 lane = streams[(rank, stream)] = []
-            lane.extend(map(base.__add__, offsets))
+            lane.extend(map(at, offsets))
         if tpl.pending_after:
             ctx._pending_alloc[rank] = tpl.pending_after
         else:
