@@ -133,7 +133,8 @@ def kineto_doc(result, rank: int = 0, steps: int = 3, annotate: bool = True, sch
     period_s = result.metrics["iteration_time_s"]
     w = _Writer(schema, vendor, offset_us=1.0e6)
     for k in range(steps):
-        w.offset_us = 1.0e6 + k * period_s * S_TO_US
+        if k:  # the next step starts exactly where the last one's span ends (ts + dur, same float sum)
+            w.offset_us += period_s * S_TO_US
         w.x("user_annotation", f"{STEP_PREFIX}{k}", HOST_PID, MAIN_TID, 0.0, period_s)
         w.x("gpu_user_annotation", f"{STEP_PREFIX}{k}", 0, COMPUTE_STREAM_ID, 0.0, period_s)
         opt = [s for s in ops if s.phase == "O"]
