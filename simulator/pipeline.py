@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .analysis.memory import MemoryReport, memory_report
-from .analysis.metrics import critical_rank, exposed_breakdown, summarize
+from .analysis.metrics import busiest_rank, critical_rank, exposed_breakdown, summarize
 from .cost.model import CostModel
 from .cost.plan import CommPlan
 from .cost.siblings import fast_mode_cost
@@ -125,12 +125,14 @@ def _simulate(scn: Scenario, full: bool, topo: Topology) -> RunResult:
     trace = sim.trace
     rank = critical_rank(trace)
     breakdown = exposed_breakdown(trace, rank, 0.0, sim.makespan_s)
+    busiest = busiest_rank(trace, list(plan.graph.ranks))
+    busy_breakdown = breakdown if busiest == rank else exposed_breakdown(trace, busiest, 0.0, sim.makespan_s)
     # symmetric mode: each simulated rank stands for the dp·cp·tp ranks of its stage
     replicas = 1 if full else scn.parallel.dp * scn.parallel.cp * scn.parallel.tp
     hw_flops = trace.total_flops() * replicas
     mem = memory_report(scn, plan.stage_params, trace)
     metrics = summarize(scn, sim.makespan_s, model_flops_per_iteration(scn), hw_flops, breakdown, mem.peak,
-                        mem.capacity_bytes, mem.fits, sim.contention_s)
+                        mem.capacity_bytes, mem.fits, sim.contention_s, (busiest, busy_breakdown))
     return RunResult(scn, plan, topo, sim, mem, metrics)
 
 

@@ -15,6 +15,8 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 
+import numpy as np
+
 from .units import S_TO_US
 
 
@@ -94,6 +96,11 @@ class Trace:
     def on(self, rank: int, stream: str | None = None) -> list[TraceEvent]:
         return [e for e in self.by_rank.get(rank, ()) if stream is None or e.stream == stream]
 
+    def busy_s(self, rank: int) -> float:
+        """Seconds during which at least one of ``rank``'s streams is busy (the union of its events)."""
+        events = self.by_rank.get(rank, ())
+        return union_length_s([e.start_s for e in events], [e.end_s for e in events])
+
     def last_end_by_rank(self) -> dict[int, float]:
         """rank -> the latest end of its events, ranks in order of first appearance."""
         last: dict[int, float] = {}
@@ -163,6 +170,31 @@ class ColumnTrace(Trace):
 
     def total_flops(self) -> float:
         return sum(self._columns[3])
+
+    def busy_s(self, rank: int) -> float:
+        if not self._lanes:
+            return super().busy_s(rank)
+        lanes = [v for (r, _s), v in self._lanes.items() if r == rank]
+        if not lanes:
+            return 0.0
+        start, end = self._arrays
+        ids = np.concatenate([np.asarray(v, dtype=np.int64) for v in lanes])
+        return union_length_s(start[ids], end[ids])
+
+    @cached_property
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.asarray(self._columns[1], dtype=float), np.asarray(self._columns[2], dtype=float)
+
+
+def union_length_s(start_s, end_s) -> float:
+    """Length of the union of the intervals [start_s[i], end_s[i]] (arrays or sequences)."""
+    start_s, end_s = np.asarray(start_s, dtype=float), np.asarray(end_s, dtype=float)
+    if not start_s.size:
+        return 0.0
+    order = np.argsort(start_s, kind="stable")
+    a, b = start_s[order], end_s[order]
+    reach = np.concatenate(([-np.inf], np.maximum.accumulate(b)[:-1]))
+    return float(np.clip(b - np.maximum(a, reach), 0.0, None).sum())
 
 
 def to_chrome_json(trace: Trace) -> dict:

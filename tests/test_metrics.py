@@ -107,3 +107,42 @@ def test_offload_copies_cross_pcie_and_contend_with_the_nic_traffic():
     # across nodes, gradient buckets leave through the GPU's PCIe link to its NIC while earlier
     # shards go to the host over the same link
     assert _offload(2).metrics["network_contention_s"].get("offload", 0.0) > 0
+
+
+def test_union_length_of_intervals_counts_overlaps_once():
+    from simulator.trace import union_length_s
+    assert union_length_s([0.0, 1.0, 5.0, 2.0], [2.0, 3.0, 6.0, 2.5]) == 4.0  # [0,3] and [5,6]
+    assert union_length_s([], []) == 0.0
+    assert union_length_s([1.0, 1.0], [4.0, 2.0]) == 3.0
+
+
+def test_the_busiest_rank_is_the_heavy_stage_that_the_last_ending_rank_waits_for():
+    """A pipeline whose second stage holds 15 of 24 layers: the rank that ends last is a light stage,
+    idle most of the step; the busiest rank (idle the least) is the heavy stage's, its breakdown adds
+    up to the step too, and the console summary shows it."""
+    from simulator.analysis.report import format_summary
+    from simulator.pipeline import simulate
+    from simulator.scenario import scenario_from_dict
+    r = simulate(scenario_from_dict({
+        "model": {"preset": "gpt3-1.3b"}, "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 1},
+        "parallelism": {"tp": 1, "pp": 4, "dp": 2, "layers_per_stage": [3, 15, 3, 3]},
+        "training": {"global_batch_size": 16}}, default_name="imbalanced"))
+    m, trace = r.metrics, r.sim.trace
+    heavy = r.plan.graph.ranks[1]
+    assert m["busiest_rank"]["rank"] == heavy
+    assert trace.busy_s(heavy) == max(trace.busy_s(rank) for rank in r.plan.graph.ranks)
+    busy = m["busiest_rank"]["time_breakdown_s"]
+    assert sum(busy.values()) == pytest.approx(m["iteration_time_s"])
+    assert busy["bubble"] < 0.05 * m["iteration_time_s"] < m["time_breakdown_s"]["bubble"]
+    assert f"busiest rank {heavy}" in format_summary(m)
+
+
+def test_a_balanced_plan_shows_one_breakdown():
+    from simulator.analysis.report import format_summary
+    from simulator.pipeline import simulate
+    from simulator.scenario import scenario_from_dict
+    r = simulate(scenario_from_dict({
+        "model": {"preset": "gpt3-1.3b"}, "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 1},
+        "parallelism": {"tp": 2, "pp": 1, "dp": 4}, "training": {"global_batch_size": 8}}, default_name="flat"))
+    assert r.metrics["busiest_rank"]["rank"] in r.plan.graph.ranks
+    assert "busiest rank" not in format_summary(r.metrics)

@@ -64,9 +64,16 @@ def critical_rank(trace: Trace) -> int:
     return min(last, key=lambda r: (-last[r], r))
 
 
+def busiest_rank(trace: Trace, ranks: list[int]) -> int:
+    """The rank idle the least (the longest union of busy streams): the pipeline's bottleneck stage,
+    whose own work sets the step; the rank that ends last (``critical_rank``) can be a light stage
+    waiting for it. Lowest rank on ties."""
+    return min(sorted(ranks), key=lambda r: -trace.busy_s(r))
+
+
 def summarize(scn, iteration_time_s: float, model_flops: float, hardware_flops: float,
               breakdown: dict[str, float], memory_peak: dict, capacity_bytes: float, fits: bool,
-              contention_s: dict | None = None) -> dict:
+              contention_s: dict | None = None, busiest: tuple[int, dict] | None = None) -> dict:
     """metrics.json (DESIGN.md §4.3); MFU/HFU against the GPU's dense peak (PaLM, Chowdhery 2022 App. B)."""
     n = scn.num_gpus
     peak = scn.cluster.gpu.peak(scn.training.dtype)
@@ -91,4 +98,8 @@ def summarize(scn, iteration_time_s: float, model_flops: float, hardware_flops: 
         # extension: seconds network transfers took beyond their time alone, summed per category
         # (shared links: DP buckets slowing PP sends on the same NIC, ...); not exposed time
         "network_contention_s": dict(contention_s or {}),
+        # extension: the rank idle the least (the bottleneck pipeline stage) and its exposed breakdown;
+        # time_breakdown_s is read on the rank that ends last, which waits for it
+        "busiest_rank": ({"rank": busiest[0], "time_breakdown_s": busiest[1]} if busiest
+                         else {"rank": None, "time_breakdown_s": dict(breakdown)}),
     }

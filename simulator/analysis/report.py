@@ -12,6 +12,9 @@ from pathlib import Path
 
 from ..units import GiB, MS
 
+# The busiest rank's breakdown is shown too when its idle time is shorter than the slowest rank's by
+# more than this share of the iteration (a pipeline whose stages differ: the last-ending rank waits).
+BUSIEST_SHOWN_ABOVE = 0.05
 # Order of DESIGN.md §4.3 time_breakdown_s and memory_bytes.
 BREAKDOWN_KEYS = ("compute", "recompute", "comm_tp", "comm_cp", "comm_ep", "comm_pp", "comm_dp",
                   "bubble", "optimizer", "offload", "other")
@@ -75,9 +78,10 @@ def summary_rows(metrics: dict) -> list[tuple[str, str]]:
     ]
 
 
-def breakdown_rows(metrics: dict) -> list[tuple[str, float, float | None]]:
-    """(category, seconds, fraction of the iteration) for every category in time_breakdown_s."""
-    breakdown = metrics.get("time_breakdown_s") or {}
+def breakdown_rows(metrics: dict, breakdown: dict | None = None) -> list[tuple[str, float, float | None]]:
+    """(category, seconds, fraction of the iteration) for every category of ``breakdown`` (by default
+    time_breakdown_s)."""
+    breakdown = breakdown if breakdown is not None else metrics.get("time_breakdown_s") or {}
     iteration = _num(metrics, "iteration_time_s")
     keys = [k for k in BREAKDOWN_KEYS if k in breakdown]
     keys += sorted(k for k in breakdown if k not in BREAKDOWN_KEYS)
@@ -91,12 +95,31 @@ def format_summary(metrics: dict) -> str:
     rows = summary_rows(metrics)
     width = max(len(label) for label, _ in rows)
     lines += [f"  {label:<{width}}  {value}" for label, value in rows]
-    parts = [(k, s, f) for k, s, f in breakdown_rows(metrics) if s > 0.0]
-    if parts:
-        lines.append("  time breakdown (exposed, slowest rank):")
-        cat_w = max(len(k) for k, _, _ in parts)
-        lines += [f"    {k:<{cat_w}}  {fmt_seconds(s):>11}  {fmt_pct(f):>6}" for k, s, f in parts]
+    lines += _breakdown_lines("time breakdown (exposed, slowest rank):", breakdown_rows(metrics))
+    busiest = busiest_breakdown(metrics)
+    if busiest is not None:
+        rank, rows = busiest
+        lines += _breakdown_lines(f"busiest rank {rank} (idle the least: the pipeline's bottleneck stage):", rows)
     return "\n".join(lines)
+
+
+def busiest_breakdown(metrics: dict) -> tuple[int, list[tuple[str, float, float | None]]] | None:
+    """(rank, rows) of the busiest rank's breakdown when it tells another story than the slowest
+    rank's: its idle time is shorter by more than BUSIEST_SHOWN_ABOVE of the iteration."""
+    busiest = metrics.get("busiest_rank") or {}
+    b, main = busiest.get("time_breakdown_s") or {}, metrics.get("time_breakdown_s") or {}
+    t = _num(metrics, "iteration_time_s")
+    if not b or not t or main.get("bubble", 0.0) - b.get("bubble", 0.0) <= BUSIEST_SHOWN_ABOVE * t:
+        return None
+    return busiest.get("rank"), breakdown_rows(metrics, b)
+
+
+def _breakdown_lines(title: str, rows) -> list[str]:
+    parts = [(k, s, f) for k, s, f in rows if s > 0.0]
+    if not parts:
+        return []
+    cat_w = max(len(k) for k, _, _ in parts)
+    return [f"  {title}"] + [f"    {k:<{cat_w}}  {fmt_seconds(s):>11}  {fmt_pct(f):>6}" for k, s, f in parts]
 
 
 def _table(header: tuple[str, ...], rows) -> str:
@@ -134,6 +157,12 @@ def write_report(out_dir, metrics: dict, images: list[str],
         md += ["## Time breakdown", "",
                "Exposed time on the slowest rank, in seconds and as a share of the iteration.", "",
                _table(("category", "seconds", "% of iteration"), table), ""]
+    busiest = busiest_breakdown(metrics)
+    if busiest is not None:
+        md += [f"Busiest rank {busiest[0]} (idle the least: the pipeline's bottleneck stage, which the slowest "
+               "rank waits for):", "",
+               _table(("category", "seconds", "% of iteration"),
+                      [(k, f"{s:.6f}", fmt_pct(f)) for k, s, f in busiest[1]]), ""]
 
     memory = metrics.get("memory_bytes") or {}
     if memory:

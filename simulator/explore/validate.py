@@ -81,6 +81,7 @@ def evaluate_row(row: dict) -> dict:
     p = scn.parallel
     out.update(status="ok", predicted_s=m["iteration_time_s"], error=m["iteration_time_s"] / out["measured_s"] - 1,
                num_gpus=m["num_gpus"], mfu=m["mfu"], hfu=m["hfu"], breakdown=m["time_breakdown_s"],
+               busiest_rank=m["busiest_rank"]["rank"], busiest_breakdown=m["busiest_rank"]["time_breakdown_s"],
                plan=f"tp{p.tp} pp{p.pp} dp{p.dp}" + (f" v{p.virtual_stages}" if p.virtual_stages > 1 else "")
                + f" mb{scn.training.micro_batch_size} z{p.zero_stage} {p.recompute}")
     return out
@@ -130,22 +131,24 @@ def summary(results: list[dict]) -> dict:
 
 
 def markdown_table(results: list[dict]) -> str:
-    head = ("| run | GPUs | plan | measured s | predicted s | error | MFU | compute | recompute | TP | PP | DP | bubble |\n"
-            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    head = ("| run | GPUs | plan | measured s | predicted s | error | MFU | compute | recompute | TP | EP | PP | DP "
+            "| bubble |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     lines = [head]
     for r in results:
         if r["status"] != "ok":
-            lines.append(f"| {r['name']} | | failed: {r['reason']} | {r['measured_s']} | | | | | | | | | |")
+            lines.append(f"| {r['name']} | | failed: {r['reason']} | {r['measured_s']} | | | | | | | | | | |")
             continue
-        b = r["breakdown"]
+        b = r["busiest_breakdown"]
         lines.append(f"| {r['name']} | {r['num_gpus']} | {r['plan']} | {r['measured_s']:.2f} | {r['predicted_s']:.2f} | "
                      f"{100 * r['error']:+.1f}% | {100 * r['mfu']:.1f}% | {b['compute']:.2f} | {b['recompute']:.2f} | "
-                     f"{b['comm_tp']:.2f} | {b['comm_pp']:.2f} | {b['comm_dp']:.2f} | {b['bubble']:.2f} |")
+                     f"{b['comm_tp']:.2f} | {b['comm_ep']:.2f} | {b['comm_pp']:.2f} | {b['comm_dp']:.2f} | "
+                     f"{b['bubble']:.2f} |")
     s = summary(results)
     if s["mape"] is not None:
         lines.append(f"\nMAPE {100 * s['mape']:.1f}%, max |error| {100 * s['max_abs_error']:.1f}% over {s['ok']} rows"
                      + (f", {s['failed']} failed" if s["failed"] else "")
-                     + ". Breakdown columns: exposed seconds on the critical rank.")
+                     + ". Breakdown columns: exposed seconds on the busiest rank (idle the least: the "
+                     "bottleneck pipeline stage).")
         if len(s["by_source"]) > 1:
             lines += [f"- {src or 'unnamed source'}: MAPE {100 * e['mape']:.1f}%, max |error| "
                       f"{100 * e['max_abs_error']:.1f}%, mean error {100 * e['mean_error']:+.1f}% over {e['ok']} rows"
