@@ -145,6 +145,19 @@ def test_pruned_plans_are_exactly_those_that_do_not_fit(tmp_path):
         assert simulate(c.scn).memory.fits, c.plan.label()
 
 
+def test_candidates_estimated_in_worker_processes_are_those_of_one_process():
+    """The groups of plans split over worker processes (search._shards): the same candidates in the
+    same order, the same counts and the same pruned rows in the same order."""
+    space = SearchSpace(micro_batch_sizes=(1, 8), zero_stages=(0, 1, 3))
+    runs = []
+    for jobs in (1, 2):
+        counts = dict.fromkeys(("enumerated", "invalid", "pruned_memory", "dominated"), 0)
+        pruned: list = []
+        kept = candidates(base_of(MEDIUM), space, EstimateCache(), counts, pruned, jobs)
+        runs.append(([(c.plan, c.scn, c.memory_bytes, c.bound_s, c.tp_bound_s) for c in kept], counts, pruned))
+    assert runs[0] == runs[1] and runs[0][0] and runs[0][2]
+
+
 # ---- ranking --------------------------------------------------------------------------------------
 def test_search_top_k_is_exact_and_deterministic(tmp_path):
     space = SearchSpace(micro_batch_sizes=(1, 2), zero_stages=(0, 1))

@@ -19,7 +19,9 @@ from __future__ import annotations
 import json
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
+from itertools import chain
 from pathlib import Path
 
 from ..hardware.clusters import CLUSTER_PRESETS
@@ -28,7 +30,7 @@ from ..scenario_checks import ScenarioError
 from ..units import GiB
 from .enumerate import PLAN_FIELDS, RECOMPUTE_ORDER, Plan, SearchSpace, enumerate_plans, valid_plans
 from .estimate import EstimateCache, estimate
-from .evaluate import RESULT_COLUMNS, CsvStream, Evaluator, flatten, progress
+from .evaluate import RESULT_COLUMNS, CsvStream, Evaluator, default_jobs, flatten, progress
 from .sweep import BaseScenario, read_base, render_table
 
 ESTIMATE_COLUMNS = ("estimated_memory_bytes", "time_lower_bound_s", "tp_comm_bound_s")
@@ -83,9 +85,10 @@ def _probe(base: BaseScenario):
 
 
 def candidates(base: BaseScenario, space: SearchSpace, cache: EstimateCache, counts: dict,
-               pruned: list | None = None) -> list[Candidate]:
+               pruned: list | None = None, jobs: int = 1) -> list[Candidate]:
     """Valid plans that fit, after the dominance rules, each with its estimates, in bound order; the
-    plans that do not fit are appended to ``pruned`` as CSV rows."""
+    plans that do not fit are appended to ``pruned`` as CSV rows. With ``jobs`` > 1 the groups of
+    plans are estimated in that many worker processes (``_shards``), with the same result."""
     scn0 = _probe(base)
     batch = base.raw.get("training", {}).get("global_batch_size", scn0.training.global_batch_size)
     lps = scn0.parallel.layers_per_stage if "layers_per_stage" in base.raw.get("parallelism", {}) else None
@@ -93,42 +96,88 @@ def candidates(base: BaseScenario, space: SearchSpace, cache: EstimateCache, cou
     for plan in enumerate_plans(scn0.model, scn0.num_gpus, batch, space, lps, scn0.cluster, scn0.training.dtype):
         counts["enumerated"] += 1
         groups.setdefault(replace(plan, zero_stage=0, recompute=""), []).append(plan)
+    plans = list(groups.values())
+    if jobs > 1 and len(plans) > 1:
+        shards = _shards(plans, jobs)
+        with ProcessPoolExecutor(max_workers=len(shards)) as pool:
+            done = pool.map(_estimate_shard, [base] * len(shards), [space] * len(shards),
+                            [[plans[k] for k in shard] for shard in shards])
+            per_group = dict(zip(chain.from_iterable(shards), chain.from_iterable(done)))
+    else:
+        per_group = {k: _estimate_group(base, space, group, cache) for k, group in enumerate(plans)}
     out = []
-    for plans in groups.values():
-        fits: dict = {}
-        for plan, scn, _reason in valid_plans(plans, base.with_plan):
-            if scn is None:
-                counts["invalid"] += 1
-                continue
-            try:
-                est = estimate(scn, cache, with_time=False)
-            except ValueError:  # a combination the scenario rules accept but the lowering cannot split
-                counts["invalid"] += 1
-                continue
-            fits[plan.zero_stage, plan.recompute] = (plan, scn, est) if est.fits else None
-            if not est.fits:
-                counts["pruned_memory"] += 1
-                if pruned is not None:
-                    pruned.append({"label": plan.label(), **plan.as_dict(), "estimated_memory_bytes": est.total_bytes,
-                                   "status": "pruned-memory", "reason": f"estimated peak {est.total_bytes / GiB:.1f} "
-                                   f"GiB > capacity {est.capacity_bytes / GiB:.1f} GiB (stage {est.worst_stage})"})
-        for (zero, rc), entry in sorted(fits.items(), key=lambda kv: (kv[0][0], RECOMPUTE_ORDER.index(kv[0][1]))):
-            if entry is None:
-                continue
-            lesser = any(fits.get((zero, r)) for r in RECOMPUTE_ORDER[:RECOMPUTE_ORDER.index(rc)])
-            below = zero == 3 and any(v for (z, _), v in fits.items() if z < 3)
-            if space.prune_dominated and (lesser or below):
-                counts["dominated"] += 1
-                continue
-            plan, scn, est = entry
-            try:
-                full = estimate(scn, cache)
-            except ValueError:  # the sharding of the layer's ops rejects it (see above)
-                counts["invalid"] += 1
-                continue
-            out.append(Candidate(plan, scn, full.total_bytes, full.time_lower_bound_s, full.tp_comm_bound_s))
+    for k in range(len(plans)):  # in enumeration order: the CSV rows come out as from one process
+        delta, kept, rows = per_group[k]
+        for key, n in delta.items():
+            counts[key] += n
+        out += kept
+        if pruned is not None:
+            pruned += rows
     out.sort(key=lambda c: (c.bound_s, c.plan))
     return out
+
+
+def _shards(groups: list[list[Plan]], jobs: int) -> list[list[int]]:
+    """Group indices split into ``jobs`` shards of about equal plan counts, keeping groups of one
+    pipeline shape (pp, schedule, virtual stages, micro-batch size: the estimate's costliest cached
+    sub-results, its action lists and rank profiles) in one shard."""
+    shapes: dict = {}
+    for k, g in enumerate(groups):
+        p = g[0]
+        shapes.setdefault((p.pp, p.schedule, p.virtual_stages, p.micro_batch_size), []).append(k)
+    shards: list[list[int]] = [[] for _ in range(jobs)]
+    load = [0] * jobs
+    for ks in sorted(shapes.values(), key=lambda ks: -sum(len(groups[k]) for k in ks)):
+        i = load.index(min(load))
+        shards[i] += ks
+        load[i] += sum(len(groups[k]) for k in ks)
+    return [sorted(s) for s in shards if s]
+
+
+def _estimate_shard(base: BaseScenario, space: SearchSpace, groups: list[list[Plan]]) -> list[tuple]:
+    """``_estimate_group`` of every group, in a worker process with its own estimate cache."""
+    cache = EstimateCache()
+    return [_estimate_group(base, space, g, cache) for g in groups]
+
+
+def _estimate_group(base: BaseScenario, space: SearchSpace, plans: list[Plan],
+                    cache: EstimateCache) -> tuple[dict, list[Candidate], list[dict]]:
+    """Plans that differ only in ZeRO stage and recompute: (count increments, candidates that fit
+    after the dominance rules, CSV rows of those that do not fit)."""
+    delta = dict.fromkeys(("invalid", "pruned_memory", "dominated"), 0)
+    rows, out = [], []
+    fits: dict = {}
+    for plan, scn, _reason in valid_plans(plans, base.with_plan):
+        if scn is None:
+            delta["invalid"] += 1
+            continue
+        try:
+            est = estimate(scn, cache, with_time=False)
+        except ValueError:  # a combination the scenario rules accept but the lowering cannot split
+            delta["invalid"] += 1
+            continue
+        fits[plan.zero_stage, plan.recompute] = (plan, scn, est) if est.fits else None
+        if not est.fits:
+            delta["pruned_memory"] += 1
+            rows.append({"label": plan.label(), **plan.as_dict(), "estimated_memory_bytes": est.total_bytes,
+                         "status": "pruned-memory", "reason": f"estimated peak {est.total_bytes / GiB:.1f} "
+                         f"GiB > capacity {est.capacity_bytes / GiB:.1f} GiB (stage {est.worst_stage})"})
+    for (zero, rc), entry in sorted(fits.items(), key=lambda kv: (kv[0][0], RECOMPUTE_ORDER.index(kv[0][1]))):
+        if entry is None:
+            continue
+        lesser = any(fits.get((zero, r)) for r in RECOMPUTE_ORDER[:RECOMPUTE_ORDER.index(rc)])
+        below = zero == 3 and any(v for (z, _), v in fits.items() if z < 3)
+        if space.prune_dominated and (lesser or below):
+            delta["dominated"] += 1
+            continue
+        plan, scn, est = entry
+        try:
+            full = estimate(scn, cache)
+        except ValueError:  # the sharding of the layer's ops rejects it (see above)
+            delta["invalid"] += 1
+            continue
+        out.append(Candidate(plan, scn, full.total_bytes, full.time_lower_bound_s, full.tp_comm_bound_s))
+    return delta, out, rows
 
 
 def run_search(base: BaseScenario, csv_path: Path, top: int = 10, jobs: int = 0, backend: str = "local",
@@ -142,7 +191,8 @@ def run_search(base: BaseScenario, csv_path: Path, top: int = 10, jobs: int = 0,
     counts = dict.fromkeys(("enumerated", "invalid", "pruned_memory", "dominated", "pruned_bound", "simulated",
                             "cache_hits", "failed", "skipped_limit"), 0)
     pruned: list[dict] = []
-    cands = candidates(base, space, EstimateCache(), counts, pruned)
+    parallel = backend == "local" and (jobs or default_jobs()) > 1
+    cands = candidates(base, space, EstimateCache(), counts, pruned, (jobs or default_jobs()) if parallel else 1)
     estimate_s = time.perf_counter() - t0
     best: list[float] = []  # sorted times of fitting simulated plans (the top-K threshold)
     rows: list[dict] = []
