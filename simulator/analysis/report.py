@@ -98,8 +98,8 @@ def format_summary(metrics: dict) -> str:
     lines += _breakdown_lines("time breakdown (exposed, slowest rank):", breakdown_rows(metrics))
     busiest = busiest_breakdown(metrics)
     if busiest is not None:
-        rank, rows = busiest
-        lines += _breakdown_lines(f"busiest rank {rank} (idle the least: the pipeline's bottleneck stage):", rows)
+        lines += _breakdown_lines(f"busiest rank {busiest[0]} (idle the least: the pipeline's bottleneck stage):",
+                                  busiest[1])
     return "\n".join(lines)
 
 
@@ -109,9 +109,10 @@ def busiest_breakdown(metrics: dict) -> tuple[int, list[tuple[str, float, float 
     busiest = metrics.get("busiest_rank") or {}
     b, main = busiest.get("time_breakdown_s") or {}, metrics.get("time_breakdown_s") or {}
     t = _num(metrics, "iteration_time_s")
-    if not b or not t or main.get("bubble", 0.0) - b.get("bubble", 0.0) <= BUSIEST_SHOWN_ABOVE * t:
+    rank = busiest.get("rank")
+    if rank is None or not b or not t or main.get("bubble", 0.0) - b.get("bubble", 0.0) <= BUSIEST_SHOWN_ABOVE * t:
         return None
-    return busiest.get("rank"), breakdown_rows(metrics, b)
+    return int(rank), breakdown_rows(metrics, b)
 
 
 def _breakdown_lines(title: str, rows) -> list[str]:
