@@ -4,11 +4,13 @@ import heapq
 import itertools
 import random
 
+import numpy as np
 import pytest
 import simpy
 
 from simulator.cost.collectives import plan_collective
-from simulator.cost.fairshare import REL_EPS, isolated_time_s, max_min_rates
+from simulator.cost.fairshare import (ARRAY_MIN_FLOWS, REL_EPS, isolated_time_s, max_min_rates,
+                                       max_min_rates_arrays)
 from simulator.cost.plan import CommPlan, CommStep, Flow
 from simulator.engine.network import FlowNetwork, simulate_plan
 from simulator.hardware.clusters import CLUSTER_PRESETS
@@ -282,3 +284,93 @@ def test_a_ring_step_over_a_large_group_starts_as_one_cohort_and_its_rates_are_r
     assert net.flows_started == 2 * 512
     # NVLink hops finish before NIC hops (the cohort splits by rate); the second run computes nothing
     assert net._rates == known[0] and 1 <= len(known[0]) <= 3
+
+
+def _fat_tree(rng, hosts=4, trunk_ratio=1.0):
+    """Links of a small leaf/spine fabric: host i's up-link u{i} and down-link d{i} (capacity 10),
+    two leaves (hosts 0-1, 2-3) whose trunks to the spine carry ``trunk_ratio`` x their hosts' sum;
+    routes between hosts of one leaf skip the spine."""
+    cap = {f"u{i}": 10.0 for i in range(hosts)} | {f"d{i}": 10.0 for i in range(hosts)}
+    for leaf in range(2):
+        cap[f"up{leaf}"] = cap[f"dn{leaf}"] = 10.0 * hosts / 2 * trunk_ratio
+
+    def route(a, b):
+        la, lb = a * 2 // hosts, b * 2 // hosts
+        return (f"u{a}", f"d{b}") if la == lb else (f"u{a}", f"up{la}", f"dn{lb}", f"d{b}")
+
+    def plans():
+        out = []
+        for _ in range(rng.randint(2, 6)):
+            pairs = [(a, b) for a in range(hosts) for b in range(hosts) if a != b]
+            flows = tuple(Flow(route(a, b), rng.choice([10.0, 30.0])) for a, b in rng.sample(pairs, rng.randint(1, 8)))
+            out.append((rng.choice([0.0, 0.5, 1.3]), CommPlan("a2a", (CommStep(0.0, flows),))))
+        return out
+    return cap, plans
+
+
+def test_spine_trunks_that_cannot_bind_are_left_out_and_the_times_match_the_per_flow_network():
+    rng = random.Random(7)
+    for ratio in (1.0, 0.5):
+        cap, plans = _fat_tree(rng, trunk_ratio=ratio)
+        for _ in range(60):
+            plans_at = plans()
+            nets = []
+            ends = _ends(FlowNetwork, plans_at, cap, nets)
+            reference = _ends(_PerFlowNetwork, plans_at, cap)
+            assert ends.keys() == reference.keys()
+            for i, t in reference.items():
+                assert ends[i] == pytest.approx(t, rel=1e-12, abs=1e-15)
+            if ratio == 1.0:  # non-blocking: every trunk used is left out
+                used = {link for _, p in plans_at for f in p.steps[0].flows for link in f.links}
+                assert used & {"up0", "up1", "dn0", "dn1"} <= nets[0]._bypass.free
+
+
+def test_a_link_that_becomes_able_to_bind_mid_run_is_shared_from_then_on():
+    cap = {"a": 10.0, "b": 10.0, "t": 15.0, "x": 10.0, "y": 10.0}
+    first = CommPlan("p", (CommStep(0.0, (Flow(("a", "t", "x"), 100.0),)),))
+    second = CommPlan("p", (CommStep(0.0, (Flow(("b", "t", "y"), 100.0),)),))
+    nets = []
+    ends = _ends(FlowNetwork, [(0.0, first), (2.0, second)], cap, nets)
+    # 0-2 s: the first flow alone at 10 B/s (t, fed by a only, cannot bind); from 2 s both share t:
+    # 7.5 B/s each; the first has 80 B left -> ends at 2 + 80/7.5, then the second runs at 10 B/s
+    assert ends[0] == pytest.approx(2 + 80 / 7.5, rel=1e-12)
+    assert ends[1] == pytest.approx(ends[0] + (100 - 7.5 * (ends[0] - 2)) / 10, rel=1e-12)
+    assert ends == pytest.approx(_ends(_PerFlowNetwork, [(0.0, first), (2.0, second)], cap))
+    assert "t" not in nets[0]._bypass.free
+
+
+def test_the_array_form_of_progressive_filling_matches_it_within_round_off():
+    rng = random.Random(3)
+    worst = 0.0
+    for _ in range(300):
+        n_links = rng.randint(1, 30)
+        cap = {k: rng.choice([5.0, 10.0, 12.5, 7.3, 40.0]) for k in range(n_links)}
+        links_of = [tuple(rng.sample(range(n_links), rng.randint(1, min(4, n_links)))) for _ in range(rng.randint(1, 60))]
+        weights = [rng.choice([1.0, 1.0, 3.0, 0.5]) for _ in links_of]
+        flow_of = np.array([i for i, links in enumerate(links_of) for _ in links])
+        link_of = np.array([k for links in links_of for k in links])
+        got = max_min_rates_arrays(flow_of, link_of, np.array(weights), np.array([cap[k] for k in range(n_links)]))
+        for a, b in zip(max_min_rates(links_of, weights, cap), got):
+            worst = max(worst, abs(a - b) / a)
+    assert worst < 1e-13
+
+
+def test_a_large_all_to_all_beside_a_ring_matches_the_per_flow_network():
+    topo = build_topology(CLUSTER_PRESETS["dgx-h100"].with_nodes(6))
+    a2a = plan_collective(Collective("all_to_all", 256e6, tuple(range(40)), "ep"), topo, "direct")
+    ring = plan_collective(Collective("all_gather", 64e6, (0, 9, 18, 27, 36, 45), "dp"), topo, "ring")
+    assert sum(len(s.flows) for s in a2a.steps) >= ARRAY_MIN_FLOWS
+    plans_at = [(0.0, a2a), (1e-4, ring)]
+    nets = []
+    ends = _ends(FlowNetwork, plans_at, topo.capacity_Bps, nets)
+    reference = _ends(_PerFlowNetwork, plans_at, topo.capacity_Bps)
+    for i, t in reference.items():
+        assert ends[i] == pytest.approx(t, rel=1e-12)
+    alone = simulate_plan(a2a, topo.capacity_Bps)
+    assert ends[0] > alone  # the ring slowed it
+    step = next(s for s in a2a.steps if s.flows)
+    fluid = isolated_time_s([f.size_bytes for f in step.flows], [f.links for f in step.flows],
+                            [f.weight for f in step.flows], topo.capacity_Bps)
+    assert alone - step.latency_s == pytest.approx(fluid, rel=1e-12)
+    assert alone == pytest.approx(_ends(_PerFlowNetwork, [(0.0, a2a)], topo.capacity_Bps)[0], rel=1e-12)
+    assert ("leaf0.0", "spine") in nets[0]._bypass.free

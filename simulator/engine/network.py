@@ -4,13 +4,16 @@ A CommPlan's steps run in order: a step's latency elapses, then its flows start 
 step ends when its last flow ends. Every flow holds all links of its route; whenever flows start
 or end, the rates of the flows connected to them through shared links are re-shared max-min
 (``cost/fairshare``), so concurrent TP/PP/DP/EP traffic slows each other exactly where it meets.
+Links that can never bind (a non-blocking leaf's trunk to the spine: ``engine/bypass``) connect
+nothing: transfers that meet only there are shared apart, with the same rates.
 
-Flows are kept in cohorts: flows of one started step, connected through the step's own links,
-with the same bytes left and the same rate, hence the same finish time (the thousands of flows of
-one ring step over a large group are usually one cohort). A cohort is one heap entry and one
-node of the link graph; it splits when a re-share gives its flows different rates. The rates of
-a connected set of cohorts depend only on which flows they hold, so they are cached under that
-key: a ring collective re-uses the rates of its first step for all later ones (``cache_rates``).
+Flows are kept in cohorts (``engine/flowsets``): flows of one started step, connected through the
+step's own links, with the same bytes left and the same rate, hence the same finish time (the
+thousands of flows of one ring step over a large group are usually one cohort). A cohort is one
+heap entry and one node of the link graph; it splits when a re-share gives its flows different
+rates. The rates of a connected set of cohorts depend only on which flows they hold, so they are
+cached under that key: a ring collective re-uses the rates of its first step for all later ones
+(``cache_rates``).
 """
 
 from __future__ import annotations
@@ -21,88 +24,19 @@ from typing import Any, Generator, Mapping
 
 import simpy
 
-from ..cost.fairshare import REL_EPS, max_min_rates
+from ..cost.fairshare import REL_EPS
 from ..cost.plan import CommPlan, CommStep
+from .bypass import LinkBypass
+from .flowsets import Cohort, LinkIndex, Shape, Step, Subset, busy_s, cohort_rates
 
 
-class _Shape:
-    """The flows of one CommStep that move bytes, and the cohorts they start as (flows of equal
-    size); ``subsets`` holds the flow sets its cohorts have had, by index tuple."""
-
-    __slots__ = ("step", "links_of", "weights", "sizes", "starts", "subsets", "serial")
-
-    def __init__(self, step: CommStep, serial: int) -> None:
-        flows = [f for f in step.flows if f.size_bytes > 0 and f.links]
-        self.step, self.serial = step, serial  # the step is held so that its id stays unique
-        self.links_of = [f.links for f in flows]
-        self.weights = [f.weight for f in flows]
-        self.sizes = [f.size_bytes for f in flows]
-        self.subsets: dict[tuple[int, ...], _Subset] = {}
-        self.starts = _by_value(list(range(len(flows))), self.sizes)
-
-
-class _Subset:
-    """A set of flows of one shape that a cohort holds: their links, the weight each link carries,
-    the live cohorts holding it, and what its links did (for ``link_stats``): spans of time with a
-    cohort live and the bytes of its finished cohorts (per unit of weight)."""
-
-    __slots__ = ("shape", "idx", "key", "links", "weight_on", "overlaps", "cohorts", "since", "spans", "sent")
-
-    def __init__(self, shape: _Shape, idx: tuple[int, ...]) -> None:
-        self.shape, self.idx, self.key = shape, idx, (shape.serial, len(shape.subsets))
-        weight_on: dict = {}
-        for i in idx:
-            w = shape.weights[i]
-            for link in shape.links_of[i]:
-                weight_on[link] = weight_on.get(link, 0.0) + w
-        self.weight_on, self.links = weight_on, frozenset(weight_on)
-        self.overlaps: set[_Subset] | None = None  # subsets sharing a link with it (itself too)
-        self.cohorts: dict[_Cohort, None] = {}
-        self.spans: list[tuple[float, float]] = []
-        self.since, self.sent = 0.0, 0.0
-
-
-def _by_value(idx: list[int], values: list[float]) -> list[tuple[int, ...]]:
-    """``idx`` split by the value each index has in ``values``, first occurrence first."""
-    out: dict[float, list[int]] = {}
-    for i in idx:
-        out.setdefault(values[i], []).append(i)
-    return [tuple(v) for v in out.values()]
-
-
-class _Step:
-    __slots__ = ("pending", "done")
-
-    def __init__(self, pending: int, done: simpy.Event):
-        self.pending, self.done = pending, done
-
-
-class _Cohort:
-    """Flows ``sub.idx`` of one started step with the same bytes left, rate and finish time."""
-
-    __slots__ = ("sub", "size", "left", "rate", "t", "finish", "step", "live")
-
-    def __init__(self, sub: _Subset, size: float, left: float, t: float, step: _Step) -> None:
-        self.sub, self.size, self.left, self.t, self.step = sub, size, left, t, step
-        self.rate, self.finish, self.live = 0.0, t, True
-
-
-def _busy_s(spans: list[tuple[float, float]]) -> float:
-    """Length of the union of time spans."""
-    total, end = 0.0, float("-inf")
-    begin = end
-    for t0, t1 in sorted(spans):
-        if t0 > end:
-            total += end - begin if end > begin else 0.0
-            begin, end = t0, t1
-        elif t1 > end:
-            end = t1
-    return total + (end - begin if end > begin else 0.0)
+def _key(sub: Subset) -> tuple:
+    return sub.key
 
 
 class FlowNetwork:
     """Shared links for the flows of concurrently running CommPlans (one per simpy environment).
-    Per-link state is kept per flow set (``_Subset``), so a cohort starts and ends in O(1) however
+    Per-link state is kept per flow set (``Subset``), so a cohort starts and ends in O(1) however
     many links it holds; ``link_stats`` adds the sets up per link when asked."""
 
     def __init__(self, env: simpy.Environment, capacity_Bps: Mapping, cache_rates: bool = True) -> None:
@@ -113,11 +47,14 @@ class FlowNetwork:
         self._count = itertools.count()
         self._timer_at = float("inf")
         self._token = 0
-        self._shapes: dict[int, _Shape] = {}  # id(CommStep) -> its shape (which holds the step)
-        self._rates: dict[tuple, list[float]] = {}  # subset keys of a component -> its rates
+        self._shapes: dict[int, Shape] = {}  # id(CommStep) -> its shape (which holds the step)
+        self._rates: dict[tuple, list] = {}  # subset keys of a component -> each cohort's rates
         self._splits: dict[tuple, list] = {}  # (component key, position) -> [(subset, rate)]
-        self._on_link: dict = {}  # link -> every subset that holds it
-        self._live: set[_Subset] = set()  # subsets with a live cohort
+        self._subsets: list[Subset] = []  # every subset, for link_stats
+        self._coupled_on: dict = {}  # link that can bind -> every subset that holds it
+        self._live: set[Subset] = set()  # subsets with a live cohort
+        self._bypass = LinkBypass(capacity_Bps)
+        self._links = LinkIndex(capacity_Bps)
         self.flows_started = 0
 
     def run(self, plan: CommPlan) -> Generator[simpy.Event, Any, float]:
@@ -143,52 +80,70 @@ class FlowNetwork:
             yield env.all_of(others)
         return env.now - begin
 
-    def _shape(self, step: CommStep) -> _Shape:
+    def _shape(self, step: CommStep) -> Shape:
         shape = self._shapes.get(id(step))
         if shape is None or shape.step is not step:
-            shape = self._shapes[id(step)] = _Shape(step, len(self._shapes))
+            shape = Shape(step, len(self._shapes))
+            if self._bypass.observe(shape.links_of):
+                self._rebind()  # links left out so far can bind now: rebuild what depends on them
+            shape.coupled_of = self._bypass.couplings(shape.links_of)
+            self._shapes[id(step)] = shape
         return shape
 
-    def _subset(self, shape: _Shape, idx: tuple[int, ...]) -> _Subset:
+    def _rebind(self) -> None:
+        """Recompute every shape's and subset's links that can bind after some became able to
+        (``LinkBypass.observe``); the rates cached so far were computed without them."""
+        for shape in {**dict.fromkeys(self._shapes.values()), **{sub.shape: None for sub in self._subsets}}:
+            shape.coupled_of = self._bypass.couplings(shape.links_of)
+            shape.csr = None
+        self._coupled_on = {}
+        for sub in self._subsets:
+            sub.links = frozenset().union(*[sub.shape.coupled_of[i] for i in sub.idx])
+            sub.overlaps, sub.arrays = None, None
+            for link in sub.links:
+                self._coupled_on.setdefault(link, []).append(sub)
+        self._rates.clear()
+        self._splits.clear()
+
+    def _subset(self, shape: Shape, idx: tuple[int, ...]) -> Subset:
         """The subset of ``shape`` holding flows ``idx``, indexed by link on first use."""
         sub = shape.subsets.get(idx)
         if sub is None:
-            sub = shape.subsets[idx] = _Subset(shape, idx)
+            sub = shape.subsets[idx] = Subset(shape, idx)
+            self._subsets.append(sub)
             for link in sub.links:
-                if link not in self.capacity_Bps:
-                    raise ValueError(f"link {link!r} has no capacity in the network")
-                holders = self._on_link.setdefault(link, [])
+                holders = self._coupled_on.setdefault(link, [])
                 for other in holders:
                     if other.overlaps is not None:
                         other.overlaps.add(sub)
                 holders.append(sub)
         return sub
 
-    def _overlaps(self, sub: _Subset) -> set[_Subset]:
+    def _overlaps(self, sub: Subset) -> set[Subset]:
         if sub.overlaps is None:
-            sub.overlaps = {o for link in sub.links for o in self._on_link[link]}
+            sub.overlaps = {o for link in sub.links for o in self._coupled_on[link]}
         return sub.overlaps
 
-    def _start(self, shape: _Shape, repeat: int, done: simpy.Event) -> None:
+    def _start(self, shape: Shape, repeat: int, done: simpy.Event) -> None:
         now = self.env.now
-        step = _Step(len(shape.links_of), done)
-        seeds = []
-        for idx in shape.starts:
-            size = shape.sizes[idx[0]] * repeat
-            c = _Cohort(self._subset(shape, idx), size, size, now, step)
-            self._attach(c, now)
-            seeds.append(c.sub)
+        step = Step(len(shape.links_of), done)
+        seeds = shape.start_subsets
+        if seeds is None:  # held by the shape: a tuple of thousands of indices is slow to hash
+            seeds = shape.start_subsets = [self._subset(shape, idx) for idx in shape.starts]
+        for sub in seeds:
+            size = shape.sizes[sub.idx[0]] * repeat
+            self._attach(Cohort(sub, size, size, now, step), now)
         self.flows_started += len(shape.links_of)
         self._reshare(seeds)
 
-    def _attach(self, c: _Cohort, now: float) -> None:
+    def _attach(self, c: Cohort, now: float) -> None:
         sub = c.sub
         if not sub.cohorts:
             sub.since = now
             self._live.add(sub)
         sub.cohorts[c] = None
 
-    def _detach(self, c: _Cohort, now: float) -> None:
+    def _detach(self, c: Cohort, now: float) -> None:
         c.live = False
         sub = c.sub
         del sub.cohorts[c]
@@ -196,11 +151,11 @@ class FlowNetwork:
             self._live.discard(sub)
             sub.spans.append((sub.since, now))
 
-    def _component(self, seeds: list[_Subset]) -> list[_Cohort]:
+    def _component(self, seeds: list[Subset]) -> list[Cohort]:
         """The live cohorts connected through shared links to the ``seeds`` subsets (live or just
         ended), ordered by subset key."""
         live = self._live
-        comp: dict[_Subset, None] = {}
+        comp: dict[Subset, None] = {}
         for s in seeds:
             comp.update(dict.fromkeys(self._overlaps(s) & live))
         todo = list(comp)
@@ -209,24 +164,21 @@ class FlowNetwork:
                 if o not in comp:
                     comp[o] = None
                     todo.append(o)
-        return [c for sub in sorted(comp, key=lambda sub: sub.key) for c in sub.cohorts]
+        if len(comp) == 1:
+            return list(next(iter(comp)).cohorts)
+        return [c for sub in sorted(comp, key=_key) for c in sub.cohorts]
 
-    def _component_rates(self, comp: list[_Cohort], key: tuple) -> list[float]:
-        """Max-min rates of the component's flows, cohort after cohort (cached by its subsets)."""
+    def _component_rates(self, comp: list[Cohort], key: tuple) -> list:
+        """Max-min rates of the component's flows per cohort (``flowsets.cohort_rates``), cached by
+        the component's subsets."""
         rates = self._rates.get(key) if self.cache_rates else None
         if rates is None:
-            links_of: list[tuple] = []
-            weights: list[float] = []
-            for c in comp:
-                s = c.sub.shape
-                links_of.extend(s.links_of[i] for i in c.sub.idx)
-                weights.extend(s.weights[i] for i in c.sub.idx)
-            rates = max_min_rates(links_of, weights, self.capacity_Bps)
+            rates = cohort_rates(comp, self.capacity_Bps, self._links)
             if self.cache_rates:
                 self._rates[key] = rates
         return rates
 
-    def _reshare(self, seeds: list[_Subset]) -> None:
+    def _reshare(self, seeds: list[Subset]) -> None:
         """Re-share max-min the flows connected (through shared links) to the ``seeds``."""
         comp = self._component(seeds)
         if not comp:
@@ -234,22 +186,22 @@ class FlowNetwork:
         now = self.env.now
         key = tuple(c.sub.key for c in comp)
         rates = self._component_rates(comp, key)
-        pos = 0
         heap, count = self._heap, self._count
         for k, c in enumerate(comp):
-            n = len(c.sub.idx)
-            mine = rates[pos:pos + n]
-            pos += n
+            mine = rates[k]
             left = max(c.left - c.rate * (now - c.t), 0.0)
-            parts = [c] if mine.count(mine[0]) == n else self._split(c, (key, k), mine, left, now)
-            for part in parts:
-                rate = mine[0] if part is c else part.rate
-                part.left, part.t, part.rate = left, now, rate
-                part.finish = now + left / rate
+            if mine.__class__ is float:
+                c.left, c.t, c.rate = left, now, mine
+                c.finish = now + left / mine
+                heapq.heappush(heap, (c.finish, next(count), c))
+                continue
+            for part in self._split(c, (key, k), mine, left, now):
+                part.left, part.t = left, now
+                part.finish = now + left / part.rate
                 heapq.heappush(heap, (part.finish, next(count), part))
         self._arm()
 
-    def _split(self, c: _Cohort, where: tuple, mine: list[float], left: float, now: float) -> list[_Cohort]:
+    def _split(self, c: Cohort, where: tuple, mine: list[float], left: float, now: float) -> list[Cohort]:
         """Replace cohort ``c`` by one cohort per distinct rate of its flows; ``where`` (component
         key, position) determines the rates, hence the parts, which are cached under it."""
         plan = self._splits.get(where) if self.cache_rates else None
@@ -263,7 +215,7 @@ class FlowNetwork:
         self._detach(c, now)
         parts = []
         for sub, r in plan:
-            part = _Cohort(sub, c.size, left, now, c.step)
+            part = Cohort(sub, c.size, left, now, c.step)
             part.rate = r
             self._attach(part, now)
             parts.append(part)
@@ -288,7 +240,7 @@ class FlowNetwork:
         now = self.env.now
         limit = now + REL_EPS * max(now, 1e-9)
         heap = self._heap
-        ended: list[_Subset] = []
+        ended: list[Subset] = []
         while heap and heap[0][0] <= limit:
             finish, _, c = heapq.heappop(heap)
             if not c.live or finish != c.finish:
@@ -306,12 +258,14 @@ class FlowNetwork:
         """LinkId -> (bytes_sent, busy_s): bytes of finished flows (x weight) and the time the
         link carried at least one flow, up to now."""
         now = self.env.now
-        out = {}
-        for link, subs in self._on_link.items():
-            spans = [span for sub in subs for span in sub.spans]
-            spans += [(sub.since, now) for sub in subs if sub.cohorts]
-            out[link] = (sum(sub.sent * sub.weight_on[link] for sub in subs), _busy_s(spans))
-        return out
+        sent: dict = {}
+        spans: dict = {}
+        for sub in self._subsets:
+            mine = sub.spans + [(sub.since, now)] if sub.cohorts else sub.spans
+            for link, w in sub.weight_on().items():
+                sent[link] = sent.get(link, 0.0) + sub.sent * w
+                spans.setdefault(link, []).extend(mine)
+        return {link: (sent[link], busy_s(spans[link])) for link in sent}
 
 
 def simulate_plan(plan: CommPlan, capacity_Bps: Mapping) -> float:
