@@ -16,12 +16,22 @@ all-to-alls (Lepikhin et al. 2020, GShard), forward and backward.
 
 from __future__ import annotations
 
+from typing import Any
+
+from ..tasks import InternalError
 from .blocks import Segment
 from .context import COMM_TP, LowerCtx
 
 
 def _d(x: int | None) -> tuple[int, ...]:
     return () if x is None else (x,)
+
+
+def _moe(seg: Segment | None, layer: int) -> Segment:
+    """An MoE layer's experts or post-experts segment (a dense layer has none)."""
+    if seg is None:
+        raise InternalError(f"layer {layer}: MoE emission asked for a segment its blocks lack")
+    return seg
 
 
 def _kv_block_bytes(ctx: LowerCtx) -> float:
@@ -66,7 +76,8 @@ def overlap_site(par, site: str, work, last: bool = False, moe: bool = False) ->
     return (site, gemms[-1 if last else 0]) if gemms else ()
 
 
-def _core(ctx: LowerCtx, rank: int, part: str, dep: int | None, name: str, meta: dict, category: str) -> int:
+def _core(ctx: LowerCtx, rank: int, part: str, dep: int | None, name: str, meta: dict,
+          category: str) -> int | None:
     """The attention core, with the CP exchange when cp > 1; ``part`` is "F", "B" or "BW"."""
     core = ctx.layer_blocks(meta["layer"]).attn_core
     work = {"F": core.fwd, "B": core.bwd_b, "BW": core.bwd}[part]
@@ -102,7 +113,7 @@ def _core(ctx: LowerCtx, rank: int, part: str, dep: int | None, name: str, meta:
 def _experts(ctx: LowerCtx, rank: int, part: str, dep: int, name: str, meta: dict, category: str) -> int:
     """The routed experts between the EP dispatch and combine all-to-alls (with MoE parallel folding,
     the expert-TP all-gather and reduce-scatter inside them)."""
-    seg = ctx.layer_blocks(meta["layer"]).experts
+    seg = _moe(ctx.layer_blocks(meta["layer"]).experts, meta["layer"])
     work = {"F": seg.fwd, "B": seg.bwd_b, "BW": seg.bwd}[part]
     if ctx.par.ep == 1:
         return ctx.compute(rank, f"{name}.experts", work, (dep,), category, **meta)
@@ -128,11 +139,11 @@ def _experts(ctx: LowerCtx, rank: int, part: str, dep: int, name: str, meta: dic
 
 
 def column_backward(ctx: LowerCtx, rank: int, seg: Segment, dep: int | None, name: str, meta: dict,
-                    split_w: bool, free_bytes: float = 0.0) -> int:
+                    split_w: bool, free_bytes: float = 0.0) -> int | None:
     """Backward of a segment that opens with a column-parallel GEMM, with the asynchronous TP
     collective of its input gradient overlapped with the weight-gradient GEMM (see module doc).
     Its last task releases ``free_bytes`` of activations."""
-    free = {"mem_delta_bytes": -free_bytes} if free_bytes else {}
+    free: dict[str, Any] = {"mem_delta_bytes": -free_bytes} if free_bytes else {}
     if ctx.par.tp == 1:
         return ctx.compute(rank, f"{name}.grad", seg.bwd_b if split_w else seg.bwd, _d(dep), **meta, **free)
     sp = ctx.par.sequence_parallel
@@ -141,7 +152,7 @@ def column_backward(ctx: LowerCtx, rank: int, seg: Segment, dep: int | None, nam
     gather = None
     if sp and not split_w and seg.bwd_wgrad:
         gather = ctx.tp_collective(rank, f"{name}.input_all_gather", "all_gather", size, _d(dep), COMM_TP, **meta)
-    x = ctx.compute(rank, f"{name}.grad", seg.bwd_b_pre if split_w else seg.bwd_pre, _d(dep), **meta)
+    x: int | None = ctx.compute(rank, f"{name}.grad", seg.bwd_b_pre if split_w else seg.bwd_pre, _d(dep), **meta)
     red = ctx.tp_collective(rank, f"{name}.grad.{op}", op, size, (x,), COMM_TP, **meta)
     if not split_w and seg.bwd_wgrad:
         x = ctx.compute(rank, f"{name}.wgrad", seg.bwd_wgrad, (x,) + _d(gather), **meta)
@@ -153,7 +164,7 @@ def column_backward(ctx: LowerCtx, rank: int, seg: Segment, dep: int | None, nam
     return x
 
 
-def layer_forward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, category: str = "compute") -> int:
+def layer_forward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, category: str = "compute") -> int | None:
     """Emit one layer's forward after ``deps``; returns its last task."""
     b, sp = ctx.layer_blocks(meta["layer"]), ctx.par.sequence_parallel
     dense = b.experts is None
@@ -175,13 +186,13 @@ def layer_forward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, categor
     x = ctx.compute(rank, f"{name}.mlp", b.mlp_pre.fwd, (x,), category, **meta)
     if not dense:
         x = _experts(ctx, rank, "F", x, name, meta, category)
-        x = ctx.compute(rank, f"{name}.mlp_out", b.mlp_post.fwd, (x,), category, **meta)
+        x = ctx.compute(rank, f"{name}.mlp_out", _moe(b.mlp_post, meta["layer"]).fwd, (x,), category, **meta)
     return tp_op(ctx, rank, x, f"{name}.mlp", "reduce_scatter" if sp else "all_reduce", meta,
                  overlap_site(ctx.par, "fc2_fprop", b.mlp_pre.fwd, last=True, moe=not dense))
 
 
 def layer_backward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, split_w: bool, recompute: str,
-                   free_bytes: float = 0.0) -> int:
+                   free_bytes: float = 0.0) -> int | None:
     """Emit one layer's backward (input gradient only when ``split_w``), with its recompute first;
     returns its last task, which releases ``free_bytes`` of activations. A recomputed layer's
     re-materialised activations (``ctx.transient_bytes``) live from the recompute until
@@ -198,7 +209,8 @@ def layer_backward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, split_
         x = tp_op(ctx, rank, x, f"{name}.mlp_grad", "all_gather", meta,
                   overlap_site(ctx.par, "fc2_dgrad", b.mlp_pre.bwd_b, moe=b.experts is not None))
     if b.experts is not None:
-        x = ctx.compute(rank, f"{name}.mlp_out.grad", b.mlp_post.bwd_b if split_w else b.mlp_post.bwd, _d(x),
+        post = _moe(b.mlp_post, meta["layer"])
+        x = ctx.compute(rank, f"{name}.mlp_out.grad", post.bwd_b if split_w else post.bwd, _d(x),
                         **meta)
         x = _experts(ctx, rank, part, x, name, meta, "compute")
     x = column_backward(ctx, rank, b.mlp_pre, x, f"{name}.mlp", meta, split_w)

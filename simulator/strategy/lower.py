@@ -140,7 +140,7 @@ class _Emitter:
     def _params(self, unit: str) -> tuple[float, float]:
         return self.unit_params.of(unit)
 
-    def _send(self, r: int, vs: int, mb: int, phase: str, last: int) -> None:
+    def _send(self, r: int, vs: int, mb: int, phase: str, last: int | None) -> None:
         to = vs + 1 if phase == "F" else vs - 1
         if not 0 <= to < self.nv:
             return
@@ -179,7 +179,7 @@ class _Emitter:
         fwd_index = {u: i for i, u in enumerate(self._units(vs))}
         pos = [fwd_index[u] for u in units]
         fetches = self._plan(vs)[phase]
-        first = {}
+        first: dict[int, list[int]] = {}
         for k, f in enumerate(fetches):
             first.setdefault(pos.index(f.units[0]), []).append(k)
         issued: dict = {}
@@ -219,7 +219,7 @@ class _Emitter:
         self._send(r, vs, mb, "F", x)
 
     def _forward_units(self, ctx: LowerCtx, r: int, deps: tuple, name: str, meta: dict, vs: int,
-                       counts: tuple[int, ...]) -> int:
+                       counts: tuple[int, ...]) -> int | None:
         """The units of an F pass after deps[0]; unit k also waits for the next counts[k] of deps[1:]."""
         b, mb = ctx.blocks, meta["microbatch"]
         x = ctx.join(r, f"{name}.wait", deps[:1], **meta)
