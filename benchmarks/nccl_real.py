@@ -6,6 +6,8 @@ run through ``run_collective`` (plan -> flow network) on that system's hardware 
 message size and op, with the algorithm the simulator's NCCL tuner picks. Printed per row: the
 hardware file and NICs used, measured and predicted busbw, the error, and the issue's target
 (+-10% for messages >= 64 MB, +-25% below). Rows that cannot be expressed are listed with the reason.
+The simulator's tuner is one NCCL version (``nccl_tuner.NCCL_VERSION``); the rows' own runs used
+whatever NCCL their authors had, mostly older.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
+from simulator.cost.nccl_tuner import NCCL_VERSION  # noqa: E402
 from simulator.explore.collective import run_collective  # noqa: E402
 from simulator.hardware.clusters import CLUSTER_PRESETS  # noqa: E402
 from simulator.hardware.hwfile import read_cluster_file  # noqa: E402
@@ -69,6 +72,7 @@ def evaluate(rows: list[dict]) -> list[dict]:
 
 
 def report(results: list[dict]) -> None:
+    print(f"NCCL tuner constants and rules of NCCL {NCCL_VERSION} (cost/nccl_tuner)")
     print(f"{'hardware':20s} {'NICs':28s} {'op':14s} {'size':>11s} {'measured':>9s} {'predicted':>9s} "
           f"{'error':>8s} {'target':>7s}  algorithm")
     for r in results:

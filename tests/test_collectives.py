@@ -47,7 +47,8 @@ def test_small_message_ring_latency_grows_with_the_steps():
         assert t == pytest.approx(base + 2 * (n - 1) * step, rel=1e-3)
     nodes = build_topology(A100.with_nodes(8))
     t_ag = collective_time_s(_coll("all_gather", 8, range(0, 64, 8)), nodes, "ring/ll")
-    inter = tuner.HW_LAT_US["net"]["ring"][0] * US
+    # one GPU per node: "With ppn=1 latencies are fully exposed, use the Tree network latency"
+    inter = tuner.HW_LAT_US["net"]["tree"][0] * US
     assert t_ag == pytest.approx(base + 7 * inter, rel=1e-3)  # 7 steps, all across nodes
 
 
@@ -67,11 +68,11 @@ def test_multi_node_ring_uses_every_nic_and_keeps_hops_on_one_rail():
     # NIC-bound: busbw = 8 NICs x 24 GB/s, the nccl-tests figure of 4 DGX A100
     size = 8 * GiB
     t = collective_time_s(_coll("all_reduce", size, group), topo, "ring/simple")
-    # tuning.cc: nInterSteps = 2 nNodes; intra-node steps of an inter-node ring pay at least the
+    # tuning.cc: nInterSteps = 2 (nNodes - 1); intra-node steps of an inter-node ring pay at least the
     # net overhead, 2 us x 3 (Simple) on DGX A100's AMD hosts (> NVLink's 3.4 us); x1.4 for the
     # ring plateau of a Simple all-reduce across nodes (ncclTopoGetAlgoTime, Ampere and later)
-    lat = (tuner.BASE_LAT_US["ring"][2] + (62 - 8) * max(tuner.HW_LAT_US["nvlink"]["ring"][2], 6.0)
-           + 8 * tuner.HW_LAT_US["net"]["ring"][2]) * US * tuner.RING_PLATEAU_FACTOR_DEFAULT
+    lat = (tuner.BASE_LAT_US["ring"][2] + (62 - 6) * max(tuner.HW_LAT_US["nvlink"]["ring"][2], 6.0)
+           + 6 * tuner.HW_LAT_US["net"]["ring"][2]) * US * tuner.RING_PLATEAU_FACTOR_DEFAULT
     assert t == pytest.approx(lat + 2 * 31 / 32 * size / (8 * 25e9 * IB_EFFICIENCY), rel=1e-12)
 
 
@@ -131,8 +132,8 @@ def test_nvls_only_on_nvlink_sharp_nodes_and_wins_large_all_reduce():
     h = build_topology(H100)
     assert choose_algorithm("all_reduce", GiB, tuple(range(8)), h) == "nvls"
     t = collective_time_s(_coll("all_reduce", 8 * GiB, range(8)), h, "nvls")
-    # S(1 + 1/n) each way at 5/6 of 8 x 18 x 20.6 GB/s, + 23 us (NCCL tuning.cc)
-    expected = 23 * US + 8 * GiB * (1 + 1 / 8) / (18 * 20.6e9 * 5 / 6)
+    # S(1 + 1/n) each way at nvlsEfficiency 0.85 (Hopper) of 18 x 20.6 GB/s, + 25 us (NCCL 2.30.7 tuning.cc)
+    expected = 25 * US + 8 * GiB * (1 + 1 / 8) / (18 * 20.6e9 * 0.85)
     assert t == pytest.approx(expected, rel=1e-12)
     with pytest.raises(ValueError, match="NVLink SHARP"):
         plan_collective(_coll("all_reduce", GiB, range(8)), build_topology(A100), "nvls")
@@ -219,25 +220,25 @@ def test_run_collective_reports_nccl_tests_figures():
 
 
 def test_nvls_tree_across_two_nodes_runs_at_nccl_per_channel_ceiling():
-    """NVLSTree: NVLink SHARP inside each node (S(1 + 1/8) each way at 5/6 of the NVLink rate) and
-    S/8 per GPU through its NIC each way; on DGX H100 both allow more than NCCL 2.28's ceiling of
+    """NVLSTree: NVLink SHARP inside each node (S(1 + 1/8) each way at 0.85 of the NVLink rate) and
+    S/8 per GPU through its NIC each way; on DGX H100 both allow more than NCCL 2.30.7's ceiling of
     57.7 GB/s bus bandwidth per NVLS channel on 2 nodes (8 heads, one per NIC), which binds;
-    latency 23 + 2 x 14 us, plus the pipeline fill: 2 network hops of one 128 KB chunk for each of
+    latency 25 + 2 x 20.9 us, plus the pipeline fill: 2 network hops of one 128 KB chunk for each of
     16 channels x 8 heads, at the same rate."""
     topo = build_topology(H100.with_nodes(2))
     size = 8 * GiB
     t = collective_time_s(_coll("all_reduce", size, range(16)), topo, "nvls_tree")
     nvlink = topo.capacity_Bps[("gpu0", "nvs0")]
-    assert size * (1 + 1 / 8) / (nvlink * 5 / 6) < size * 2 * 15 / 16 / (8 * 57.7e9)
+    assert size * (1 + 1 / 8) / (nvlink * 0.85) < size * 2 * 15 / 16 / (8 * 57.7e9)
     fill_bytes = 2 * 16 * 8 * 128 * 1024
-    expected = (23 + 2 * 14) * US + (size + fill_bytes) * 2 * 15 / 16 / (8 * 57.7e9)
+    expected = (25 + 2 * 20.9) * US + (size + fill_bytes) * 2 * 15 / 16 / (8 * 57.7e9)
     assert t == pytest.approx(expected, rel=1e-9)
     plan = plan_collective(_coll("all_reduce", size, range(16)), topo, "nvls_tree")
     nic_out = sum(f.size_bytes for s in plan.steps for f in s.flows if ("nic0.3", "leaf3.0") in f.links)
     nvl_out = sum(f.size_bytes for s in plan.steps for f in s.flows if ("gpu3", "nvs0") in f.links)
     # rank 3's shard (S/8) goes up one tree and comes down the other; NVLink carries S(1 + 1/8) at
-    # 5/6 of its rate; both scaled alike by the ceiling's efficiency
-    assert nic_out / nvl_out == pytest.approx((1 / 8) / ((1 + 1 / 8) * 6 / 5))
+    # 0.85 of its rate; both scaled alike by the ceiling's efficiency
+    assert nic_out / nvl_out == pytest.approx((1 / 8) / ((1 + 1 / 8) / 0.85))
     assert nic_out > size / 8
     assert simulate_plan(plan, topo.capacity_Bps) == pytest.approx(t, rel=1e-9)
     assert choose_algorithm("all_reduce", 8 * GiB, tuple(range(16)), topo) == "nvls_tree"
@@ -254,7 +255,7 @@ def test_nvls_tree_is_nic_bound_on_slow_nics():
     topo = build_topology(slow)
     t = collective_time_s(_coll("all_reduce", 8 * GiB, range(16)), topo, "nvls_tree")
     fill_bytes = 2 * 16 * 8 * 128 * 1024
-    assert t == pytest.approx((23 + 2 * 14) * US + (8 * GiB + fill_bytes) / 8 / (12.5e9 * IB_EFFICIENCY),
+    assert t == pytest.approx((25 + 2 * 20.9) * US + (8 * GiB + fill_bytes) / 8 / (12.5e9 * IB_EFFICIENCY),
                               rel=1e-9)
 
 
@@ -273,8 +274,8 @@ def test_fabric_profiles_restrict_the_tuner_as_their_vendors_prescribe():
 
 
 def test_nvls_tree_ceiling_beyond_two_nodes_and_ring_plateau():
-    """NCCL 2.28's NVLSTree ceiling over more than 2 nodes is 45.5 GB/s per channel (Hopper), so 4 DGX
-    H100 reach 8 x 45.5 GB/s busbw; latency 23 + 2 log2(4) x 14 us; pipeline fill over 2 log2(4)
+    """NCCL 2.30.7's NVLSTree ceiling over more than 2 nodes is 45.5 GB/s per channel (Hopper), so 4 DGX
+    H100 reach 8 x 45.5 GB/s busbw; latency 25 + 2 log2(4) x 20.9 us; pipeline fill over 2 log2(4)
     network hops of NCCL_NVLSTREE_MAX_CHUNKSIZE's 64 KB (4 nodes and more) per channel and head. The
     ring plateau (x1.4 latency) applies to Simple all-reduce across nodes only, from 64 B per
     channel and rank."""
@@ -282,10 +283,58 @@ def test_nvls_tree_ceiling_beyond_two_nodes_and_ring_plateau():
     size = 8 * GiB
     t = collective_time_s(_coll("all_reduce", size, range(32)), topo, "nvls_tree")
     fill_bytes = 4 * 16 * 8 * 64 * 1024
-    assert t == pytest.approx((23 + 4 * 14) * US + (size + fill_bytes) * 2 * 31 / 32 / (8 * 45.5e9),
+    assert t == pytest.approx((25 + 4 * 20.9) * US + (size + fill_bytes) * 2 * 31 / 32 / (8 * 45.5e9),
                               rel=1e-9)
     assert tuner.ring_plateau("all_reduce", "simple", 2, 16 * 16 * 64, 16, 16, "hopper") == 1.4
     assert tuner.ring_plateau("all_reduce", "simple", 2, 16 * 16 * 64 - 1, 16, 16, "hopper") == 1.0
     assert tuner.ring_plateau("all_reduce", "ll128", 2, GiB, 16, 16, "hopper") == 1.0
     assert tuner.ring_plateau("all_gather", "simple", 2, GiB, 16, 16, "hopper") == 1.0
     assert tuner.ring_plateau("all_reduce", "simple", 1, GiB, 16, 8, "hopper") == 1.0
+
+
+def test_tuner_bandwidth_refinements_compose_as_nccl_2_30_7():
+    """ncclTopoTuneModel's ceilings in its order: Tree min(x.92, nCh x perChMaxTree) then LL
+    min(/3.8, llMax) or LL128 min(x k, nCh x perChMaxTreeLL128); Ring LL min(x.5, llMax), Ring LL128
+    min(x.92, nCh x perChMaxRingLL128); llMax by GPU on one node (Hopper 141), by CPU across nodes."""
+    G = 1e9
+    assert tuner.efficiency("ring", "ll", "all_gather", 1) == 0.5
+    assert tuner.max_busbw_Bps("ring", "ll", "hopper", 1, 8) == pytest.approx(141 * G)
+    assert tuner.max_busbw_Bps("ring", "ll", "ampere", 2, 8) == pytest.approx(22.5 * G)  # AMD hosts
+    assert tuner.max_busbw_Bps("ring", "ll", "hopper", 4, 8) == pytest.approx(20.4 * G)  # Intel hosts
+    assert tuner.max_busbw_Bps("ring", "ll128", "hopper", 2, 8, 8) == pytest.approx(8 * 36.7 * G)
+    assert tuner.max_busbw_Bps("ring", "ll128", "hopper", 1, 8) == float("inf")
+    # one node: the tree ceiling x 7/9 (30.1 GB/s per channel) is below perChMaxTreeLL128's 36.7
+    assert tuner.max_busbw_Bps("tree", "ll128", "hopper", 1, 8) == pytest.approx(8 * 38.7 * 7 / 9 * G)
+    assert tuner.max_busbw_Bps("tree", "ll128", "hopper", 2, 8) == pytest.approx(8 * 36.7 * G)
+    assert tuner.max_busbw_Bps("tree", "ll", "hopper", 2, 8) == pytest.approx(39 * G)  # llMax binds
+    assert tuner.max_busbw_Bps("tree", "ll", "ampere", 1, 8) == pytest.approx(8 * 24 / 3.8 * G)
+    assert tuner.max_busbw_Bps("nvls_tree", "simple", "blackwell", 4, 8) == pytest.approx(8 * 80 * G)
+    # treeCorrectionFactor: log2i(nBytes >> 6), none below 64 B; NVLSTree only on Blackwell
+    assert tuner.tree_correction("tree", "simple", 63) == 1.0
+    assert tuner.tree_correction("tree", "simple", 64) == 0.9
+    assert tuner.tree_correction("tree", "ll128", 2 ** 22) == 0.8  # 4 MB: entry 16 (2.19: 0.7)
+    assert tuner.tree_correction("tree", "simple", 2 ** 29) == 1.0  # entry 23: Tree reads 23 entries
+    assert tuner.tree_correction("nvls_tree", "simple", 2 ** 29, "blackwell") == 0.9
+    assert tuner.tree_correction("nvls_tree", "simple", 2 ** 20, "hopper") == 1.0
+    assert tuner.nvls_efficiency("hopper") == 0.85 and tuner.nvls_efficiency("blackwell") == 0.74
+
+
+def test_ring_ll128_across_nodes_stops_at_its_per_channel_ceiling():
+    """2 DGX H100, ring/LL128 all-reduce at 1 GiB: 8 ring channels (one per NIC) x 36.7 GB/s bus
+    bandwidth bind before 0.92 x the NICs; latency baseLat 14 + 2(nNodes - 1) network steps of 4.0
+    and 28 intra-node steps of max(1.9, 1 us net overhead) us."""
+    topo = build_topology(H100.with_nodes(2))
+    t = collective_time_s(_coll("all_reduce", GiB, range(16)), topo, "ring/ll128")
+    lat = (14.0 + 2 * 4.0 + 28 * 1.9) * US
+    assert t == pytest.approx(lat + GiB * 2 * 15 / 16 / (8 * 36.7e9), rel=1e-9)
+
+
+def test_p2p_uses_ll_up_to_16_kb_per_channel_and_broadcast_steps_pay_tree_latency_with_simple():
+    """addP2pToPlan: LL when bytes <= nChannels x NCCL_P2P_LL_THRESHOLD (16 KB); ring broadcast
+    without sameChannels: nRanks x hwLat, the tree's with Simple (4.0 us over NVLink)."""
+    assert tuner.p2p_protocol(16384) == "ll" and tuner.p2p_protocol(16385) == "simple"
+    assert tuner.p2p_send_channels(130 * 1024, 8, 1) == 3 and tuner.p2p_protocol(130 * 1024, 8, 1) == "simple"
+    assert tuner.p2p_protocol(48 * 1024, 8, 1) == "simple"  # one 64 KB part: one channel
+    topo = build_topology(A100)
+    t = collective_time_s(_coll("broadcast", 8, range(8)), topo, "ring/simple")
+    assert t == pytest.approx((8.4 + 8 * 4.0) * US, rel=1e-3)

@@ -98,6 +98,6 @@ def test_the_tuner_picks_without_the_fill_and_the_time_includes_it():
     assert plan.algorithm == "nvls_tree/simple"
     t = collective_time_s(coll, topo)
     rate = 8 * 57.7e9 * 16 / (2 * 15)  # algorithm bytes per second at NCCL's ceiling
-    expected = (23 + 2 * 14) * US + (8 * MiB + 2 * 128 * 64 * 1024) / rate
+    expected = (25 + 2 * 20.9) * US + (8 * MiB + 2 * 128 * 64 * 1024) / rate
     assert t == pytest.approx(expected, rel=1e-9)
     assert simulate_plan(plan, topo.capacity_Bps) == pytest.approx(t, rel=1e-9)

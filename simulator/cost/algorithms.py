@@ -110,10 +110,10 @@ def tree_flows(topo: Topology, shape: GroupShape) -> tuple[Flow, ...]:
 def nvls_flows(topo: Topology, group: tuple[int, ...]) -> tuple[Flow, ...]:
     """NVLink SHARP: multimem.ld_reduce pulls every shard through the switch (S out per GPU, S/n
     back), multimem.st multicasts each reduced shard (S/n out, S in): S(1 + 1/n) each way, at
-    NVLS_EFFICIENCY of the NVLink rate (carried as that many more bytes)."""
+    nvlsEfficiency of the NVLink rate (carried as that many more bytes)."""
     n = len(group)
     node = topo.node_of(group[0])
-    per_gpu = (1 + 1 / n) / tuner.NVLS_EFFICIENCY
+    per_gpu = (1 + 1 / n) / tuner.nvls_efficiency(topo.cluster.gpu.architecture)
     flows = []
     for r in group:
         flows += [Flow(((f"gpu{r}", f"nvs{node}"),), per_gpu),

@@ -105,10 +105,10 @@ def _latencies(algorithm: str, protocol: str, op: str, shape: GroupShape,
     if algorithm == "ring":
         ph = phases[0]
         if ph.tag == "bcast":  # tuning.cc: baseLat + nsteps * hwLat, nsteps = nRanks
-            lat = shape.n * tuner.step_latency_s("ring", protocol, hw)
+            lat = shape.n * tuner.bcast_step_latency_s(protocol, hw)
             return tuner.base_latency_s("ring", protocol), [lat]
-        base, step = tuner.ring_latency_s(protocol, ph.repeat,
-                                          tuner.ring_inter_steps(op, shape.n, n_nodes), architecture)
+        base, step = tuner.ring_latency_s(protocol, ph.repeat, tuner.ring_inter_steps(op, shape.n, n_nodes),
+                                          architecture, shape.ppn)
         # NCCL runs twice as many channels as it searched rings (graph/connect.cc, nChannels*2)
         plateau = tuner.ring_plateau(op, protocol, n_nodes, size, 2 * len(phases[0].flows) // shape.n,
                                      shape.n, architecture)
@@ -171,7 +171,7 @@ def _candidates(op: str, size_bytes: float, group: tuple[int, ...], topo: Topolo
             protos: tuple[str, ...] = (forced_proto,)
         elif alg in ("direct", "p2p"):
             per_peer = size_bytes / len(group) if alg == "direct" else size_bytes
-            protos = (tuner.p2p_protocol(per_peer),)
+            protos = (tuner.p2p_protocol(per_peer, shape.n, shape.num_nodes, topo.cluster.nic_bandwidth_Bps / GB),)
         else:
             protos = tuner.protocols_for(alg)
         out += [(alg, p) for p in protos if algorithm is not None or tuner.allowed(fabric, alg, p)]
@@ -192,11 +192,13 @@ def _efficiency(topo: Topology, op: str, size: float, shape: GroupShape, alg: st
     """Fraction of the links' rate the collective reaches: the protocol's factor, NCCL's tree
     correction for medium sizes, and NCCL's bus-bandwidth ceilings (tuning.cc)."""
     eff = tuner.efficiency(alg, proto, op, shape.num_nodes)
-    if alg == "tree":
-        eff *= tuner.tree_correction(proto, size)
+    arch = topo.cluster.gpu.architecture
     channels = shape.rails if shape.uniform else 1
-    cap = tuner.max_busbw_Bps(alg, proto, topo.cluster.gpu.architecture, shape.num_nodes,
-                              channels)
+    # Ring channels of NCCL's ring graph across nodes: one per NIC (ncclTopoDupChannels leaves a
+    # Hopper graph under 50 GB/s per channel, an Ampere one under 25, undoubled); inside one node it
+    # doubles them to <= 30 GB/s per channel on DGX H100 / 20 on DGX A100, under the LL128 ceiling.
+    ring_channels = channels if shape.num_nodes > 1 else 0
+    cap = tuner.max_busbw_Bps(alg, proto, arch, shape.num_nodes, channels, ring_channels)
     if alg == "p2p":  # a send runs on as many P2P channels as its size earns (enqueue.cc)
         cap = tuner.p2p_max_Bps(size, shape.n, shape.num_nodes, topo.cluster.nic_bandwidth_Bps / GB)
     if cap < float("inf") and bw_s_per_byte > 0:
@@ -204,7 +206,8 @@ def _efficiency(topo: Topology, op: str, size: float, shape: GroupShape, alg: st
         # (and, since 2.28, for NVLS / NVLSTree: tuning.cc "ratio *= (1.0 * nRanks) / nsteps").
         ratio = 0.5 if alg == "tree" else 1 / busbw_factor(op, shape.n)
         eff = min(eff, cap * ratio * bw_s_per_byte)
-    return eff
+    # ncclTopoGetAlgoTime scales the tuned (capped) bandwidth by the tree correction
+    return eff * tuner.tree_correction(alg, proto, size, arch)
 
 
 def _estimate(topo: Topology, op: str, size: float, group: tuple[int, ...],
