@@ -10,7 +10,7 @@ import gzip
 import json
 from dataclasses import dataclass, field
 from functools import cached_property, partial
-from itertools import chain
+from itertools import chain, compress
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, Iterable, NamedTuple, Sequence
@@ -96,6 +96,11 @@ class Trace:
     def on(self, rank: int, stream: str | None = None) -> list[TraceEvent]:
         return [e for e in self.by_rank.get(rank, ()) if stream is None or e.stream == stream]
 
+    def memory_events(self, rank: int) -> list[TraceEvent]:
+        """The events of ``rank`` that allocate or free memory (mem_delta_bytes != 0), in trace order:
+        all a memory timeline reads."""
+        return [e for e in self.by_rank.get(rank, ()) if e.mem_delta_bytes]
+
     def busy_s(self, rank: int) -> float:
         """Seconds during which at least one of ``rank``'s streams is busy (the union of its events)."""
         events = self.by_rank.get(rank, ())
@@ -141,11 +146,30 @@ class ColumnTrace(Trace):
         tasks, start, end, flops = self._columns
         return _events(list(map(tasks.__getitem__, ids)), *(list(map(c.__getitem__, ids)) for c in (start, end, flops)))
 
+    @cached_property
+    def start_s(self) -> float:
+        return min(self._columns[1], default=0.0)
+
+    @cached_property
+    def end_s(self) -> float:
+        return max(self._columns[2], default=0.0)
+
     def on(self, rank: int, stream: str | None = None) -> list[TraceEvent]:
         if not self._lanes or "events" in self.__dict__:
             return super().on(rank, stream)
+        return self._make(self._ids(rank, stream))
+
+    def memory_events(self, rank: int) -> list[TraceEvent]:
+        if not self._lanes or "events" in self.__dict__:
+            return super().memory_events(rank)
+        ids = self._ids(rank, None)
+        tasks = self._columns[0]
+        return self._make(list(compress(ids, map(itemgetter(14), map(tasks.__getitem__, ids)))))  # mem_delta_bytes
+
+    def _ids(self, rank: int, stream: str | None) -> list[int]:
+        """Task ids of ``rank`` (on ``stream`` only, if given) in trace order, from the lanes."""
         lanes = [ids for (r, s), ids in self._lanes.items() if r == rank and (stream is None or s == stream)]
-        return self._make(sorted(chain.from_iterable(lanes)))
+        return sorted(chain.from_iterable(lanes))
 
     def last_end_by_rank(self) -> dict[int, float]:
         tasks, _, end, _ = self._columns

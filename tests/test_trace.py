@@ -157,6 +157,8 @@ def test_a_column_trace_is_the_trace_of_its_tasks_made_one_by_one():
     flops = trace.total_flops()
     on = {r: trace.on(r) for r in res.graph.ranks}
     on_comm = {r: trace.on(r, "comm_tp") for r in res.graph.ranks}
+    mem = {r: trace.memory_events(r) for r in res.graph.ranks}
+    span = (trace.start_s, trace.end_s)
     assert "events" not in trace.__dict__
     start, end = res.sim.start_s, res.sim.end_s
     one_by_one = tuple(TraceEvent(t.name, t.category, t.rank, t.stream, start[t.id], end[t.id], t.stage,
@@ -169,4 +171,7 @@ def test_a_column_trace_is_the_trace_of_its_tasks_made_one_by_one():
     assert list(last) == list(plain.last_end_by_rank())  # ranks in order of first appearance
     assert on == {r: plain.on(r) for r in res.graph.ranks} and all(on.values())
     assert on_comm == {r: plain.on(r, "comm_tp") for r in res.graph.ranks} and all(on_comm.values())
+    assert mem == {r: plain.memory_events(r) for r in res.graph.ranks} and all(mem.values())
+    assert mem[0] == [e for e in plain.events if e.rank == 0 and e.mem_delta_bytes != 0]
+    assert span == (plain.start_s, plain.end_s)
     assert to_chrome_json(trace) == to_chrome_json(plain)
