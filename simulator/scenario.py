@@ -14,6 +14,7 @@ from pathlib import Path
 
 from .hardware.clusters import ClusterSpec
 from .hardware.hwfile import CLUSTER_KEYS, cluster_from_table, read_cluster_file
+from .model.fp8 import FP8_RECIPES
 from .model.presets import MODEL_PRESETS
 from .model.spec import MLP_KINDS, ModelSpec
 from .units import DTYPE_BYTES
@@ -76,6 +77,7 @@ class TrainingSpec:
     attention: str = "flash"  # "flash" (FlashAttention-2) | "cudnn" (TE fused attention) | "unfused" (pre-2022 Megatron)
     grad_accumulation_fusion: bool = True  # weight-gradient GEMMs accumulate into fp32 main_grad directly
     cuda_graphs: bool = False  # kernels replayed from CUDA graphs: no per-kernel eager host dispatch
+    fp8_recipe: str = "delayed"  # TE FP8 scaling recipe (dtype "fp8"): delayed | current | blockwise | mxfp8
 
     @property
     def dtype_bytes(self) -> int:
@@ -318,6 +320,8 @@ def _training(table: dict) -> TrainingSpec:
         raise ScenarioError(f"training.attention must be 'flash', 'cudnn' or 'unfused', got {t.attention!r}")
     if t.grad_dtype not in ("", "fp32", "bf16", "fp16"):
         raise ScenarioError(f"training.grad_dtype must be fp32, bf16 or fp16, got {t.grad_dtype!r}")
+    if t.fp8_recipe not in FP8_RECIPES:
+        raise ScenarioError(f"training.fp8_recipe must be one of {', '.join(FP8_RECIPES)}, got {t.fp8_recipe!r}")
     return t
 
 

@@ -5,6 +5,7 @@ Each rule raises ScenarioError with one line naming the key(s) and the numbers.
 
 from __future__ import annotations
 
+from .model.fp8 import RECIPE_ARCHITECTURES
 from .strategy.schedules import SCHEDULES
 from .strategy.zero_impl import IMPLEMENTATIONS
 
@@ -23,8 +24,22 @@ def validate(scn) -> None:  # scn: scenario.Scenario (duck-typed to keep this mo
                             f"{c.num_gpus} GPUs ({c.num_nodes} nodes x {c.gpus_per_node})")
     if t.dtype == "fp8" and "fp8" not in c.gpu.peak_flops_per_s:
         raise ScenarioError(f"training.dtype = 'fp8' needs FP8 tensor cores; cluster.gpu {c.gpu.name} has none")
+    _check_fp8_recipe(c, t)
     _check_model_split(m, p, t)
     _check_batch_and_schedule(m, p, t)
+
+
+def _check_fp8_recipe(c, t) -> None:
+    """A scaling recipe other than delayed needs FP8 training and, for the block-scaled ones, a GPU
+    whose FP8 GEMMs take block scales (model/fp8.py RECIPE_ARCHITECTURES)."""
+    if t.fp8_recipe == "delayed":
+        return
+    if t.dtype != "fp8":
+        raise ScenarioError(f"training.fp8_recipe = {t.fp8_recipe!r} needs training.dtype = 'fp8', got {t.dtype!r}")
+    archs = RECIPE_ARCHITECTURES.get(t.fp8_recipe)
+    if archs and c.gpu.architecture not in archs:
+        raise ScenarioError(f"training.fp8_recipe = {t.fp8_recipe!r} needs a {' or '.join(archs)} GPU; "
+                            f"cluster.gpu {c.gpu.name} is {c.gpu.architecture}")
 
 
 def _check_model_split(m, p, t) -> None:

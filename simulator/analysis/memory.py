@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..model.fp8 import weight_copy_bytes_per_param
 from ..model.opgraph import build_op_graph
 from ..model.spec import ModelSpec
 from ..strategy.schedules import schedule_actions
@@ -25,9 +26,10 @@ OPTIMIZER_BYTES_PER_PARAM = {"adam": 12, "adamw": 12, "sgd": 8}
 # FP8 training (Transformer Engine) keeps the weights in bf16 and casts them to FP8 per GEMM
 # (Micikevicius et al. 2022, "FP8 Formats for Deep Learning", sec. 4; TE's fp8_autocast).
 MIN_PARAM_BYTES = DTYPE_BYTES["bf16"]
-# ...and keeps the FP8 copy of each linear layer's weight and of its transpose (TE Linear's
-# weight workspaces, cached across micro-batches): 2 bytes per parameter.
-FP8_WEIGHT_COPY_BYTES = 2
+# ...and keeps each linear layer's weight quantized in both usages across micro-batches (TE Linear's
+# weight workspaces), bytes per parameter by scaling recipe: model/fp8.py WEIGHT_COPY_BYTES (2 for
+# the per-tensor recipes: the FP8 weight and its transpose).
+FP8_WEIGHT_COPY_BYTES = weight_copy_bytes_per_param("delayed")
 # CUDA context with lazy module loading (CUDA >= 11.7, PyTorch's default): "around 400MB"
 # (PyTorch maintainers, pytorch/pytorch#109888; #86509 measured 287 MB for a minimal program).
 CUDA_CONTEXT_BYTES = 400 * MiB
@@ -151,11 +153,11 @@ def static_buffers(scn, counts: dict, trace_has_buffers: bool = False) -> dict:
     if par.zero_stage >= 2 and par.dp * par.cp > 1:
         out["dp_bucket"] = min(ZERO_REDUCE_BUCKET_ELEMENTS, params) * tr.grad_dtype_bytes
     if tr.dtype == "fp8" and par.zero_stage < 3:
-        # Transformer Engine caches each FP8 linear layer's weight cast and its transpose across the
-        # micro-batches of a step (``is_first_microbatch``): 1 + 1 B per parameter. An upper bound: the
-        # embedding and output layer rows a first or last stage holds stay BF16 but are counted. (ZeRO-3
-        # gathers a layer's weights per use: no persistent copy.)
-        out["fp8_weight_cache"] = params * FP8_WEIGHT_COPY_BYTES
+        # Transformer Engine caches each FP8 linear layer's quantized weight in both usages across the
+        # micro-batches of a step (``is_first_microbatch``): 1 + 1 B per parameter, plus the block
+        # recipes' scales. An upper bound: the embedding and output layer rows a first or last stage
+        # holds stay BF16 but are counted. (ZeRO-3 gathers a layer's weights per use: no persistent copy.)
+        out["fp8_weight_cache"] = params * weight_copy_bytes_per_param(tr.fp8_recipe)
     if par.zero_stage >= 3 and not trace_has_buffers and par.dp * par.cp > 1:
         layer = layer_param_counts(scn.model, par.tp, par.ep, par.etp)
         per_layer = layer["dense"] + layer["expert"]

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from ..hardware.gpus import GPUSpec
+from ..model.fp8 import FP8_PRECISIONS
 from ..tasks import OpWork, gemm_grad_shapes
 from ..units import DTYPE_BYTES
 
@@ -92,6 +93,25 @@ EFFICIENCIES: dict[str, Efficiency] = {
                             dense_flops_per_clock_per_sm=8192),
 }
 
+# Block-scaled FP8 GEMMs (training.fp8_recipe "blockwise" / "mxfp8", model/fp8.py): main-loop rate
+# relative to the per-tensor-scaled FP8 kernel above, per (Op.precision, architecture); measured by
+# others, not fitted:
+# - Hopper 1x128 x 128x128 (cuBLAS >= 12.9, which TE's Float8BlockScaling calls): NVIDIA's cuBLAS 12.9
+#   blog ("Boosting Matrix Multiplication Speed and Flexibility with NVIDIA cuBLAS 12.9", 2025): block-
+#   scaled FP8 matmuls on Hopper reach up to 1.75x BF16 on large matmuls, where the per-tensor FP8
+#   kernel reaches 2.0x (the tilelang measurements of fp8_block_k above: FP8/BF16 time 0.50 at
+#   k >= 4096): 1.75 / 2.0 = 0.875. (DeepGEMM's README, H800: its own block-scaled kernel reached
+#   1520 TFLOP/s at 4096x7168x16384 and 1.4x its CUTLASS 3.6 baseline; TE does not run DeepGEMM.)
+# - Blackwell 1x32 MXFP8 (tcgen05 block-scaled MMA): TE's GEMM profiling tutorial
+#   (docs/examples/gemm_profiling, B300, pre-quantized inputs, 5B model's 12 GEMMs per layer):
+#   MXFP8 7.161 ms against per-tensor FP8 (CurrentScaling) 6.812 ms: 6.812 / 7.161 = 0.951. TE runs
+#   Float8BlockScaling on Blackwell through MXFP8 GEMMs (TE docs fp8_blockwise_scaling), same rate.
+BLOCK_SCALED_GEMM_RATE: dict[tuple[str, str], float] = {
+    ("fp8-block", "hopper"): 1.75 / 2.0,
+    ("fp8-block", "blackwell"): 6.812 / 7.161,
+    ("mxfp8", "blackwell"): 6.812 / 7.161,
+}
+
 # Host time of one eager PyTorch op issued from Python while the GPU waits (an OpWork of kind "host",
 # shape (ops,)): PyTorch operator micro-benchmark of a tiny view op on a CUDA tensor, "Forward
 # Execution Time (us) : 3.333" (split, pytorch/pytorch PR #32194, 2020), measured by others.
@@ -170,16 +190,15 @@ class RooflineCompute:
         mem_s = op.bytes / self.mem_Bps
         if op.kind == "gemm" and op.flops > 0:
             m, n, k = gemm_shape(op)
-            fp8 = op.precision == "fp8"
             if is_fused_backward_gemm(op):
                 # a fused backward of the forward GEMM (m, n, k): the input- and weight-gradient
                 # GEMMs, each with its own waves and main-loop length, two kernels as B and W alone
                 dgrad, wgrad = gemm_grad_shapes((m, n, k))
                 half = op.flops / 2
-                flop_s = (self._gemm_s(half, *dgrad, fp8) + self._gemm_s(half, *wgrad, fp8)
+                flop_s = (self._gemm_s(half, *dgrad, op.precision) + self._gemm_s(half, *wgrad, op.precision)
                           + self.eff.kernel_overhead_s)
             else:
-                flop_s = self._gemm_s(op.flops, m, n, k, fp8)
+                flop_s = self._gemm_s(op.flops, m, n, k, op.precision)
         elif op.kind == "attention" and op.flops > 0 and self.attention == "unfused":
             return self._unfused_attention_s(op)
         elif op.kind == "attention" and op.flops > 0:
@@ -191,13 +210,20 @@ class RooflineCompute:
             flop_s = 0.0
         return max(flop_s, mem_s) + self.eff.kernel_overhead_s
 
-    def _gemm_s(self, flops: float, m: int, n: int, k: int, fp8: bool = False) -> float:
+    def _gemm_s(self, flops: float, m: int, n: int, k: int, precision: str = "") -> float:
+        """A GEMM's time; ``precision`` an FP8 tag of model/fp8.py or "" (the training dtype)."""
         # Either orientation of the output can be tiled; cuBLAS picks the better one.
         wave = max(wave_efficiency(m, n, self.eff.num_sms), wave_efficiency(n, m, self.eff.num_sms))
+        fp8 = precision in FP8_PRECISIONS
         if fp8 and not self.eff.fp8_block_k:
             raise ValueError(f"gpu {self.gpu.name} has no FP8 tensor cores (training.dtype = 'fp8')")
         block_k, peak = (self.eff.fp8_block_k, self.fp8_peak_flops_per_s) if fp8 else (self.eff.block_k,
                                                                                         self.peak_flops_per_s)
+        if fp8 and precision != "fp8":
+            rate = BLOCK_SCALED_GEMM_RATE.get((precision, self.gpu.architecture))
+            if rate is None:
+                raise ValueError(f"gpu {self.gpu.name} ({self.gpu.architecture}) has no {precision} GEMM")
+            peak *= rate
         keff = k_efficiency(k, block_k, self.eff.tile_overhead_iters)
         return flops / (peak * self.eff.gemm_max * wave * keff)
 

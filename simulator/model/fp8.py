@@ -1,23 +1,48 @@
-"""FP8 training as Transformer Engine runs it: which GEMMs run in FP8 and the cast kernels around them.
+"""FP8 training as Transformer Engine runs it: which GEMMs run in FP8 and the quantization kernels
+around them, per TE scaling recipe (``training.fp8_recipe``).
 
-Recipe modelled: TE's per-tensor *delayed scaling* (``DelayedScaling``, the NeMo/Megatron-Core default
-``fp8: hybrid``: E4M3 forward, E5M2 gradients). Under ``fp8_autocast`` only TE modules run FP8 GEMMs:
-Megatron-Core's TE linear layers (QKV, attention projection, fc1, fc2, the experts' linears). The
-core attention (TE ``DotProductAttention`` without ``fp8_dpa``), norms, activations, the router
-(a plain ``torch`` linear) and the output layer (``tensor_parallel.ColumnParallelLinear``, not a TE
-module) stay in BF16, and activations travel between kernels in BF16 (TE docs, "Using FP8 with
-Transformer Engine"; Megatron-Core ``transformer_engine.py``).
+Under ``fp8_autocast`` only TE modules run FP8 GEMMs: Megatron-Core's TE linear layers (QKV, attention
+projection, fc1, fc2, the experts' linears). The core attention (TE ``DotProductAttention`` without
+``fp8_dpa``), norms, activations, the router (a plain ``torch`` linear) and the output layer
+(``tensor_parallel.ColumnParallelLinear``, not a TE module) stay in BF16, and activations travel
+between kernels in BF16 (TE docs, "Using FP8 with Transformer Engine"; Megatron-Core
+``transformer_engine.py``). Each FP8 linear quantizes its BF16 input x before the forward GEMM and
+its BF16 output gradient dy before the dgrad and wgrad GEMMs, each into a row-wise copy and a
+column-wise one (TE docs, low_precision_training/performance_considerations: "each tensor (input,
+weight, output gradient) needs both rowwise and columnwise usages"). The recipes differ in how:
 
-Around every FP8 linear layer, TE moves (``transformer_engine/pytorch/module/linear.py`` and
-``layernorm_linear.py``, TE 1.x):
-- forward: the BF16 input is cast to FP8 and transposed for the weight gradient (``fp8_cast_transpose``:
-  read 2 B, write 1 + 1 B per element); when a LayerNorm/RMSNorm feeds the layer (``LayerNormLinear``)
-  the norm kernel writes FP8 itself and only the transpose remains (read 1 B, write 1 B);
-- backward: the BF16 output gradient is cast and transposed the same way (read 2 B, write 1 + 1 B)
-  before the input-gradient (dgrad) and weight-gradient (wgrad) FP8 GEMMs.
-Neglected: the weight cast + transpose (once per step: TE caches FP8 weights across micro-batches
-through ``is_first_microbatch``), the fused amax/scale update kernel (one per pass, a few µs) and the
-amax all-reduce; the expert linears' casts (their token counts follow the dispatcher).
+- ``delayed`` (``DelayedScaling``, the NeMo/Megatron-Core default ``fp8: hybrid``; TE 1.x
+  ``module/linear.py``, ``layernorm_linear.py``): the scale comes from an amax history, so x is cast
+  and transposed in one kernel (``fp8_cast_transpose``: read 2 B, write 1 + 1 B per element); when a
+  LayerNorm/RMSNorm feeds the layer the norm writes FP8 itself (TE ``normalization.cpp``: Float8
+  quantizers take the ``FULLY_FUSED`` norm) and only the transpose remains (read 1, write 1); dy is
+  cast and transposed the same way (4 B).
+- ``current`` (``Float8CurrentScaling``; ``Float8CurrentScalingQuantizer::quantize_impl`` in TE
+  ``pytorch/csrc/quantizer.cpp``): the scale comes from the tensor itself, three kernels per tensor:
+  ``nvte_compute_amax`` (reads the BF16 tensor, 2 B per element), ``nvte_compute_scale_from_amax``
+  (one scalar) and the cast-transpose (4 B). After a norm the amax is computed inside the norm kernel
+  (``FUSED_NORM_AMAX_FP8``), which then writes BF16: the scale kernel and the full cast-transpose
+  remain. With sequence parallelism TE also all-reduces the amax over the TP group for the inputs of
+  column-parallel layers and the output gradients of row-parallel ones
+  (``set_quantizer_amax_reduction_group`` in ``module/linear.py``): a collective, emitted by the
+  lowering, not modelled here.
+- ``blockwise`` (``Float8BlockScaling``, DeepSeek-V3's recipe; TE docs fp8_blockwise_scaling): 1x128
+  tiles for x and dy with one FP32 scale each, 128x128 blocks for weights. A 1D-scaled tensor's
+  column-wise copy cannot be transposed from its row-wise one: one kernel
+  (``quantize_transpose_vector_blockwise.cu``) reads the BF16 tensor and writes both FP8 copies and
+  both scale arrays, 2 + 2 x (1 + 4/128) B per element; norms run unfused (``Impl::UNFUSED``).
+- ``mxfp8`` (``MXFP8BlockScaling``, Blackwell; TE docs mxfp8): 1x32 blocks with E8M0 (1-byte)
+  scales; the row-wise (1x32) and column-wise (32x1) copies are quantized separately from the BF16
+  source, in one kernel (``cast/mxfp8/quantize_mxfp8.cuh`` with ROWWISE_SCALING and COLWISE_SCALING),
+  2 + 2 x (1 + 1/32) B per element; norms run unfused unless ``NVTE_NORM_FWD_USE_CUDNN``.
+
+The GEMMs of ``blockwise`` and ``mxfp8`` are block-scaled kernels, tagged by their own ``precision``
+(cost/compute.py prices them); ``delayed`` and ``current`` run the same per-tensor-scaled GEMM.
+Neglected for every recipe: the weight quantization (once per step: TE caches FP8 weights across
+micro-batches through ``is_first_microbatch``), the amax-history update kernel of ``delayed`` (one per
+pass), the scale swizzle after an FP8 all-gather, and the expert linears' quantization (their token
+counts follow the dispatcher). ``current`` keeps Hopper's transposed column-wise copy on Blackwell too,
+where one layout serves both usages (TE docs): 1 B per element too many there.
 """
 
 from __future__ import annotations
@@ -27,12 +52,61 @@ from dataclasses import replace
 from .opgraph import Op
 
 FP8 = "fp8"
+FP8_RECIPES = ("delayed", "current", "blockwise", "mxfp8")
+# Op.precision of a TE linear's GEMM per recipe: the per-tensor-scaled FP8 GEMM, the Hopper 1x128 /
+# 128x128 block-scaled one (cuBLAS >= 12.9), the Blackwell 1x32 microscaled one.
+GEMM_PRECISION = {"delayed": FP8, "current": FP8, "blockwise": "fp8-block", "mxfp8": "mxfp8"}
+FP8_PRECISIONS = frozenset(GEMM_PRECISION.values())
+# GPU architectures a recipe needs beyond FP8 tensor cores (TE docs, "Supported devices"): blockwise
+# "Hopper (SM 9.0); Blackwell and later ... emulated with MXFP8"; MXFP8 "SM 10.0, SM 10.3".
+RECIPE_ARCHITECTURES = {"blockwise": ("hopper", "blackwell"), "mxfp8": ("blackwell",)}
+
 # Bytes per element: cast + transpose of a BF16 tensor (read 2, write 1 row-wise + 1 column-wise FP8);
 # transpose of an FP8 tensor a norm kernel already wrote (read 1, write 1).
 CAST_TRANSPOSE_BYTES = 4
 TRANSPOSE_ONLY_BYTES = 2
+# Current scaling's amax pass reads the BF16 tensor once (TE docs fp8_current_scaling: "two tensor
+# reads are needed, one to compute amax and one to apply the scaling factor and cast to FP8").
+AMAX_BYTES = 2
+# nvte_compute_scale_from_amax: reads the FP32 amax, writes the FP32 scale; a launch, not a stream.
+SCALE_KERNEL_BYTES = 8
+# Scale bytes per data element of one quantized copy: an FP32 scale per 1x128 tile (blockwise), an
+# E8M0 byte per 1x32 block (MXFP8), an FP32 scale per 128x128 weight block.
+BLOCK_1D_SCALE_BYTES = 4 / 128
+MX_SCALE_BYTES = 1 / 32
+BLOCK_2D_SCALE_BYTES = 4 / (128 * 128)
+# One kernel reading BF16 and writing the row-wise and column-wise copies with their scales.
+BLOCKWISE_QUANTIZE_BYTES = 2 + 2 * (1 + BLOCK_1D_SCALE_BYTES)
+MXFP8_QUANTIZE_BYTES = 2 + 2 * (1 + MX_SCALE_BYTES)
+# TE keeps each FP8 linear's weight quantized in both usages across the micro-batches of a step (the
+# Linear's weight workspaces): 1 + 1 B per parameter, plus the copies' scales for the block recipes
+# (128x128 FP32 blocks for blockwise weights, 1x32 / 32x1 E8M0 blocks for MXFP8).
+WEIGHT_COPY_BYTES = {"delayed": 2, "current": 2, "blockwise": 2 * (1 + BLOCK_2D_SCALE_BYTES),
+                     "mxfp8": 2 * (1 + MX_SCALE_BYTES)}
+
 _SPLITS_OF_INPUT = {"column": "none", "row": "row"}  # the GEMM input's TP split, by the GEMM's own split
 _SPLITS_OF_GRAD = {"column": "column", "row": "none"}  # the output gradient's TP split
+
+
+def weight_copy_bytes_per_param(recipe: str) -> float:
+    """Bytes per FP8-linear parameter of the quantized weight copies TE caches for ``recipe``."""
+    return WEIGHT_COPY_BYTES[recipe]
+
+
+def quantize_kernels(recipe: str, after_norm: bool) -> tuple[tuple[str, float, float], ...]:
+    """The kernels that quantize one BF16 tensor for ``recipe``, in execution order: (name, bytes per
+    element, fixed bytes). ``after_norm``: a norm kernel produced the tensor (forward input of a
+    LayerNormLinear), so the delayed recipe's norm wrote FP8 and current scaling's norm the amax."""
+    if recipe == "delayed":
+        return (("fp8_cast", TRANSPOSE_ONLY_BYTES if after_norm else CAST_TRANSPOSE_BYTES, 0),)
+    if recipe == "current":
+        amax = () if after_norm else (("fp8_amax", AMAX_BYTES, 0),)
+        return amax + (("fp8_scale", 0, SCALE_KERNEL_BYTES), ("fp8_cast", CAST_TRANSPOSE_BYTES, 0))
+    if recipe == "blockwise":
+        return (("fp8_cast", BLOCKWISE_QUANTIZE_BYTES, 0),)
+    if recipe == "mxfp8":
+        return (("fp8_cast", MXFP8_QUANTIZE_BYTES, 0),)
+    raise ValueError(f"fp8 recipe {recipe!r} is unknown; known: {', '.join(FP8_RECIPES)}")
 
 
 def is_fp8_linear(op: Op) -> bool:
@@ -40,29 +114,34 @@ def is_fp8_linear(op: Op) -> bool:
     return op.kind == "gemm" and op.tp_split in ("column", "row", "expert")
 
 
-def _cast(name: str, op: Op, width: int, split: str, fwd_elem: int, bwd_elem: int) -> Op:
+def _kernel(name: str, op: Op, width: int, split: str, per_elem: float, fixed: float, backward: bool) -> Op:
     tokens = op.shape[0]
-    e = tokens * width
-    return Op(name, "elementwise", op.block, 0.0, 0.0, 0.0, fwd_elem * e, bwd_elem * e, 0, (tokens, width),
-              split, op.dtype_bytes)
+    nbytes = per_elem * tokens * width + fixed
+    fwd, bwd = (0, nbytes) if backward else (nbytes, 0)
+    return Op(name, "elementwise", op.block, 0.0, 0.0, 0.0, fwd, bwd, 0, (tokens, width), split, op.dtype_bytes)
 
 
-def fp8_layer(ops: tuple[Op, ...]) -> tuple[Op, ...]:
-    """The layer's ops with TE's FP8 linears: the GEMM marked ``precision = "fp8"``, its input cast before
-    it (forward only) and its output-gradient cast after it (backward only, so it runs before the
-    GEMM's backward)."""
+def fp8_layer(ops: tuple[Op, ...], recipe: str = "delayed") -> tuple[Op, ...]:
+    """The layer's ops with TE's FP8 linears for ``recipe``: the GEMM marked with the recipe's
+    ``precision``, its input's quantization kernels before it (forward only) and its output
+    gradient's after it in reverse order (backward only: the backward walks the ops in reverse, so
+    they run in order before the GEMM's backward)."""
+    if recipe not in GEMM_PRECISION:
+        raise ValueError(f"fp8 recipe {recipe!r} is unknown; known: {', '.join(FP8_RECIPES)}")
+    precision = GEMM_PRECISION[recipe]
     out: list[Op] = []
     for i, op in enumerate(ops):
         if not is_fp8_linear(op):
             out.append(op)
             continue
-        if op.tp_split in _SPLITS_OF_INPUT:
-            _m, n, k = op.shape
-            after_norm = i > 0 and ops[i - 1].kind == "norm"
-            fwd = TRANSPOSE_ONLY_BYTES if after_norm else CAST_TRANSPOSE_BYTES
-            out.append(_cast(f"{op.name}.fp8_cast_x", op, k, _SPLITS_OF_INPUT[op.tp_split], fwd, 0))
-            out.append(replace(op, precision=FP8))
-            out.append(_cast(f"{op.name}.fp8_cast_dy", op, n, _SPLITS_OF_GRAD[op.tp_split], 0, CAST_TRANSPOSE_BYTES))
-        else:
-            out.append(replace(op, precision=FP8))
+        if op.tp_split not in _SPLITS_OF_INPUT:
+            out.append(replace(op, precision=precision))
+            continue
+        _m, n, k = op.shape
+        after_norm = i > 0 and ops[i - 1].kind == "norm"
+        for name, per_elem, fixed in quantize_kernels(recipe, after_norm):
+            out.append(_kernel(f"{op.name}.{name}_x", op, k, _SPLITS_OF_INPUT[op.tp_split], per_elem, fixed, False))
+        out.append(replace(op, precision=precision))
+        for name, per_elem, fixed in reversed(quantize_kernels(recipe, False)):
+            out.append(_kernel(f"{op.name}.{name}_dy", op, n, _SPLITS_OF_GRAD[op.tp_split], per_elem, fixed, True))
     return tuple(out)

@@ -331,9 +331,11 @@ def _head_ops(m: ModelSpec, b: int, d: int) -> list[Op]:
     ]
 
 
-def build_op_graph(model: ModelSpec, micro_batch_size: int, dtype: str = "bf16") -> OpGraph:
-    """The graph of one micro-batch. ``dtype = "fp8"`` is Transformer Engine's recipe (model/fp8.py):
-    BF16 activations and kernels, FP8 linear-layer GEMMs with their cast kernels."""
+def build_op_graph(model: ModelSpec, micro_batch_size: int, dtype: str = "bf16",
+                   fp8_recipe: str = "delayed") -> OpGraph:
+    """The graph of one micro-batch. ``dtype = "fp8"`` is Transformer Engine's FP8 training with the
+    scaling recipe ``fp8_recipe`` (model/fp8.py): BF16 activations and kernels, FP8 linear-layer GEMMs
+    with their quantization kernels."""
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
     model.check()
@@ -345,7 +347,7 @@ def build_op_graph(model: ModelSpec, micro_batch_size: int, dtype: str = "bf16")
         dense, windowed = i < model.moe_first_dense_layers, model.is_windowed_layer(i)
         if (dense, windowed) not in kinds:
             ops = tuple(_attention_ops(model, b, d, windowed) + _mlp_ops(model, b, d, dense=dense))
-            kinds[dense, windowed] = fp8_layer(ops) if dtype == "fp8" else ops
+            kinds[dense, windowed] = fp8_layer(ops, fp8_recipe) if dtype == "fp8" else ops
     main = next(kinds[k] for k in ((False, False), (False, True), (True, False), (True, True)) if k in kinds)
     return OpGraph(model, b, d, tuple(_embed_ops(model, b, d)), main, tuple(_head_ops(model, b, d)),
                    kinds.get((True, False), ()), kinds.get((False, True), ()), kinds.get((True, True), ()))
