@@ -1,0 +1,190 @@
+"""FP8 scaling recipes (training.fp8_recipe) as Transformer Engine runs them: each recipe's quantization
+kernels and bytes per TE linear in closed form, their order in the backward, the block-scaled GEMMs'
+rates, the cached weight copies, and the scenario rules that refuse a recipe by name."""
+
+import pytest
+
+from simulator.analysis.memory import static_buffers
+from simulator.cost.compute import BLOCK_SCALED_GEMM_RATE, EFFICIENCIES, RooflineCompute
+from simulator.hardware.gpus import GPU_PRESETS
+from simulator.model.fp8 import (AMAX_BYTES, CAST_TRANSPOSE_BYTES, FP8_RECIPES, SCALE_KERNEL_BYTES,
+                                 TRANSPOSE_ONLY_BYTES, weight_copy_bytes_per_param)
+from simulator.model.opgraph import build_op_graph, gemm_flops
+from simulator.model.spec import ModelSpec
+from simulator.scenario import scenario_from_dict
+from simulator.scenario_checks import ScenarioError
+from simulator.strategy.sharding import shard_ops, shard_ops_backward
+from simulator.tasks import OpWork
+
+H100 = GPU_PRESETS["h100-sxm5-80gb"]
+B200 = GPU_PRESETS["b200-sxm-180gb"]
+A100 = GPU_PRESETS["a100-sxm4-80gb"]
+LLAMA = ModelSpec("llama-small", num_layers=2, hidden_size=1024, num_attention_heads=8, num_kv_heads=2,
+                  vocab_size=4096, seq_length=512, ffn_hidden_size=3584, mlp="swiglu")
+GEMMS = ("qkv", "attn_out", "fc1", "fc2")
+AFTER_NORM = {"qkv": True, "attn_out": False, "fc1": True, "fc2": False}  # ln1 -> qkv, ln2 -> fc1
+
+
+def layer(recipe):
+    return {o.name: o for o in build_op_graph(LLAMA, 1, "fp8", recipe).layer}
+
+
+def widths(ops):
+    """(tokens, input width k, output width n) of each TE linear."""
+    return {g: (ops[g].shape[0], ops[g].shape[2], ops[g].shape[1]) for g in GEMMS}
+
+
+def test_delayed_is_the_default_and_todays_graph():
+    assert build_op_graph(LLAMA, 1, "fp8") == build_op_graph(LLAMA, 1, "fp8", "delayed")
+    ops = layer("delayed")
+    for g, (t, k, n) in widths(ops).items():
+        x = TRANSPOSE_ONLY_BYTES if AFTER_NORM[g] else CAST_TRANSPOSE_BYTES
+        assert ops[f"{g}.fp8_cast_x"].fwd_bytes == t * k * x
+        assert ops[f"{g}.fp8_cast_dy"].bwd_bytes == t * n * CAST_TRANSPOSE_BYTES
+        assert ops[g].precision == "fp8"
+    assert len(ops) == 11 + 2 * 4
+
+
+def test_current_scaling_adds_an_amax_pass_and_a_scale_kernel_per_tensor():
+    # Float8CurrentScalingQuantizer::quantize_impl: compute_amax (read 2 B), compute_scale_from_amax,
+    # cast-transpose (2 + 1 + 1 B); after a norm the norm kernel computes the amax (FUSED_NORM_AMAX_FP8).
+    ops = layer("current")
+    for g, (t, k, n) in widths(ops).items():
+        assert ops[g].precision == "fp8"  # the same per-tensor-scaled GEMM as delayed
+        assert ops[f"{g}.fp8_cast_x"].fwd_bytes == t * k * 4
+        assert ops[f"{g}.fp8_scale_x"].fwd_bytes == SCALE_KERNEL_BYTES == 8
+        if AFTER_NORM[g]:
+            assert f"{g}.fp8_amax_x" not in ops
+        else:
+            assert ops[f"{g}.fp8_amax_x"].fwd_bytes == t * k * AMAX_BYTES == t * k * 2
+        assert ops[f"{g}.fp8_amax_dy"].bwd_bytes == t * n * 2
+        assert ops[f"{g}.fp8_scale_dy"].bwd_bytes == 8
+        assert ops[f"{g}.fp8_cast_dy"].bwd_bytes == t * n * 4
+    # per layer: 3 kernels per tensor, less the two amax passes the norms absorb
+    assert len(ops) == 11 + 4 * 2 * 3 - 2
+
+
+@pytest.mark.parametrize("recipe, per_elem, precision", [
+    # one kernel: read BF16 (2 B), write the row-wise and column-wise FP8 copies (1 + 1 B) and their
+    # scales: FP32 per 1x128 tile (blockwise), E8M0 byte per 1x32 block (MXFP8)
+    ("blockwise", 2 + 2 * (1 + 4 / 128), "fp8-block"),
+    ("mxfp8", 2 + 2 * (1 + 1 / 32), "mxfp8"),
+])
+def test_block_recipes_quantize_both_copies_with_their_scales_in_one_kernel(recipe, per_elem, precision):
+    ops = layer(recipe)
+    assert per_elem == 4.0625
+    for g, (t, k, n) in widths(ops).items():
+        assert ops[g].precision == precision
+        assert ops[f"{g}.fp8_cast_x"].fwd_bytes == t * k * per_elem  # the norms run unfused: no FP8 output
+        assert ops[f"{g}.fp8_cast_dy"].bwd_bytes == t * n * per_elem
+    assert len(ops) == 11 + 2 * 4
+
+
+@pytest.mark.parametrize("recipe", FP8_RECIPES)
+def test_recipes_change_kernels_not_the_model(recipe):
+    g, bf16 = build_op_graph(LLAMA, 1, "fp8", recipe), build_op_graph(LLAMA, 1, "bf16")
+    assert g.num_params() == bf16.num_params() and g.fwd_flops() == bf16.fwd_flops()
+    assert g.bwd_flops() == bf16.bwd_flops()
+    assert all(o.precision == "" for o in g.head + g.embed)  # the output layer is not a TE module
+    with pytest.raises(ValueError):
+        build_op_graph(LLAMA, 1, "fp8", "nvfp4")
+
+
+def test_current_scaling_kernels_run_in_order_in_both_passes():
+    ops = build_op_graph(LLAMA, 1, "fp8", "current").layer
+    fwd = [w.name for w in shard_ops(ops, 1, False, 1, 1)]
+    assert fwd[fwd.index("attn_out") - 3:fwd.index("attn_out") + 1] == [
+        "attn_out.fp8_amax_x", "attn_out.fp8_scale_x", "attn_out.fp8_cast_x", "attn_out"]
+    assert not any(n.endswith("_dy") for n in fwd)
+    bwd = [w.name for w in shard_ops_backward(ops, 1, False, 1, 1, "BW")]
+    i = bwd.index("fc2")
+    assert bwd[i - 3:i + 1] == ["fc2.fp8_amax_dy", "fc2.fp8_scale_dy", "fc2.fp8_cast_dy", "fc2"]
+    assert not any(n.endswith("_x") for n in bwd)
+
+
+def test_quantize_kernels_cost_their_bytes_and_the_scale_kernel_its_launch():
+    rc, eff = RooflineCompute(H100, "fp8"), EFFICIENCIES["hopper"]
+    t, k = 4096, 8192
+    cast = OpWork("fc2.fp8_cast_x", "elementwise", 0.0, t * k * 4.0625, (t, k))
+    assert rc.op_time_s(cast) == pytest.approx(t * k * 4.0625 / (H100.hbm_bandwidth_Bps * eff.memory)
+                                               + eff.kernel_overhead_s)
+    scale = OpWork("fc2.fp8_scale_x", "elementwise", 0.0, SCALE_KERNEL_BYTES, (t, k))
+    assert rc.op_time_s(scale) == pytest.approx(eff.kernel_overhead_s, rel=1e-3)
+
+
+@pytest.mark.parametrize("gpu, precision", [(H100, "fp8-block"), (B200, "fp8-block"), (B200, "mxfp8")])
+@pytest.mark.parametrize("shape", [(8192, 8192, 8192), (4096, 28672, 4096), (4096, 4096, 14336)])
+def test_block_scaled_gemm_lies_between_bf16_and_half_of_it(gpu, precision, shape):
+    rc = RooflineCompute(gpu, "fp8")
+    m, n, k = shape
+    bf16 = RooflineCompute(gpu, "bf16").op_time_s(OpWork("g", "gemm", gemm_flops(m, n, k), 0.0, shape))
+    tensor = rc.op_time_s(OpWork("g", "gemm", gemm_flops(m, n, k), 0.0, shape, "fp8"))
+    block = rc.op_time_s(OpWork("g", "gemm", gemm_flops(m, n, k), 0.0, shape, precision))
+    assert bf16 / 2 < tensor < block < bf16
+    # the per-tensor kernel's main loop at the block-scaled rate; the launch floor unchanged
+    floor = EFFICIENCIES[gpu.architecture].kernel_overhead_s
+    rate = BLOCK_SCALED_GEMM_RATE[precision, gpu.architecture]
+    assert block - floor == pytest.approx((tensor - floor) / rate)
+
+
+def test_block_scaled_rates_are_the_published_ratios():
+    assert BLOCK_SCALED_GEMM_RATE["fp8-block", "hopper"] == 1.75 / 2.0  # cuBLAS 12.9 blog vs per-tensor 2x
+    assert BLOCK_SCALED_GEMM_RATE["mxfp8", "blackwell"] == pytest.approx(0.951, abs=5e-4)  # TE B300 table
+
+
+def test_block_scaled_gemm_on_a_gpu_without_it_is_an_internal_error():
+    shape = (4096, 4096, 4096)
+    with pytest.raises(ValueError, match="has no mxfp8 GEMM"):
+        RooflineCompute(H100, "fp8").op_time_s(OpWork("g", "gemm", gemm_flops(*shape), 0.0, shape, "mxfp8"))
+    with pytest.raises(ValueError, match="no FP8 tensor cores"):
+        RooflineCompute(A100, "bf16").op_time_s(OpWork("g", "gemm", gemm_flops(*shape), 0.0, shape, "fp8-block"))
+
+
+def raw(recipe, dtype="fp8", cluster="dgx-h100"):
+    return {"model": {"num_layers": 2, "hidden_size": 1024, "num_attention_heads": 8, "vocab_size": 4096,
+                      "seq_length": 512, "mlp": "swiglu"},
+            "cluster": {"preset": cluster, "num_nodes": 1},
+            "parallelism": {"tp": 1, "dp": 8, "zero_stage": 1},
+            "training": {"global_batch_size": 8, "dtype": dtype, "fp8_recipe": recipe}}
+
+
+@pytest.mark.parametrize("recipe, per_param", [("delayed", 2), ("current", 2),
+                                               ("blockwise", 2 * (1 + 4 / (128 * 128))),
+                                               ("mxfp8", 2 * (1 + 1 / 32))])
+def test_weight_cache_holds_both_quantized_copies_and_their_scales(recipe, per_param):
+    cluster = "dgx-b200" if recipe == "mxfp8" else "dgx-h100"
+    counts = {"dense": 1_000_000, "expert": 0}
+    assert weight_copy_bytes_per_param(recipe) == per_param
+    assert static_buffers(scenario_from_dict(raw(recipe, cluster=cluster)), counts)["fp8_weight_cache"] == \
+        1_000_000 * per_param
+
+
+def test_recipes_are_refused_by_name_with_the_numbers():
+    with pytest.raises(ScenarioError, match="training.fp8_recipe = 'current' needs training.dtype = 'fp8', "
+                                            "got 'bf16'"):
+        scenario_from_dict(raw("current", dtype="bf16"))
+    with pytest.raises(ScenarioError, match="training.fp8_recipe = 'mxfp8' needs a blackwell GPU; "
+                                            "cluster.gpu h100-sxm5-80gb is hopper"):
+        scenario_from_dict(raw("mxfp8"))
+    with pytest.raises(ScenarioError, match="training.fp8_recipe must be one of delayed, current, blockwise, "
+                                            "mxfp8, got 'nvfp4'"):
+        scenario_from_dict(raw("nvfp4"))
+    assert scenario_from_dict(raw("delayed", dtype="bf16")).training.fp8_recipe == "delayed"  # the default
+    assert scenario_from_dict(raw("blockwise")).training.fp8_recipe == "blockwise"
+    assert scenario_from_dict(raw("blockwise", cluster="dgx-b200")).training.fp8_recipe == "blockwise"
+
+
+def test_a_bad_recipe_exits_2_from_the_command_line(capsys):
+    from simulator.__main__ import main
+    assert main(["run", "scenarios/llama31-70b-fp8-64xh100.toml", "--set", "training.fp8_recipe=mxfp8",
+                 "--json"]) == 2
+    assert "needs a blackwell GPU" in capsys.readouterr().err
+
+
+def test_an_mxfp8_scenario_runs_on_b200():
+    from simulator.pipeline import simulate
+    from simulator.scenario import load_scenario
+    res = simulate(load_scenario("scenarios/llama3-8b-mxfp8-8xb200.toml"))
+    m = res.metrics
+    assert res.scenario.training.fp8_recipe == "mxfp8" and res.scenario.cluster.gpu.architecture == "blackwell"
+    assert m["iteration_time_s"] > 0 and m["fits_in_memory"]
