@@ -188,3 +188,27 @@ def test_an_mxfp8_scenario_runs_on_b200():
     m = res.metrics
     assert res.scenario.training.fp8_recipe == "mxfp8" and res.scenario.cluster.gpu.architecture == "blackwell"
     assert m["iteration_time_s"] > 0 and m["fits_in_memory"]
+
+
+def test_the_recipe_reaches_the_simulated_step_and_the_search_estimate():
+    """End to end: the lowering and the plan search's estimate build the op graph of the scenario's
+    recipe, so block-scaled FP8 (extra quantization bytes, 0.875 of the per-tensor rate on Hopper)
+    makes an H100 step slower than delayed scaling, and current scaling's amax passes too."""
+    from simulator.explore.estimate import EstimateCache
+    from simulator.pipeline import simulate
+    from simulator.scenario import scenario_from_dict
+
+    def scn(recipe):
+        return scenario_from_dict({
+            "model": {"num_layers": 2, "hidden_size": 4096, "num_attention_heads": 32, "vocab_size": 32000,
+                      "seq_length": 4096},
+            "cluster": {"preset": "dgx-h100", "num_nodes": 1, "gpus_per_node": 1},
+            "training": {"global_batch_size": 2, "dtype": "fp8", "fp8_recipe": recipe}}, default_name=recipe)
+
+    t = {r: simulate(scn(r)).metrics["iteration_time_s"] for r in ("delayed", "current", "blockwise")}
+    assert t["delayed"] < t["current"] < t["blockwise"]
+    cache = EstimateCache()
+    graphs = {r: cache.graph(scn(r)) for r in ("delayed", "blockwise")}
+    assert graphs["delayed"] is not graphs["blockwise"]
+    assert {op.precision for op in graphs["blockwise"].layer if op.kind == "gemm"} != \
+        {op.precision for op in graphs["delayed"].layer if op.kind == "gemm"}

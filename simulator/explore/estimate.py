@@ -86,10 +86,12 @@ class EstimateCache:
 
     def graph(self, scn) -> OpGraph:
         t = scn.training
-        return self._get(self._graph_key(scn), lambda: build_op_graph(scn.model, t.micro_batch_size, t.dtype))
+        return self._get(self._graph_key(scn), lambda: build_op_graph(scn.model, t.micro_batch_size, t.dtype,
+                                                                          t.fp8_recipe))
 
     def _graph_key(self, scn) -> tuple:
-        return ("graph", repr(scn.model), scn.training.micro_batch_size, scn.training.dtype)
+        return ("graph", repr(scn.model), scn.training.micro_batch_size, scn.training.dtype,
+                scn.training.fp8_recipe)
 
     def _blocks(self, scn, build, what: str):
         p, t = scn.parallel, scn.training
