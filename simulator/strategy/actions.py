@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 PHASES = ("F", "B", "W")
-STAGE_MAPS = ("loop", "v")
+STAGE_MAPS = ("loop", "v", "dual")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,10 +77,15 @@ class P2P:
 
 @dataclass(frozen=True, slots=True)
 class StageMap:
-    """Which rank holds which virtual stage. "loop" (Megatron-LM / torch interleaving): chunk c of
-    rank r is virtual stage c*p + r. "v" (ZB-V, DualPipeV; torch ``generate_stage_to_rank_mapping``
-    style "v"): chunks alternate direction, so chunk 1 of rank r is virtual stage 2p - 1 - r and the
-    model's first and last stages sit on rank 0."""
+    """Which rank holds which virtual stage, and which virtual stages chain into one model copy.
+
+    "loop" (Megatron-LM / torch interleaving): chunk c of rank r is virtual stage c*p + r. "v" (ZB-V,
+    DualPipeV; torch ``generate_stage_to_rank_mapping`` style "v"): chunks alternate direction, so chunk
+    1 of rank r is virtual stage 2p - 1 - r and the model's first and last stages sit on rank 0. Both
+    chain all p*v virtual stages into one model. "dual" (DualPipe, DeepSeek-V3 sec. 3.2.1): two model
+    copies of p stages each, copy A's stage k is virtual stage k on rank k, copy B's stage k is virtual
+    stage p + k on rank p - 1 - k (the ranks of the "v" map, so rank r holds A's stage r as chunk 0 and
+    B's stage p - 1 - r as chunk 1); the chains stop at the copy's end: p - 1 does not feed p."""
 
     kind: str
     p: int
@@ -91,17 +96,35 @@ class StageMap:
 
     def rank(self, vs: int) -> int:
         c, k = divmod(vs, self.p)
-        return self.p - 1 - k if self.kind == "v" and c % 2 else k
+        return self.p - 1 - k if self.kind != "loop" and c % 2 else k
 
     def chunk(self, vs: int) -> int:
         return vs // self.p
 
     def stage(self, rank: int, chunk: int) -> int:
-        return chunk * self.p + (self.p - 1 - rank if self.kind == "v" and chunk % 2 else rank)
+        return chunk * self.p + (self.p - 1 - rank if self.kind != "loop" and chunk % 2 else rank)
 
     def stages_of(self, rank: int, v: int) -> tuple[int, ...]:
         """The virtual stages rank holds, in chunk order."""
         return tuple(self.stage(rank, c) for c in range(v))
+
+    @property
+    def copies(self) -> int:
+        """Model copies the virtual stages form (2 for "dual": each rank stores both copies' weights)."""
+        return 2 if self.kind == "dual" else 1
+
+    def first_of(self, vs: int) -> int:
+        """The first virtual stage (the embedding's) of vs's model copy."""
+        return vs - vs % self.p if self.kind == "dual" else 0
+
+    def prev(self, vs: int) -> int | None:
+        """The virtual stage whose output vs consumes; None at its copy's first stage."""
+        return None if vs == self.first_of(vs) else vs - 1
+
+    def next(self, vs: int, nv: int) -> int | None:
+        """The virtual stage that consumes vs's output (``nv`` virtual stages in all); None at its
+        copy's last stage (the LM head's)."""
+        return None if vs == self.first_of(vs) + nv // self.copies - 1 else vs + 1
 
 
 def virtual_stage(rank: int, chunk: int, num_stages: int) -> int:
@@ -113,18 +136,18 @@ def add_p2p(actions: list[list[Action]], smap: StageMap) -> list[list[Action | P
     """The action lists with their point-to-point transfers explicit (torch pipelining's
     ``_add_send_recv``): a RECV before an F (B) whose input (output gradient) comes from another
     rank, a SEND after an F (B) whose output (input gradient) another rank consumes. Transfers
-    between two stages of one rank (the turn of a V) need none."""
-    last = len(actions) * max((a.stage // smap.p for row in actions for a in row), default=0) + smap.p - 1
+    between two stages of one rank (the turn of a V) need none, nor do a copy's ends (``StageMap``)."""
+    nv = smap.p * (1 + max((a.stage // smap.p for row in actions for a in row), default=0))
     out: list[list[Action | P2P]] = []
     for r, row in enumerate(actions):
         acts: list[Action | P2P] = []
         for a in row:
-            src = a.stage - 1 if a.phase == "F" else a.stage + 1
-            dst = a.stage + 1 if a.phase == "F" else a.stage - 1
-            if a.phase != "W" and 0 <= src <= last and smap.rank(src) != r:
+            before, after = smap.prev(a.stage), smap.next(a.stage, nv)
+            src, dst = (before, after) if a.phase == "F" else (after, before)
+            if a.phase != "W" and src is not None and smap.rank(src) != r:
                 acts.append(P2P("RECV", src, a.phase, a.microbatch, smap.rank(src)))
             acts.append(a)
-            if a.phase != "W" and 0 <= dst <= last and smap.rank(dst) != r:
+            if a.phase != "W" and dst is not None and smap.rank(dst) != r:
                 acts.append(P2P("SEND", a.stage, a.phase, a.microbatch, smap.rank(dst)))
         out.append(acts)
     return out

@@ -47,7 +47,10 @@ def chunk_sizes(layers_per_stage: tuple[int, ...], v: int, smap: StageMap | None
 
 def chunk_layers(layers_per_stage: tuple[int, ...], v: int,
                  smap: StageMap | None = None) -> tuple[tuple[int, ...], ...]:
-    """Global layer indices of every virtual stage, in virtual-stage order (see ``chunk_sizes``)."""
+    """Global layer indices of every virtual stage, in virtual-stage order (see ``chunk_sizes``). A map
+    of two model copies ("dual") gives each copy's stage k the layers of pipeline stage k."""
+    if smap is not None and smap.copies > 1:
+        return chunk_layers(layers_per_stage, v // smap.copies) * smap.copies
     out, first = [], 0
     for n in chunk_sizes(layers_per_stage, v, smap):
         out.append(tuple(range(first, first + n)))
@@ -75,13 +78,33 @@ class StageLayout:
         return self.smap.stages_of(stage, self.v)
 
     def units(self, vs: int) -> tuple[Unit, ...]:
-        """The virtual stage's units in forward order: "embed", its layers, "head"."""
-        return (("embed",) if vs == 0 else ()) + self.chunks[vs] + (("head",) if vs == self.nv - 1 else ())
+        """The virtual stage's units in forward order: "embed" at its model copy's first stage, its
+        layers, "head" at the copy's last."""
+        return ((("embed",) if self.smap.prev(vs) is None else ()) + self.chunks[vs]
+                + (("head",) if self.smap.next(vs, self.nv) is None else ()))
 
     @property
     def ends_together(self) -> bool:
-        """The embedding and the LM head on one rank (one stage, or a V map)."""
-        return self.smap.rank(0) == self.smap.rank(self.nv - 1)
+        """Every rank holding an embedding holds an LM head (one stage, a V map; DualPipe's end ranks
+        each hold one copy's embedding and the other's head), so a tied word embedding is one tensor."""
+        ends = [(self.smap.prev(vs) is None, self.smap.next(vs, self.nv) is None) for vs in range(self.nv)]
+        return all(any(e for e, _ in held) == any(h for _, h in held)
+                   for held in ([ends[vs] for vs in self.held(r)] for r in range(self.p)))
+
+    @property
+    def copies(self) -> int:
+        """Model copies the ranks hold (2 for DualPipe: each micro-batch runs through one of them)."""
+        return self.smap.copies
+
+    def microbatches(self, m: int) -> int:
+        """Micro-batches each virtual stage runs when the step has ``m``: each copy runs its share."""
+        return m // self.copies
+
+    def copy_peer(self, stage: int) -> int | None:
+        """The pipeline rank holding the other copy of ``stage``'s virtual stages (DualPipe: copy A's
+        stage r sits on rank r, copy B's on rank p - 1 - r), whose gradients are summed with this
+        rank's before the optimizer step; None with one copy."""
+        return self.p - 1 - stage if self.copies > 1 else None
 
 
 def stage_layout(par) -> StageLayout:
@@ -136,9 +159,24 @@ def stage_param_counts(graph: OpGraph, par, layout: StageLayout, stage: int) -> 
     a copy of the word embedding unless it also holds the embedding."""
     if not 0 <= stage < layout.p:
         raise ValueError(f"stage_param_counts: stage {stage} outside 0..{layout.p - 1}")
-    held = layout.held(stage)
-    own = tuple(i for vs in held for i in layout.chunks[vs])
-    return params_per_rank(graph, par.tp, par.ep, own, 0 in held, layout.nv - 1 in held, par.etp)
+    units = [u for vs in layout.held(stage) for u in layout.units(vs)]
+    own = tuple(u for u in units if isinstance(u, int))
+    return params_per_rank(graph, par.tp, par.ep, own, "embed" in units, "head" in units, par.etp)
+
+
+def copy_sync_bytes(par, layout: StageLayout, counts: dict, grad_dtype_bytes: int) -> float:
+    """Bytes of the all-reduce over (rank, ``copy_peer``) that sums the two model copies' gradients before
+    the optimizer step (DualPipe: the example of the DeepSeek-AI repository adds the peer's gradients
+    of the same stage, ``p0.grad += p1all[pp_size - 1 - rank]``), after the data-parallel reduction: the
+    rank's whole gradient buffer ({"dense", "expert"} parameters ``counts``), the ZeRO-2/3 shard of it
+    when the gradients are sharded (dense over the DP shard group, experts over the expert-DP group).
+    0 with one copy."""
+    if layout.copies == 1:
+        return 0.0
+    sharded = par.zero_stage >= 2
+    dense_dp = (par.shard_group_size or par.dp * par.cp) if sharded else 1
+    expert_dp = par.expert_dp if sharded else 1
+    return grad_dtype_bytes * (counts.get("dense", 0) / dense_dp + counts.get("expert", 0) / expert_dp)
 
 
 def rank_param_counts(model, par, stage: int) -> dict:
