@@ -25,8 +25,8 @@ from .layer_emit import column_backward, layer_backward, layer_forward, layer_we
 from .mesh import DeviceMesh
 from .schedules import Action, StageMap, schedule_actions, splits_backward
 from .sharding import grad_accumulation_bytes_per_param, linear_params
-from .stage_units import (activation_rules, chunk_layers, chunk_sizes, stage_layout,  # noqa: F401 (re-exported)
-                          stage_param_counts, unit_params)
+from .stage_units import (activation_rules, chunk_layers, chunk_sizes, copy_sync_bytes,  # noqa: F401 (re-exported)
+                          stage_layout, stage_param_counts, unit_params)
 from .stamp import Stamper
 from .zero_impl import DEEPSPEED, FSDP, FSDP2_COPY_PASSES, chunk_fetches, submodule_params
 
@@ -72,6 +72,10 @@ class _Emitter:
         p = par.pp
         self.p, self.nv, self.m = p, p * (par.virtual_stages if p > 1 else 1), ctx.scn.num_microbatches
         self.sends: dict = {}  # (rank, virtual stage, mb, phase) -> send task id
+        self.passes: dict = {}  # (virtual stage, phase) -> its passes in the step (m, or a copy's share)
+        for row in actions:
+            for a in row:
+                self.passes[a.stage, a.phase] = self.passes.get((a.stage, a.phase), 0) + 1
         self.final_ready: dict = {r: [] for r in ranks}  # rank -> per chunk [(task, dense, expert)] (ZeRO <= 1)
         self.seen: dict = {}  # (rank, virtual stage, phase) -> backward passes emitted
         self.gathers: dict = {}  # (rank, virtual stage, unit) -> param all-gathers its first forward waits for
@@ -119,12 +123,9 @@ class _Emitter:
     def _try(self, r: int, a: Action) -> bool:
         vs, mb = a.stage, a.microbatch
         dep = None
-        if a.phase == "F" and vs > 0:
-            dep = self.sends.get((self._peer(r, vs - 1), vs - 1, mb, "F"))
-            if dep is None:
-                return False
-        if a.phase == "B" and vs < self.nv - 1:
-            dep = self.sends.get((self._peer(r, vs + 1), vs + 1, mb, "B"))
+        src = self.smap.prev(vs) if a.phase == "F" else self.smap.next(vs, self.nv) if a.phase == "B" else None
+        if src is not None:  # the stage before (F) or after (B) in vs's model copy (StageMap)
+            dep = self.sends.get((self._peer(r, src), src, mb, a.phase))
             if dep is None:
                 return False
         {"F": self._forward, "B": self._backward, "W": self._weight}[a.phase](r, vs, mb, dep)
@@ -141,8 +142,8 @@ class _Emitter:
         return self.unit_params.of(unit)
 
     def _send(self, r: int, vs: int, mb: int, phase: str, last: int | None) -> None:
-        to = vs + 1 if phase == "F" else vs - 1
-        if not 0 <= to < self.nv:
+        to = self.smap.next(vs, self.nv) if phase == "F" else self.smap.prev(vs)
+        if to is None:  # a model copy's end
             return
         ctx = self.ctx
         peer = self._peer(r, to)
@@ -250,7 +251,7 @@ class _Emitter:
         """Count a backward (B or W) pass of (rank, virtual stage); True on the last micro-batch."""
         n = self.seen.get((r, vs, phase), 0) + 1
         self.seen[(r, vs, phase)] = n
-        return n == self.m
+        return n == self.passes[vs, phase]
 
     def _backward(self, r: int, vs: int, mb: int, dep: int | None) -> None:
         """B of virtual stage vs for micro-batch mb after ``dep``; stamped outside ZeRO-3 (see _forward)."""
@@ -375,6 +376,12 @@ class _Emitter:
                                   -(-m.vocab_size // ctx.par.tp) * m.hidden_size * ctx.scn.training.grad_dtype_bytes,
                                   group, "pp", "comm_dp", (end,)))
         params = self.stage_params[r]
+        peer_stage = self.layout.copy_peer(s)
+        if peer_stage is not None:  # DualPipe: sum the two model copies' gradients (stage_units.copy_sync_bytes)
+            peer = ctx.mesh.rank(peer_stage, *ctx.mesh.coords(r)[1:])
+            size = copy_sync_bytes(ctx.par, self.layout, params, ctx.scn.training.grad_dtype_bytes)
+            waits = [ctx.comm(r, "comm_dp", "copy_grad_all_reduce", "all_reduce", size, tuple(sorted((r, peer))),
+                              "pp", "comm_dp", tuple([end] + waits))]
         step = optimizer_step(ctx, r, [end] + waits, params["dense"], params["expert"])
         if ctx.par.zero_stage in (1, 2) and not ctx.par.overlap_param_gather and not self.zero3:
             ready = [(-1,) + self._params(u) for vs in self.smap.stages_of(s, self.nv // self.p) for u in self._units(vs)[::-1]]
