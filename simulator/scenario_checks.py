@@ -6,7 +6,7 @@ Each rule raises ScenarioError with one line naming the key(s) and the numbers.
 from __future__ import annotations
 
 from .model.fp8 import RECIPE_ARCHITECTURES
-from .strategy.schedules import SCHEDULES
+from .strategy.schedules import SCHEDULES, StageMap
 from .strategy.zero_impl import IMPLEMENTATIONS
 
 
@@ -124,7 +124,9 @@ def _check_batch_and_schedule(m, p, t) -> None:
         except ValueError as e:
             raise ScenarioError(f"{e} (parallelism.schedule = {p.schedule!r}, micro-batches per pipeline = "
                                 f"{m_count})") from None
-        if min(lps) < p.virtual_stages:
+        # a chunk of DualPipe is a whole stage of one of its two model copies (StageMap.copies)
+        per_stage = p.virtual_stages // StageMap(SCHEDULES[p.schedule].stage_map, p.pp).copies
+        if min(lps) < per_stage:
             raise ScenarioError(f"parallelism.virtual_stages = {p.virtual_stages} exceeds the layers of the "
                                 f"smallest stage in {list(lps)} (each model chunk needs a layer)")
 

@@ -20,12 +20,13 @@ def grid(rows: list[str]) -> list[list[Action]]:
 
 
 def list_schedule(actions: list[list[Action]], p: int, v: int, dur: dict[str, Fraction],
-                  spans: list | None = None) -> tuple[Fraction, list[Fraction]]:
+                  spans: list | None = None, smap: StageMap | None = None) -> tuple[Fraction, list[Fraction]]:
     """Run every rank's list in program order, each action as soon as its rank is free and its
     inputs exist: F(s, i) after F(s-1, i); B(s, i) after F(s, i) and B(s+1, i); W(s, i) after
-    B(s, i). Free communication. Returns (makespan, busy time per rank); raises on deadlock.
-    ``spans``, when given, receives every rank's (first start, last end)."""
-    last = p * v - 1
+    B(s, i), s-1 and s+1 within s's model copy (``smap``, default one copy). Free communication.
+    Returns (makespan, busy time per rank); raises on deadlock. ``spans``, when given, receives
+    every rank's (first start, last end)."""
+    smap = smap or StageMap("loop", p)
     end: dict[tuple[int, str, int], Fraction] = {}
     pos, free = [0] * p, [Fraction(0)] * p
     first: dict[int, Fraction] = {}
@@ -35,12 +36,13 @@ def list_schedule(actions: list[list[Action]], p: int, v: int, dur: dict[str, Fr
         for r in range(p):
             while pos[r] < len(actions[r]):
                 a = actions[r][pos[r]]
+                before, after = smap.prev(a.stage), smap.next(a.stage, p * v)
                 if a.phase == "F":
-                    deps = [(a.stage - 1, "F", a.microbatch)] if a.stage > 0 else []
+                    deps = [(before, "F", a.microbatch)] if before is not None else []
                 elif a.phase == "B":
                     deps = [(a.stage, "F", a.microbatch)]
-                    if a.stage < last:
-                        deps.append((a.stage + 1, "B", a.microbatch))
+                    if after is not None:
+                        deps.append((after, "B", a.microbatch))
                 else:
                     deps = [(a.stage, "B", a.microbatch)]
                 if any(d not in end for d in deps):
@@ -61,7 +63,7 @@ def list_schedule(actions: list[list[Action]], p: int, v: int, dur: dict[str, Fr
 
 
 def bubble_fractions(name: str, p: int, m: int, v: int, dur: dict[str, Fraction]) -> list[Fraction]:
-    makespan, busy = list_schedule(schedule_actions(name, p, m, v), p, v, dur)
+    makespan, busy = list_schedule(schedule_actions(name, p, m, v), p, v, dur, smap=stage_map(name, p))
     return [1 - b / makespan for b in busy]
 
 
@@ -157,8 +159,10 @@ def test_every_stage_microbatch_pair_runs_once_per_phase_on_its_rank(name, v):
     smap = stage_map(name, P)
     for r, row in enumerate(rows):
         assert all(smap.rank(a.stage) == r for a in row)
-        expected = {(smap.stage(r, c), ph, i)
-                    for c in range(v) for ph in phases for i in range(M)}
+        share = M // smap.copies  # DualPipe: copy A runs micro-batches 0 .. M/2 - 1, copy B the rest
+        first = {vs: (vs // P) * share if smap.copies > 1 else 0 for vs in smap.stages_of(r, v)}
+        expected = {(vs, ph, i) for vs in smap.stages_of(r, v) for ph in phases
+                    for i in range(first[vs], first[vs] + share)}
         seen = [(a.stage, a.phase, a.microbatch) for a in row]
         assert len(seen) == len(set(seen)) == len(expected)
         assert set(seen) == expected
@@ -294,9 +298,10 @@ def test_invalid_combinations_raise_with_numbers(args, match):
 
 
 def test_splits_backward():
-    assert [n for n in SCHEDULES if splits_backward(n)] == ["zero-bubble", "zb-h2", "zb-v", "dualpipe-v"]
+    assert [n for n in SCHEDULES if splits_backward(n)] == ["zero-bubble", "zb-h2", "zb-v", "dualpipe-v",
+                                                                "dualpipe"]
     assert set(SCHEDULES) == {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zb-h2", "zb-v",
-                              "dualpipe-v"}
+                              "dualpipe-v", "dualpipe"}
     with pytest.raises(ValueError, match="zb-v"):
         splits_backward("pipedream")
 
@@ -323,8 +328,9 @@ def test_every_transfer_has_its_matching_receive_on_the_peer(name, v):
     recvs = {(x.stage, x.phase, x.microbatch, x.peer, r) for r, row in enumerate(rows) for x in row
              if isinstance(x, P2P) and x.kind == "RECV"}
     assert sends == recvs
-    hops = sum(smap.rank(s) != smap.rank(s + 1) for s in range(P * v - 1))  # the V's turn stays on a rank
-    assert len(sends) == 2 * M * hops
+    # the V's turn stays on a rank; DualPipe's copies do not chain, each runs M / 2 micro-batches
+    hops = sum(smap.next(s, P * v) is not None and smap.rank(s) != smap.rank(s + 1) for s in range(P * v))
+    assert len(sends) == 2 * M // smap.copies * hops
     for row in rows:  # a RECV right before its consumer, a SEND right after its producer
         for k, x in enumerate(row):
             if isinstance(x, P2P):
@@ -425,13 +431,13 @@ def test_v_schedules_memory_zb_v_as_1f1b_dualpipe_v_pp_plus_one(p, m):
 def test_every_schedule_runs_without_deadlock(name, p, m):
     s = SCHEDULES[name]
     v = s.chunks or 2
-    if m < s.min_microbatches(p) or (s.microbatches_multiple_of_p and m % p):
+    if m < s.min_microbatches(p) or (s.microbatches_multiple_of_p and m % p) or (s.even and (p % 2 or m % 2)):
         return
     rows = schedule_actions(name, p, m, v)
-    list_schedule(rows, p, v, FBW)  # raises on deadlock
+    list_schedule(rows, p, v, FBW, smap=stage_map(name, p))  # raises on deadlock
 
 
-@pytest.mark.parametrize("name", ["zb-v", "dualpipe-v", "zb-h2"])
+@pytest.mark.parametrize("name", ["zb-v", "dualpipe-v", "zb-h2", "dualpipe"])
 def test_new_schedules_lower_and_simulate_end_to_end(name):
     from simulator.pipeline import simulate
     from simulator.scenario import load_scenario
@@ -444,8 +450,8 @@ def test_new_schedules_lower_and_simulate_end_to_end(name):
     assert v == (SCHEDULES[name].chunks or 1)
     sends = [t for t in res.graph.tasks if t.category == "comm_pp" and t.comm.op == "send_recv"]
     m = scn.num_microbatches
-    hops = sum(smap.rank(s) != smap.rank(s + 1) for s in range(p * v - 1))
-    assert len(sends) == 2 * m * hops  # one representative rank per stage sends each hop's transfer
+    hops = sum(smap.next(s, p * v) is not None and smap.rank(s) != smap.rank(s + 1) for s in range(p * v))
+    assert len(sends) == 2 * m // smap.copies * hops  # one representative rank per stage sends each hop's transfer
     for t in sends:  # each send goes to the rank holding the neighbouring stage
         a, b = (res.plan.mesh.stage_of(g) for g in t.comm.group)
         assert a != b and abs(a - b) == 1

@@ -111,6 +111,11 @@ PLANS = [
      Plan(2, 2, 2, schedule="interleaved-1f1b", virtual_stages=2, recompute="selective", sequence_parallel=True)),
     (TINY, Plan(2, 2, 2, schedule="zb-v", virtual_stages=2, recompute="selective", sequence_parallel=True)),
     (TINY, Plan(1, 2, 4, schedule="dualpipe-v", virtual_stages=2, zero_stage=3)),  # V map: head on rank 0
+    # DualPipe: two model copies, embedding and head on both end ranks, the copies' gradient all-reduce
+    (TINY, Plan(1, 4, 2, schedule="dualpipe", virtual_stages=2)),
+    (TINY, Plan(2, 2, 2, schedule="dualpipe", virtual_stages=2, zero_stage=1, recompute="selective",
+                sequence_parallel=True)),
+    (TINY, Plan(1, 2, 4, schedule="dualpipe", virtual_stages=2, zero_stage=3)),
     (WIDE, Plan(16, 1, 1, sequence_parallel=True)),  # TP across two nodes
     (WIDE, Plan(16, 1, 1, micro_batch_size=2, recompute="full")),
 ]

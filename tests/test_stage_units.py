@@ -46,14 +46,15 @@ def test_gpt_1_3b_tp8_layer_and_stages_match_megatrons_closed_form():
 
 PLANS = st.fixed_dictionaries({
     "layers": st.integers(4, 9), "tp": st.sampled_from([1, 2]), "pp": st.sampled_from([1, 2, 4]),
-    "schedule": st.sampled_from(["1f1b", "interleaved-1f1b", "zero-bubble", "zb-h2", "zb-v", "dualpipe-v", "gpipe"]),
+    "schedule": st.sampled_from(["1f1b", "interleaved-1f1b", "zero-bubble", "zb-h2", "zb-v", "dualpipe-v", "gpipe",
+                                  "dualpipe"]),
     "recompute": st.sampled_from(["none", "selective", "full"]), "moe": st.booleans(),
     "tied": st.booleans()})
 
 
 def scenario(d: dict):
-    pp, v = d["pp"], 2 if d["schedule"] in ("interleaved-1f1b", "zb-v", "dualpipe-v") else 1
-    if d["layers"] < pp * v:
+    pp, v = d["pp"], 2 if d["schedule"] in ("interleaved-1f1b", "zb-v", "dualpipe-v", "dualpipe") else 1
+    if d["layers"] < pp * v // (2 if d["schedule"] == "dualpipe" else 1):  # DualPipe's chunks: whole stages
         return None
     model = {"num_layers": d["layers"], "hidden_size": 128, "num_attention_heads": 4, "vocab_size": 300,
              "seq_length": 64, "mlp": "swiglu", "tie_embeddings": d["tied"]}
@@ -94,11 +95,12 @@ def test_lowering_memory_trace_and_counter_read_one_rule(d):
         lowered = per_action(plan.graph.tasks[i] for i in range(len(plan.graph.tasks))
                              if plan.graph.tasks[i].rank == r)
         assert lowered and lowered == pytest.approx(per_action(e for e in trace.events if e.rank == s))
-    # with one TP rank the stages add up to the model (+ the tied embedding's copy on the head's rank)
+    # with one TP rank the stages add up to the model (+ the tied embedding's copy on the head's rank),
+    # twice over with DualPipe's two copies (each end rank: one copy's embedding, the other's head)
     if d["tp"] == 1 and not d["moe"]:
         total = sum(sum(rank_param_counts(scn.model, par, s).values()) for s in range(par.pp))
         copy = scn.model.tie_embeddings and not layout.ends_together
-        assert total == scn.model.num_params() + copy * scn.model.vocab_size * scn.model.hidden_size
+        assert total == layout.copies * (scn.model.num_params() + copy * scn.model.vocab_size * scn.model.hidden_size)
 
 
 def test_v_map_puts_embedding_and_head_on_rank_0():

@@ -143,10 +143,11 @@ def walk_memory(events: list[TraceEvent], start_s: float = 0.0) -> list[tuple[fl
 
 def static_buffers(scn, counts: dict, trace_has_buffers: bool = False) -> dict:
     """Allowances that do not follow the schedule, bytes on one rank (see the constants above):
-    CUDA context, NCCL buffers of every communicator the rank uses, the ZeRO-2/3 reduce bucket and
-    the ZeRO-3 gathered layers, unless the trace carries buffer deltas (the gathers themselves)."""
+    CUDA context, NCCL buffers of every communicator the rank uses (DualPipe's copy pair included), the
+    ZeRO-2/3 reduce bucket and the ZeRO-3 gathered layers, unless the trace carries buffer deltas (the gathers themselves)."""
     par, tr = scn.parallel, scn.training
     groups = sum(1 for size in (par.tp, par.cp, par.pp, par.dp * par.cp, par.ep) if size > 1)
+    groups += par.pp > 1 and stage_layout(par).copies > 1  # DualPipe's pair summing the copies' gradients
     out = {"cuda_context": float(CUDA_CONTEXT_BYTES),
            "nccl": float(groups * NCCL_CHANNELS * NCCL_CHANNEL_BUFFER_BYTES)}
     params = counts.get("dense", 0) + counts.get("expert", 0)

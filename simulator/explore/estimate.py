@@ -297,11 +297,10 @@ def _phase_times(scn, cache: EstimateCache) -> dict:
     per_layer = [_kind_times(scn, cache, lb, memo) for lb in cache.layer_blocks(scn)]
     embed_tp = cache.tp_s(scn, "reduce_scatter" if sp else "all_reduce")
     gather = cache.tp_s(scn, "all_gather") if sp else 0.0
-    chunks = cache.layout(scn).chunks
-    nv = len(chunks)
+    layout = cache.layout(scn)
     out = {}
-    for vs, layers in enumerate(chunks):
-        first, last = vs == 0, vs == nv - 1
+    for vs, layers in enumerate(layout.chunks):
+        first, last = "embed" in layout.units(vs), "head" in layout.units(vs)  # a model copy's ends
         f_c, f_tp, b_c, b_tp, w_c = (sum(per_layer[i][k] for i in layers) for k in range(5))
         out[vs, "F"] = (f_c + first * work(b.embed.fwd) + last * work(b.head.fwd), f_tp + first * embed_tp + last * gather)
         out[vs, "B"] = (b_c + first * (0.0 if split else work(b.embed.bwd))
@@ -326,14 +325,15 @@ def time_lower_bound(scn, cache: EstimateCache | None = None) -> tuple[float, fl
     over ranks and streams."""
     cache = cache or EstimateCache()
     t = _phase_times(scn, cache)
-    nv = cache.layout(scn).nv
-    fwd = [sum(t[vs, "F"]) for vs in range(nv)]
-    bwd = [sum(t[vs, "B"]) for vs in range(nv)]
+    layout = cache.layout(scn)
+    fwd = [sum(t[vs, "F"]) for vs in range(layout.nv)]
+    bwd = [sum(t[vs, "B"]) for vs in range(layout.nv)]
+    before = lambda vs: slice(layout.smap.first_of(vs), vs)  # noqa: E731 (the stages before vs in its model copy)
     best = (0.0, 0.0)
     for r, prof in enumerate(cache.profiles(scn)):
         head = sum(c * sum(t[k]) for k, c in prof.head)
         tail = sum(c * sum(t[k]) for k, c in prof.tail)
-        bound = (sum(fwd[:prof.first_stage]) + head + max(tail, sum(bwd[:prof.last_b_stage]))
+        bound = (sum(fwd[before(prof.first_stage)]) + head + max(tail, sum(bwd[before(prof.last_b_stage)]))
                  + ds2021_host_s(scn, cache, r))
         tp = sum(c * t[k][1] for k, c in prof.head + prof.tail)
         bound = max(bound, dp_stream_s(scn, cache, r), pp_stream_s(scn, cache, r, prof))

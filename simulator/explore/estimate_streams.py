@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from ..strategy.mesh import DeviceMesh
 from ..strategy.sharding import linear_params
-from ..strategy.stage_units import stage_param_counts, unit_params
+from ..strategy.stage_units import copy_sync_bytes, stage_param_counts, unit_params
 from ..strategy.zero_impl import FSDP, chunk_fetches, hsdp_groups, list_all_gather_host_work, submodule_params
 
 if TYPE_CHECKING:
@@ -23,7 +23,25 @@ def dp_stream_s(scn, cache: "EstimateCache", stage: int) -> float:
     all-gather (ZeRO-1/2); ZeRO-3's / FSDP's per-unit all-gathers of every micro-batch as the framework
     issues them (``zero_impl.chunk_fetches``) and one reduce-scatter per micro-batch on its own stream,
     over the HSDP shard group. Dense parameters only, each stream's traffic as
-    one collective of its total size (never slower than the buckets or units it is cut into)."""
+    one collective of its total size (never slower than the buckets or units it is cut into). With two
+    model copies (DualPipe), the all-reduce of their gradients that waits for all of it follows."""
+    return _dp_streams_s(scn, cache, stage) + copy_sync_s(scn, cache, stage)
+
+
+def copy_sync_s(scn, cache: "EstimateCache", stage: int) -> float:
+    """Uncontended time of the all-reduce summing the two model copies' gradients over (stage,
+    ``copy_peer``) (``stage_units.copy_sync_bytes``, as the lowering issues it); 0 with one copy."""
+    par, layout = scn.parallel, cache.layout(scn)
+    peer = layout.copy_peer(stage)
+    if peer is None:
+        return 0.0
+    mesh = DeviceMesh(pp=par.pp, dp=par.dp, cp=par.cp, tp=par.tp, ep=par.ep, etp=par.etp)
+    counts = stage_param_counts(cache.graph(scn), par, layout, stage)
+    size = copy_sync_bytes(par, layout, counts, scn.training.grad_dtype_bytes)
+    return cache.collective_s(scn, "all_reduce", size, tuple(sorted((mesh.rank(pp=stage), mesh.rank(pp=peer)))))
+
+
+def _dp_streams_s(scn, cache: "EstimateCache", stage: int) -> float:
     par, tr = scn.parallel, scn.training
     if par.dp * par.cp == 1:
         return 0.0
@@ -31,7 +49,7 @@ def dp_stream_s(scn, cache: "EstimateCache", stage: int) -> float:
     group = mesh.group("dp_cp", mesh.rank(pp=stage))
     params = stage_param_counts(cache.graph(scn), par, cache.layout(scn), stage)["dense"]
     grads, weights = params * tr.grad_dtype_bytes, params * tr.dtype_bytes
-    m = scn.num_microbatches
+    m = cache.layout(scn).microbatches(scn.num_microbatches)  # passes of each held virtual stage
     coll = lambda op, size: cache.collective_s(scn, op, size, group)  # noqa: E731
     if par.zero_stage == 0:
         return coll("all_reduce", grads)
@@ -82,7 +100,7 @@ def ds2021_host_s(scn, cache: "EstimateCache", stage: int) -> float:
         nbytes = f.params / max(f.tensors, 1) * scn.training.dtype_bytes
         one = cache.work_s(scn, list_all_gather_host_work(n, nbytes))
         total += max(f.tensors, 1) * one
-    return scn.num_microbatches * total
+    return cache.layout(scn).microbatches(scn.num_microbatches) * total
 
 
 def pp_stream_s(scn, cache: "EstimateCache", rank: int, prof: "RankProfile") -> float:
@@ -96,8 +114,8 @@ def pp_stream_s(scn, cache: "EstimateCache", rank: int, prof: "RankProfile") -> 
     size = tr.micro_batch_size * (m.seq_length // par.cp) * m.hidden_size * tr.dtype_bytes / par.tp
     total = 0.0
     for (vs, phase), count in prof.head + prof.tail:
-        to = vs + 1 if phase == "F" else vs - 1 if phase == "B" else -1
-        peer = layout.smap.rank(to) if 0 <= to < layout.nv else rank
+        to = layout.smap.next(vs, layout.nv) if phase == "F" else layout.smap.prev(vs) if phase == "B" else None
+        peer = layout.smap.rank(to) if to is not None else rank
         if peer != rank:  # the turn of a V stage map stays on the rank: no send (as the lowering)
             group = (mesh.rank(pp=rank), mesh.rank(pp=peer))
             total += count * cache.collective_s(scn, "send_recv", size, group)

@@ -140,13 +140,16 @@ def zero_bubble_h2(p: int, m: int, v: int = 1) -> list[list[Action]]:
 
 
 class _VRank:
-    """One rank's program under a two-chunk V map, written as tokens: "F0" / "F1" the next forward of
+    """One rank's program over two chunks, written as tokens: "F0" / "F1" the next forward of
     chunk 0 / 1; "B0" a full backward (B then its W); "I0" an input-gradient backward whose W is
-    queued; "W0" the next weight gradient of chunk 0; "W" the oldest queued W (first in first out)."""
+    queued; "W0" the next weight gradient of chunk 0; "W" the oldest queued W (first in first out).
+    ``stages``: the virtual stage of token chunk 0 and 1 (default the V map's, rank and 2p - 1 - rank);
+    ``first_mb``: the micro-batch each token chunk starts counting from (DualPipe's two streams)."""
 
-    def __init__(self, rank: int, p: int) -> None:
-        self.stage = (rank, 2 * p - 1 - rank)
-        self.nf, self.nb, self.nw = [0, 0], [0, 0], [0, 0]
+    def __init__(self, rank: int, p: int, stages: tuple[int, int] | None = None,
+                 first_mb: tuple[int, int] = (0, 0)) -> None:
+        self.stage = stages or (rank, 2 * p - 1 - rank)
+        self.nf, self.nb, self.nw = list(first_mb), list(first_mb), list(first_mb)
         self.queued: deque[tuple[int, int]] = deque()
         self.acts: list[Action] = []
 
@@ -197,11 +200,25 @@ def zero_bubble_v(p: int, m: int, v: int = 2) -> list[list[Action]]:
     return out
 
 
+def _dualpipe_program(prog: _VRank, h: int, hr: int, m: int) -> None:
+    """The steps of ``DualPipeV.step`` / ``DualPipe.step`` (DeepSeek-AI DualPipe repository, steps 1-8:
+    nF0, nF0F1, nB1W1F1, nF0B1F1B0, nB1F1B0, nB1B0, nWB0, nW) for ``h`` ranks of the V (DualPipe: half
+    the ranks), the rank ``hr`` of it and ``m`` micro-batches per chunk, run on ``prog``."""
+    prog.run(["F0"] * 2 * (h - hr - 1) + ["F0", "F1"] * (hr + 1) + ["I1", "W", "F1"] * (h - hr - 1))  # steps 1-3
+    prog.run(["F0", "B1", "F1", "B0"] * (m - 2 * h + hr + 1) + ["B1", "F1", "B0"] * (h - hr - 1))  # steps 4-5
+    split = False
+    for i in range(hr + 1):  # step 6: from the middle on, the backwards are split
+        split = split or (i == (hr + 1) // 2 and hr % 2 == 1)
+        prog.run(["I1" if split else "B1"])
+        split = split or (i == (hr + 1) // 2 and hr % 2 == 0)
+        prog.run(["I0" if split else "B0"])
+    prog.run(["W", "I0"] * (h - hr - 1) + ["W"] * (hr + 1))  # steps 7-8
+
+
 def dualpipe_v(p: int, m: int, v: int = 2) -> list[list[Action]]:
     """DualPipeV (DeepSeek-AI, DualPipe repository ``dualpipev.py``, the "cut-in-half" V-shape form
     of DualPipe, DeepSeek-V3 technical report sec. 3.2.2): two chunks per rank on the V stage map,
-    transcribed step for step from ``DualPipeV.step`` (steps 1-8: nF0, nF0F1, nB1W1F1, nF0B1F1B0,
-    nB1F1B0, nB1B0, nWB0, nW), needing m >= 2p.
+    transcribed step for step from ``DualPipeV.step`` (``_dualpipe_program``), needing m >= 2p.
 
     A forward-backward pair that DualPipe overlaps (``_forward_backward_chunk``: the forward of one
     micro-batch and the full backward of another, each one's all-to-all hidden behind the other's
@@ -213,15 +230,33 @@ def dualpipe_v(p: int, m: int, v: int = 2) -> list[list[Action]]:
     out = []
     for r in range(p):
         prog = _VRank(r, p)
-        prog.run(["F0"] * 2 * (p - r - 1) + ["F0", "F1"] * (r + 1) + ["I1", "W", "F1"] * (p - r - 1))  # steps 1-3
-        prog.run(["F0", "B1", "F1", "B0"] * (m - 2 * p + r + 1) + ["B1", "F1", "B0"] * (p - r - 1))  # steps 4-5
-        split = False
-        for i in range(r + 1):  # step 6: from the middle on, the backwards are split
-            split = split or (i == (r + 1) // 2 and r % 2 == 1)
-            prog.run(["I1" if split else "B1"])
-            split = split or (i == (r + 1) // 2 and r % 2 == 0)
-            prog.run(["I0" if split else "B0"])
-        prog.run(["W", "I0"] * (p - r - 1) + ["W"] * (r + 1))  # steps 7-8
+        _dualpipe_program(prog, p, r, m)
+        out.append(prog.acts)
+    return out
+
+
+def dualpipe(p: int, m: int, v: int = 2) -> list[list[Action]]:
+    """DualPipe (DeepSeek-V3 technical report sec. 3.2.1, fig. 5; DeepSeek-AI DualPipe repository
+    ``dualpipe.py``): bidirectional, on the "dual" stage map (``StageMap``): rank r holds copy A's stage
+    r (virtual stage r) and copy B's stage p - 1 - r (virtual stage 2p - 1 - r). Micro-batches
+    0 .. m/2 - 1 enter copy A on rank 0, m/2 .. m - 1 enter copy B on rank p - 1 (``DualPipe.step``
+    scatters the first rank's inputs into m/2 chunks, the last rank's likewise). Needs an even p and an
+    even m >= 2p (its asserts).
+
+    Transcribed from ``DualPipe.step``: half_rank = min(r, p - 1 - r) runs the steps of DualPipeV's rank
+    half_rank on p/2 ranks with m/2 micro-batches per chunk (``_dualpipe_program``), its phase 0 being
+    the copy that enters on its side (``phase ^= is_in_second_half``): copy A for r < p/2, copy B for the
+    second half. The overlapped forward-backward pairs (``_forward_backward_chunk``) are written, and
+    simulated, as DualPipeV's: F then B then W, the pair's compute in sequence on the compute stream,
+    only the communication of each overlapping the other's compute.
+    """
+    h, half = p // 2, m // 2
+    out = []
+    for r in range(p):
+        a, b = (r, 0), (2 * p - 1 - r, half)  # copy A's stage r and copy B's stage p - 1 - r, first micro-batch
+        first, second = (a, b) if r < h else (b, a)
+        prog = _VRank(r, p, (first[0], second[0]), (first[1], second[1]))
+        _dualpipe_program(prog, h, min(r, p - 1 - r), half)
         out.append(prog.acts)
     return out
 
@@ -247,6 +282,7 @@ class Schedule:
     overlaps_f_b: bool = False
     min_microbatches: Callable[[int], int] = lambda p: 1
     microbatches_multiple_of_p: bool = False
+    even: bool = False  # pp and the micro-batches even (DualPipe's two halves)
 
     def check(self, p: int, m: int, v: int) -> None:
         """ValueError naming the field and the numbers when (p, m, v) does not fit the schedule."""
@@ -259,6 +295,10 @@ class Schedule:
         if self.chunks and v != self.chunks:
             raise ValueError(f"parallelism.virtual_stages must be {self.chunks} for schedule "
                              f"{self.name!r}, got {v}")
+        if self.even and (p % 2 or m % 2):
+            # DualPipe.step asserts num_ranks % 2 == 0 and num_chunks % 2 == 0 (dualpipe.py)
+            raise ValueError(f"{self.name} needs an even pp and an even number of micro-batches (half enter "
+                             f"at each end), got pp = {p}, micro-batches = {m}")
         if m < self.min_microbatches(p):
             raise ValueError(f"{self.name} needs at least {self.min_microbatches(p)} micro-batches "
                              f"with pp = {p}, got {m}")
@@ -282,6 +322,9 @@ SCHEDULES: dict[str, Schedule] = {s.name: s for s in (
     Schedule("dualpipe-v", dualpipe_v, lambda p, m, v: (p - 1) / (6 * m + p - 1),
              stage_map="v", splits_backward=True, chunks=2, overlaps_f_b=True,
              min_microbatches=lambda p: 2 * p),
+    Schedule("dualpipe", dualpipe, lambda p, m, v: (p / 2 - 1) / (3 * m + p / 2 - 1),
+             stage_map="dual", splits_backward=True, chunks=2, overlaps_f_b=True,
+             min_microbatches=lambda p: 2 * p, even=True),
 )}
 
 
