@@ -371,6 +371,10 @@ def ideal_bubble_fraction(name: str, p: int, m: int, v: int = 1) -> float:
     (PP = 2p stages, B the full backward, i.e. 2 units), p - 1 units when the overlapped pair costs
     one full backward (F&B = 2, the forward hidden); the serial pair the simulator runs attains the
     same p - 1 units at T_F = T_B = T_W, the start-up being the only idle time.
+    dualpipe: (p/2 - 1) / (3 m + p/2 - 1) in per-stage units: table 2's (PP/2 - 1)(F&B + B - 3W) with
+    PP = p, i.e. p/2 - 1 units of start-up when the pair costs one full backward, against 3m units of
+    work per rank (two stages, m/2 micro-batches each); DualPipeV's value on p/2 ranks with m/2
+    micro-batches (the "cut-in-half" relation, exact for any T_F, T_B, T_W with the pairs run serially).
     """
     s = get(name)
     s.check(p, m, v)
