@@ -118,7 +118,9 @@ def _simulate(scn: Scenario, full: bool, topo: Topology) -> RunResult:
             print(f"notice: simulating every rank (--full): {why}", file=sys.stderr)
             return _simulate(scn, True, topo)
         engine_cost = fast
-    sim = simulate_graph(plan.graph, PerCollective(engine_cost), topo.capacity_Bps, plan.rank_labels, dict(plan.graph.meta))
+    # the cost models answer from a task's kind, work and collective: once per task shape
+    sim = simulate_graph(plan.graph, PerCollective(engine_cost), topo.capacity_Bps, plan.rank_labels,
+                         dict(plan.graph.meta), by_shape=True)
     cost.warn_missing()
     trace = sim.trace
     rank = critical_rank(trace)

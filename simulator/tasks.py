@@ -99,6 +99,10 @@ class TaskGraph:
     ranks: tuple[int, ...]  # simulated ranks
     full: bool  # True: every rank simulated; False: one representative per pipeline stage
     meta: dict = field(default_factory=dict)
+    # per task, its shape: tasks of one shape were stamped from one template row (strategy/stamp)
+    # and carry equal kind, stream, category, work, collective, phase and layer (what a cost model
+    # reads), so what depends on those alone is computed once per shape; () when not known
+    shapes: tuple[int, ...] = ()
 
     def __len__(self) -> int:
         return len(self.tasks)
@@ -106,6 +110,8 @@ class TaskGraph:
     def validate(self) -> None:
         """Raise ValueError on a malformed graph: bad ids, dangling deps, cycles, orphans."""
         n = len(self.tasks)
+        if self.shapes and len(self.shapes) != n:
+            raise ValueError(f"{len(self.shapes)} task shapes for {n} tasks")
         for i, t in enumerate(self.tasks):
             if t.id != i:
                 raise ValueError(f"task {t.name!r} has id {t.id} at index {i}")
@@ -159,11 +165,13 @@ class TaskGraphBuilder:
     def __init__(self) -> None:
         self._tasks: list[Task] = []
         self._streams: dict[tuple[int, str], list[int]] = {}
+        self._shapes: list[int] = []  # TaskGraph.shapes: a task added one by one is its own shape
 
     def add(self, name: str, kind: str, rank: int, stream: str, category: str,
             deps: tuple[int, ...] | list[int] = (), **fields) -> int:
         tid = len(self._tasks)
         self._tasks.append(Task(tid, name, kind, rank, stream, category, tuple(deps), **fields))
+        self._shapes.append(tid)
         self._streams.setdefault((rank, stream), []).append(tid)
         return tid
 
@@ -183,4 +191,4 @@ class TaskGraphBuilder:
 
     def build(self, ranks: tuple[int, ...], full: bool, meta: dict | None = None) -> TaskGraph:
         streams = {k: tuple(v) for k, v in self._streams.items()}
-        return TaskGraph(tuple(self._tasks), streams, ranks, full, dict(meta or {}))
+        return TaskGraph(tuple(self._tasks), streams, ranks, full, dict(meta or {}), tuple(self._shapes))

@@ -74,3 +74,39 @@ def test_templates_are_recorded_once_per_shape_and_replayed():
     assert len(passes) == ranks * 2  # each rank's F and B pass, recorded at its first micro-batch
     assert len(layers) == ranks * layers_per_stage * 2  # and inside it each layer's F and B
     assert len(seen) == len(passes) + len(layers)
+
+
+@pytest.mark.parametrize("name", ["1f1b-full-sp", "zb-v", "moe-ep", "zero3-fsdp2"])
+def test_tasks_of_one_shape_carry_what_a_cost_model_reads(name):
+    """TaskGraph.shapes: a stamped task shares its template row's shape, and tasks of one shape have
+    the same kind, stream, category, work, collective, phase and layer (the same objects)."""
+    graph = lower(scenario_from_dict(CASES[name], default_name=name)).graph
+    assert len(graph.shapes) == len(graph)
+    first: dict = {}
+    for shape, t in zip(graph.shapes, graph.tasks):
+        ref = first.setdefault(shape, t)
+        assert (t.kind, t.stream, t.category, t.phase, t.layer) == (ref.kind, ref.stream, ref.category, ref.phase,
+                                                                    ref.layer)
+        assert t.work is ref.work and t.comm is ref.comm
+    assert len(first) < len(graph) / 2  # most tasks are stamped
+
+
+def test_asking_the_cost_once_per_shape_gives_the_same_timeline():
+    from simulator.cost.model import CostModel
+    from simulator.engine.sim import simulate_graph
+    from simulator.hardware.topology import build_topology
+
+    scn = scenario_from_dict(CASES["1f1b-full-sp"], default_name="t")
+    plan, topo = lower(scn, True), build_topology(scn.cluster)
+    asked = []
+
+    class Counting(CostModel):
+        def duration_s(self, task):
+            asked.append(task.id)
+            return super().duration_s(task)
+
+    per_shape = simulate_graph(plan.graph, Counting(scn, topo), topo.capacity_Bps, by_shape=True)
+    assert len(asked) == len(set(plan.graph.shapes)) < len(plan.graph)
+    per_task = simulate_graph(plan.graph, CostModel(scn, topo), topo.capacity_Bps)
+    assert (per_shape.start_s, per_shape.end_s) == (per_task.start_s, per_task.end_s)
+    assert per_shape.trace.events == per_task.trace.events

@@ -218,13 +218,17 @@ def _cycle_message(tasks: tuple[Task, ...], end: list, rank: int, lanes: list, p
 
 
 def simulate_graph(graph: TaskGraph, cost: TaskCost, capacity_Bps: dict | None = None,
-                   rank_labels: dict | None = None, metadata: dict | None = None) -> SimResult:
+                   rank_labels: dict | None = None, metadata: dict | None = None,
+                   by_shape: bool = False) -> SimResult:
+    """Run ``graph``. ``by_shape``: ``cost`` answers ``duration_s`` from the fields a task shape fixes
+    (TaskGraph.shapes: kind, stream, category, work, collective, phase, layer), as the cost models
+    do, so it is asked once per shape."""
     tasks = graph.tasks
     n = len(tasks)
     env = simpy.Environment()
     clocks = Clocks(env, n)
     transfers = Transfers(env, cost, capacity_Bps or {})
-    durations = [cost.duration_s(t) for t in tasks]
+    durations = _per_shape(graph, cost.duration_s) if by_shape else [cost.duration_s(t) for t in tasks]
     sync = list(map(itemgetter(15), tasks))  # Task.sync_key
     participants = Counter(filter((-1).__ne__, sync))
     barriers = {k: Barrier(env, c) for k, c in participants.items() if c > 1}
@@ -244,15 +248,27 @@ def simulate_graph(graph: TaskGraph, cost: TaskCost, capacity_Bps: dict | None =
         missing = [tasks[i].name for i in range(n) if clocks.end[i] is None]
         raise InternalError(f"simulation deadlocked: {len(missing)} tasks never ran, first {missing[0]!r}")
     end: list[float] = clocks.end  # type: ignore[assignment]
-    trace = ColumnTrace(tasks, clocks.start, end, _flops(tasks), "simulated", rank_labels, metadata, graph.streams)
+    trace = ColumnTrace(tasks, clocks.start, end, _flops(graph), "simulated", rank_labels, metadata, graph.streams)
     return SimResult(trace, clocks.start, end, max(end) if n else 0.0, transfers.net,
                      transfers.contention)
 
 
-def _flops(tasks: tuple[Task, ...]) -> list[float]:
-    """FLOPs of every task. Work tuples are shared between tasks: each distinct one is summed once,
-    and the per-task list is made by C-level maps over the ids."""
-    works = list(map(itemgetter(7), tasks))  # Task.work
-    distinct = dict(zip(map(id, works), works))
-    per_work = {k: sum(w.flops for w in work) for k, work in distinct.items()}
-    return list(map(per_work.__getitem__, map(id, works)))
+def _per_shape(graph: TaskGraph, of: Callable[[Task], Any]) -> list:
+    """``of(task)`` for every task, computed once per task shape (TaskGraph.shapes; every task its
+    own shape when the graph has none) and spread by C-level maps."""
+    shapes = graph.shapes or range(len(graph.tasks))
+    one = dict(zip(shapes, graph.tasks))  # a task of every shape
+    per = {k: of(t) for k, t in one.items()}
+    return list(map(per.__getitem__, shapes))
+
+
+def _flops(graph: TaskGraph) -> list[float]:
+    """FLOPs of every task: its work's, summed once per distinct work tuple (shared between tasks)."""
+    sums: dict[int, float] = {}
+
+    def of(task: Task) -> float:
+        total = sums.get(id(task.work))
+        if total is None:
+            total = sums[id(task.work)] = sum(w.flops for w in task.work)
+        return total
+    return _per_shape(graph, of)

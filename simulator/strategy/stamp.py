@@ -48,6 +48,7 @@ class Template:
     mems: tuple[float, ...]
     groups: tuple[tuple[int, tuple[int, ...]], ...]  # (task offset, group) of barrier-numbered collectives
     lanes: tuple[tuple[str, tuple[int, ...]], ...]  # stream -> offsets of its tasks, in order
+    shapes: tuple[int, ...]  # the recorded tasks' shapes (TaskGraph.shapes): their replays share them
     result: int | tuple[int, ...]  # the returned task (or tasks): offset (>= 0) or ~index of an outside dependency
     pending_after: float  # activation bytes the rank's next kernel allocates after the call
     last_kernel: int  # offset of the rank's latest activation kernel after the call; -1: unchanged
@@ -93,7 +94,8 @@ class Stamper:
         if tpl is None or result is None:
             self.templates[key] = None
             return out
-        self.templates[key] = Template(**tpl, result=result, pending_after=ctx._pending_alloc.get(rank, 0.0),
+        self.templates[key] = Template(**tpl, shapes=tuple(ctx.builder._shapes[base:]), result=result,
+                                       pending_after=ctx._pending_alloc.get(rank, 0.0),
                                        last_kernel=after - base if after is not None and after >= base else -1)
         return out
 
@@ -115,6 +117,7 @@ class Stamper:
             ids, map(name.__add__, tpl.suffixes), tpl.kinds, repeat(rank), tpl.streams,
             tpl.categories, deps, tpl.works, tpl.comms, repeat(ctx.stage(rank)), repeat(mb), repeat(chunk),
             tpl.phases, tpl.layers, tpl.mems, syncs)))
+        b._shapes.extend(tpl.shapes)
         streams = b._streams
         for stream, offsets in tpl.lanes:
             lane = streams.get((rank, stream))
