@@ -284,3 +284,15 @@ def test_search_does_not_try_the_v_shaped_or_dualpipe_schedules_unless_asked():
     from simulator.explore.enumerate import SearchSpace
     tried = set(SearchSpace().schedules)
     assert not tried & {"zb-v", "dualpipe-v", "dualpipe"} and {"1f1b", "interleaved-1f1b", "zero-bubble"} <= tried
+
+
+# ---- "**ZeRO-3 at 384 to 2,240 GPUs**": what DeepSpeed's 2021 engine moves per rank and step ----------
+@pytest.mark.parametrize("row", ["narayanan-zero3-175b-384", "narayanan-zero3-175b-1536"])
+def test_zero3_175b_gathers_1058_times_and_moves_1_3_tb_per_gpu_whatever_the_gpu_count(row):
+    from simulator.explore.validate import read_rows, row_to_raw
+    from simulator.pipeline import lower
+    scn = scenario_from_dict(row_to_raw(next(r for r in read_rows([]) if r["name"] == row)), default_name="r")
+    graph = lower(scn).graph
+    comms = [t.comm for t in graph.tasks if t.rank == graph.ranks[0] and t.comm is not None]
+    assert sum(c.op == "all_gather" for c in comms) == 1058
+    assert round(sum(c.size_bytes for c in comms) / 1e12, 1) == 1.3
