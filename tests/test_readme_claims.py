@@ -147,9 +147,6 @@ def test_the_collective_example_of_hardware_as_data_runs(tmp_path, capsys):
     assert fast["size_bytes"] == slow["size_bytes"] == 2 ** 30 and slow["busbw_GBps"] < fast["busbw_GBps"]
 
 
-@pytest.mark.xfail(strict=True, reason="README's Python example sets tp=4 on scenarios/gpt3-1.3b-8xa100.toml "
-                   "(tp 2, pp 2, dp 2 on 8 GPUs): dp*tp*pp = 16 != 8, a ScenarioError; remove this marker "
-                   "when the README example is fixed")
 def test_the_python_example_runs_as_written(monkeypatch):
     (code,) = [b for b in blocks("python") if "load_scenario" in b]
     monkeypatch.chdir(ROOT)
