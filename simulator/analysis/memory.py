@@ -186,9 +186,6 @@ def memory_report(scn, stage_params: dict, trace: Trace) -> MemoryReport:
                          f"{', '.join(OPTIMIZER_BYTES_PER_PARAM)}")
     if not stage_params:
         raise ValueError("memory_report: stage_params is empty (no rank to account)")
-    by_rank: dict[int, list[TraceEvent]] = {}
-    for e in trace.events:
-        by_rank.setdefault(e.rank, []).append(e)
     dense_dp = par.shard_group_size or par.dp * par.cp  # HSDP shards inside its shard group
     expert_dp = par.expert_dp  # MoE parallel folding: tp·cp·dp/(ep·etp) (strategy/mesh)
     per_rank, timeline, act_timeline, detail = {}, {}, {}, {}
@@ -198,7 +195,7 @@ def memory_report(scn, stage_params: dict, trace: Trace) -> MemoryReport:
                      model_state_bytes(counts.get("expert", 0), par.zero_stage, expert_dp,
                                        _param_bytes(tr.dtype), tr.grad_dtype_bytes, par.offload_optimizer,
                                        opt_bpp))
-        events = by_rank.get(rank, [])
+        events = trace.memory_events(rank)  # all the timeline reads: no other event need be made
         points = walk_memory(events, trace.start_s)
         end_dyn = points[-1][1] + points[-1][2]
         peak_dyn = max(a + b for _, a, b in points)
