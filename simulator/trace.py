@@ -168,8 +168,16 @@ class ColumnTrace(Trace):
 
     def _ids(self, rank: int, stream: str | None) -> list[int]:
         """Task ids of ``rank`` (on ``stream`` only, if given) in trace order, from the lanes."""
-        lanes = [ids for (r, s), ids in self._lanes.items() if r == rank and (stream is None or s == stream)]
+        lanes = [ids for s, ids in self._lanes_of_rank.get(rank, ()) if stream is None or s == stream]
         return sorted(chain.from_iterable(lanes))
+
+    @cached_property
+    def _lanes_of_rank(self) -> dict[int, list[tuple[str, Sequence[int]]]]:
+        """rank -> its (stream, task ids) lanes: one pass over the lanes for every per-rank question."""
+        out: dict[int, list[tuple[str, Sequence[int]]]] = {}
+        for (rank, stream), ids in self._lanes.items():
+            out.setdefault(rank, []).append((stream, ids))
+        return out
 
     def last_end_by_rank(self) -> dict[int, float]:
         tasks, _, end, _ = self._columns
@@ -193,11 +201,8 @@ class ColumnTrace(Trace):
     def busy_s(self, rank: int) -> float:
         if not self._lanes:
             return super().busy_s(rank)
-        lanes = [v for (r, _s), v in self._lanes.items() if r == rank]
-        if not lanes:
-            return 0.0
         start, end = self._arrays
-        ids = np.concatenate([np.asarray(v, dtype=np.int64) for v in lanes])
+        ids = np.asarray(self._ids(rank, None), dtype=np.int64)
         return union_length_s(start[ids], end[ids])
 
     @cached_property

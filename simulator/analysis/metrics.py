@@ -73,7 +73,7 @@ def busiest_rank(trace: Trace, ranks: list[int]) -> int:
 
 def summarize(scn, iteration_time_s: float, model_flops: float, hardware_flops: float,
               breakdown: dict[str, float], memory_peak: dict, capacity_bytes: float, fits: bool,
-              contention_s: dict | None = None, busiest: tuple[int, dict] | None = None) -> dict:
+              contention_s: dict, busiest: tuple[int, dict]) -> dict:
     """metrics.json (DESIGN.md §4.3); MFU/HFU against the GPU's dense peak (PaLM, Chowdhery 2022 App. B)."""
     n = scn.num_gpus
     peak = scn.cluster.gpu.peak(scn.training.dtype)
@@ -97,9 +97,8 @@ def summarize(scn, iteration_time_s: float, model_flops: float, hardware_flops: 
         "fits_in_memory": fits,
         # extension: seconds network transfers took beyond their time alone, summed per category
         # (shared links: DP buckets slowing PP sends on the same NIC, ...); not exposed time
-        "network_contention_s": dict(contention_s or {}),
+        "network_contention_s": dict(contention_s),
         # extension: the rank idle the least (the bottleneck pipeline stage) and its exposed breakdown;
         # time_breakdown_s is read on the rank that ends last, which waits for it
-        "busiest_rank": ({"rank": busiest[0], "time_breakdown_s": busiest[1]} if busiest
-                         else {"rank": None, "time_breakdown_s": dict(breakdown)}),
+        "busiest_rank": {"rank": busiest[0], "time_breakdown_s": busiest[1]},
     }
