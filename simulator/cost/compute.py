@@ -1,6 +1,7 @@
 """Compute cost: roofline time of one kernel (OpWork) with global per-architecture efficiencies.
 
-time = max(FLOPs / (peak · gemm_eff(shape)), bytes / (HBM bandwidth · mem_eff)) + kernel overhead.
+time = max(FLOPs / (peak · gemm_eff(shape)), bytes / (HBM bandwidth · mem_eff)) + kernel overhead;
+fused attention reads its efficiency from measured curves (attention_eff.py).
 The efficiencies are global per GPU architecture, each from a published measurement; no constant is
 fitted to a validation row (DESIGN.md §5).
 """
@@ -12,8 +13,10 @@ from dataclasses import dataclass
 
 from ..hardware.gpus import GPUSpec
 from ..model.fp8 import FP8_PRECISIONS
+from ..model.opgraph import attention_flops
 from ..tasks import OpWork, gemm_grad_shapes
 from ..units import DTYPE_BYTES
+from .attention_eff import attention_efficiency
 
 ATTENTION_IMPLS = ("flash", "cudnn", "unfused")
 # Bytes moved per attention-score element by the unfused kernels (see _unfused_attention_s).
@@ -25,8 +28,6 @@ UNFUSED_KERNELS = 4  # QK^T, softmax, dropout, AV
 @dataclass(frozen=True, slots=True)
 class Efficiency:
     gemm_max: float  # fraction of dense peak of a GEMM's main loop (tiles in full waves, long k)
-    attention: float  # FlashAttention-2 fwd+bwd fraction of dense peak (causal, head_dim 128)
-    attention_cudnn: float  # cuDNN fused attention (Transformer Engine's FusedAttention), same convention
     memory: float  # fraction of HBM bandwidth reached by streaming elementwise kernels
     num_sms: int  # streaming multiprocessors: wave quantization of GEMM tiles
     block_k: int  # k extent of one main-loop iteration of the bf16 tensor-core GEMM kernel
@@ -58,17 +59,8 @@ class Efficiency:
 #   benchmark/matmul{,_fp8}/README.md): FP8/BF16 time 0.56 at k = 1024, 0.50 at 4096, 0.50 at 8192;
 #   this model gives 0.61, 0.53, 0.52. The dense FP8 peak is the datasheet's (2x BF16); gemm_max is
 #   the same fraction (the same measurements reach 0.78 of either peak at k = 16384).
-# - attention: FlashAttention-2 (Dao 2023, Fig. 6/7): A100 causal fwd+bwd up to ~190-200 TFLOP/s at
-#   head_dim 128, seq 2k-8k (~0.62 of 312). On H100 the same kernels reach "only 35% utilization"
-#   (Shah et al. 2024, FlashAttention-3, abstract): 0.35. Hopper's warp-specialized kernels -- cuDNN's
-#   fused attention, which Transformer Engine's DotProductAttention runs as FusedAttention -- reach
-#   ~450-550 TFLOP/s causal fwd+bwd in the same paper's Fig. 4/5 (~0.50 of 989). On Ampere no
-#   separate cuDNN measurement is at hand: it takes FlashAttention-2's figure.
-#   These FLOPs count only the unmasked half of causal attention, as the papers do, and count the
-#   backward as 2.5x the forward (FlashAttention-2 benchmarks/benchmark_flash_attention.py: fwd_bwd =
-#   3.5x fwd): the backward recomputes the scores QK^T, five matrix products against the forward's
-#   two (Dao 2023 Algorithm 2). The op graph's backward carries 2x (the MFU convention), so a fused
-#   kernel executes 1.25x the backward FLOPs it is charged for.
+# - fused attention (flash, cudnn): not here -- a measured curve by sequence length, head dim, pass and
+#   mask in attention_eff.py (FlashAttention-2/-3 papers), read in the benchmarks' FLOP convention.
 # - memory: STREAM-like copy kernels reach ~90% of HBM peak on A100/H100 (NVIDIA's "GPU Performance
 #   Background" guide); we take 0.85 for the mix of norm/elementwise kernels.
 # - num_sms: A100 108 SMs (A100 whitepaper), H100 SXM5 132 SMs (H100 whitepaper).
@@ -81,14 +73,15 @@ class Efficiency:
 #   SM count they give the clock its datasheet peak is quoted at, over which a sustained clock scales.
 # - Blackwell: no published measurement of its GEMM/attention efficiency per clock is at hand; it
 #   takes Hopper's (same CUTLASS tile pipeline family), 148 SMs (B200, DGX B200 page), and its own
-#   MMA rate per clock. An estimate until measured: calibrate it with `calibrate profile`.
+#   MMA rate per clock (attention likewise, attention_eff.py). An estimate until measured: calibrate it
+#   with `calibrate profile`.
 EFFICIENCIES: dict[str, Efficiency] = {
-    "ampere": Efficiency(gemm_max=0.767, attention=0.62, attention_cudnn=0.62, memory=0.85, num_sms=108, block_k=32,
+    "ampere": Efficiency(gemm_max=0.767, memory=0.85, num_sms=108, block_k=32,
                          tile_overhead_iters=4.67, kernel_overhead_s=2e-6, dense_flops_per_clock_per_sm=2048),
-    "hopper": Efficiency(gemm_max=0.85, attention=0.35, attention_cudnn=0.50, memory=0.85, num_sms=132, block_k=64,
+    "hopper": Efficiency(gemm_max=0.85, memory=0.85, num_sms=132, block_k=64,
                          tile_overhead_iters=4.33, kernel_overhead_s=2e-6, fp8_block_k=128,
                          dense_flops_per_clock_per_sm=4096),
-    "blackwell": Efficiency(gemm_max=0.85, attention=0.35, attention_cudnn=0.50, memory=0.85, num_sms=148,
+    "blackwell": Efficiency(gemm_max=0.85, memory=0.85, num_sms=148,
                             block_k=64, tile_overhead_iters=4.33, kernel_overhead_s=2e-6, fp8_block_k=128,
                             dense_flops_per_clock_per_sm=8192),
 }
@@ -127,7 +120,10 @@ EAGER_KERNEL_HOST_S = 7.4e-6
 # "Matrix Multiplication Background User's Guide": tile and wave quantization.
 GEMM_TILE_M = 128
 GEMM_TILE_N = 256
-# Executed / counted FLOPs of a FlashAttention backward (recompute of QK^T: 2.5x forward vs 2x counted).
+# Executed / counted FLOPs of a FlashAttention backward: it recomputes the scores QK^T, five matrix
+# products against the forward's two (Dao 2023 Algorithm 2), 2.5x the forward, as the FlashAttention
+# benchmarks count it (benchmarks/benchmark_flash_attention.py: fwd_bwd = 3.5x fwd); the op graph's
+# backward carries 2x (the MFU convention).
 FLASH_BWD_RECOMPUTE = 2.5 / 2.0
 # Fraction of the full attention score matrix a causal kernel computes (lower triangle).
 CAUSAL_EXECUTED_FRACTION = 0.5
@@ -169,7 +165,6 @@ class RooflineCompute:
         self.dtype_bytes = DTYPE_BYTES[dtype]
         self.gpu = gpu
         self.eff = EFFICIENCIES[gpu.architecture]
-        self.attention_eff = self.eff.attention_cudnn if attention == "cudnn" else self.eff.attention
         # FP8 training (Transformer Engine): FP8 GEMMs are marked per op; everything else runs in BF16.
         # Tensor-core peaks at the clock the GPU sustains under training load (sustained_clock_ratio).
         self.clock_ratio = sustained_clock_ratio(gpu, self.eff)
@@ -202,13 +197,26 @@ class RooflineCompute:
         elif op.kind == "attention" and op.flops > 0 and self.attention == "unfused":
             return self._unfused_attention_s(op)
         elif op.kind == "attention" and op.flops > 0:
-            # The op counts the full s^2 score matrix (Narayanan 2021 eq. 3); a causal flash kernel skips
-            # the masked upper triangle, half of it (Dao 2023 §3.1), at the measured efficiency.
-            executed = op.flops * (FLASH_BWD_RECOMPUTE if op.backward else 1.0)
-            flop_s = CAUSAL_EXECUTED_FRACTION * executed / (self.peak_flops_per_s * self.attention_eff)
+            flop_s = self._fused_attention_s(op)
         else:
             flop_s = 0.0
         return max(flop_s, mem_s) + self.eff.kernel_overhead_s
+
+    def _fused_attention_s(self, op: OpWork) -> float:
+        """A FlashAttention-2 / cuDNN kernel. The op counts the full s^2 score matrix (Narayanan 2021
+        eq. 3; the backward 2x); the causal kernel computes the lower triangle, half of it (Dao 2023
+        §3.1), and its backward recomputes QK^T, 2.5x the forward (FLASH_BWD_RECOMPUTE): exactly the
+        FLOPs the FlashAttention benchmarks count, so attention_eff's measured fraction of the datasheet
+        peak applies to them and a measured point's time is reproduced. As for the GEMMs, the fraction
+        is of the datasheet peak and the sustained clock ratio then scales that peak (the papers state
+        no clock; at ratio 1 their times are reproduced). Training attention is causal; a sliding
+        window computes the fraction of the causal scores its FLOPs say (opgraph scales them)."""
+        b, heads, sq, skv, hd = op.shape
+        counted = attention_flops(b, heads, sq, skv, hd) * (2.0 if op.backward else 1.0)
+        eff = attention_efficiency(self.gpu.architecture, self.attention, op.backward, True, hd, sq, skv,
+                                   score_fraction=op.flops / counted)
+        executed = CAUSAL_EXECUTED_FRACTION * op.flops * (FLASH_BWD_RECOMPUTE if op.backward else 1.0)
+        return executed / (self.peak_flops_per_s * eff)
 
     def _gemm_s(self, flops: float, m: int, n: int, k: int, precision: str = "") -> float:
         """A GEMM's time; ``precision`` an FP8 tag of model/fp8.py or "" (the training dtype)."""
