@@ -20,7 +20,8 @@ from .analysis.metrics import busiest_rank, critical_rank, exposed_breakdown, su
 from .cost.model import CostModel
 from .cost.plan import CommPlan
 from .cost.siblings import fast_mode_cost
-from .engine.sim import SimResult, TaskCost, simulate_graph
+from .engine.sim import SimResult, TaskCost, per_shape, simulate_graph, task_durations
+from .engine.sm_contention import stretched_durations
 from .hardware.topology import Topology, build_topology
 from .model.opgraph import build_op_graph
 from .scenario import Scenario
@@ -119,8 +120,17 @@ def _simulate(scn: Scenario, full: bool, topo: Topology) -> RunResult:
             return _simulate(scn, True, topo)
         engine_cost = fast
     # the cost models answer from a task's kind, work and collective: once per task shape
-    sim = simulate_graph(plan.graph, PerCollective(engine_cost), topo.capacity_Bps, plan.rank_labels,
-                         dict(plan.graph.meta), by_shape=True)
+    per_collective = PerCollective(engine_cost)
+    durations = task_durations(plan.graph, per_collective, by_shape=True)
+    sim = simulate_graph(plan.graph, per_collective, topo.capacity_Bps, plan.rank_labels,
+                         dict(plan.graph.meta), durations=durations)
+    if scn.cost.sm_contention:  # compute beside NCCL kernels runs on the SMs they leave: a second pass
+        ctas = per_shape(plan.graph, cost.kernel_ctas)
+        stretched = stretched_durations(plan.graph.tasks, sim.start_s, sim.end_s, durations, ctas,
+                                        cost.contention_ratio)
+        if stretched is not None:
+            sim = simulate_graph(plan.graph, per_collective, topo.capacity_Bps, plan.rank_labels,
+                                 dict(plan.graph.meta), durations=stretched)
     cost.warn_missing()
     trace = sim.trace
     rank = critical_rank(trace)

@@ -95,6 +95,9 @@ class CostSpec:
     compute: str = "roofline"
     tables: str = ""  # directory of calibration tables when compute = "calibrated"
     collective_algorithms: tuple[tuple[str, str], ...] = ()  # (op, algorithm) overrides
+    # compute beside a collective runs on the SMs its NCCL kernel leaves (cost/sm_share); false: the
+    # collective takes no SM from compute (the model of earlier releases)
+    sm_contention: bool = True
 
     def algorithm_for(self, op: str) -> str | None:
         return dict(self.collective_algorithms).get(op)
@@ -127,7 +130,7 @@ _MODEL_KEYS = {f.name for f in dataclasses.fields(ModelSpec)} - {"name", "extra"
 _CLUSTER_KEYS = set(CLUSTER_KEYS) | {"hardware"}
 _PARALLEL_KEYS = {f.name for f in dataclasses.fields(ParallelSpec)}
 _TRAINING_KEYS = {f.name for f in dataclasses.fields(TrainingSpec)}
-_COST_KEYS = {"compute", "tables", "collective_algorithms"}
+_COST_KEYS = {"compute", "tables", "collective_algorithms", "sm_contention"}
 
 
 def read_raw(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> dict:
@@ -372,5 +375,8 @@ def _cost(table: dict, base_dir: Path) -> CostSpec:
     algs = table.get("collective_algorithms", {})
     if not isinstance(algs, dict) or not all(isinstance(v, str) for v in algs.values()):
         raise ScenarioError(f"cost.collective_algorithms must be a table of op = \"algorithm\", got {algs!r}")
-    return CostSpec(compute, tables, tuple(sorted(algs.items())))
+    sm_contention = table.get("sm_contention", True)
+    if not isinstance(sm_contention, bool):
+        raise ScenarioError(f"cost.sm_contention must be true or false, got {sm_contention!r}")
+    return CostSpec(compute, tables, tuple(sorted(algs.items())), sm_contention)
 

@@ -6,6 +6,7 @@ all-reduce, and the refusals (even pp, even micro-batches, at least 2 pp)."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from collections import defaultdict
@@ -154,7 +155,9 @@ def test_simulated_timeline_is_the_schedule_with_each_pair_in_sequence():
     # The simulated compute streams are the list schedule of the action grid with the tiny model's
     # per-stage F, B, W and one P2P send per hop between ranks: each overlapped pair F & B runs in
     # sequence on the compute stream, only communication overlaps it (as DualPipeV is simulated).
+    # The schedule alone: P2P kernels take no SMs from the compute beside them (cost.sm_contention off).
     scn = tiny("dualpipe")
+    scn = dataclasses.replace(scn, cost=dataclasses.replace(scn.cost, sm_contention=False))
     res = simulate(scn)
     sends = {round(e.end_s - e.start_s, 15) for e in res.trace.events if e.category == "comm_pp"}
     assert len(sends) == 1

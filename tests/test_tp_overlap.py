@@ -3,7 +3,7 @@ methods, and a step with overlap between compute alone and the unoverlapped step
 
 import pytest
 
-from simulator.cost.tp_overlap import UB_SITES, exposed_comm_s, pipelined_s, ring_exchange_s
+from simulator.cost.tp_overlap import BULK_SITES, UB_SITES, exposed_comm_s, pipelined_s, ring_exchange_s
 from simulator.pipeline import simulate
 from simulator.scenario import ScenarioError, scenario_from_dict
 from simulator.strategy.lower import lower
@@ -45,10 +45,10 @@ def test_overlap_needs_sequence_parallelism():
         scenario(True, sequence_parallel=False)
 
 
-def test_overlap_tags_the_six_collectives_of_a_dense_layer():
+def test_overlap_tags_the_six_chunked_and_four_bulk_collectives_of_a_dense_layer():
     graph = lower(scenario(True)).graph
     sites = sorted({t.comm.overlap[0] for t in graph.tasks if t.kind == "comm" and t.comm.overlap})
-    assert sites == sorted(UB_SITES)
+    assert sites == sorted(set(UB_SITES) | set(BULK_SITES))
     assert not any(t.comm.overlap for t in lower(scenario(False)).graph.tasks if t.kind == "comm")
 
 

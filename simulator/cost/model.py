@@ -16,8 +16,10 @@ from ..tasks import Collective, Task
 from .collectives import collective_time_s, plan_collective
 from .compute import RooflineCompute, with_host_floor_s
 from .fairshare import isolated_time_s
+from .algorithms import group_shape
 from .plan import CommPlan, CommStep, Flow
-from .tp_overlap import exposed_comm_s
+from .sm_share import collective_ctas, with_sms_taken
+from .tp_overlap import BULK_SITES, UB_SITES, exposed_comm_s
 
 # ZeRO-Offload's CPU-Adam (Ren et al. 2021, §5.1 and Table 3): ~0.2 s per step for 1B parameters on
 # one DGX-2 node's CPU (2 x Xeon Platinum 8168); the node's GPUs share it.
@@ -35,6 +37,8 @@ class CostModel:
         self._static_comm: dict = {}
         self._host_plans: dict = {}
         self.algorithms = dict(scn.cost.collective_algorithms)
+        self._contended: dict[int, RooflineCompute] = {}  # SMs taken -> RooflineCompute on the SMs left
+        self._ratios: dict[tuple[int, int], float] = {}  # (work, SMs taken) -> ratio
 
     # ---- engine protocol ----------------------------------------------------------------------
     def duration_s(self, task: Task) -> float | None:
@@ -54,7 +58,7 @@ class CostModel:
             t = self._static_comm.get(ckey)
             if t is None:
                 t = collective_time_s(c, self.topo, self.algorithms.get(c.op))
-                if c.overlap:
+                if c.overlap and c.overlap[0] in UB_SITES:  # a bulk site's time is its collective's
                     site, gemm = c.overlap
                     t = exposed_comm_s(site, self._work_time_s((gemm,)), t, len(c.group),
                                        self.roofline.eff.num_sms)
@@ -77,6 +81,33 @@ class CostModel:
         if c.axis == "host":
             return self._host_plan(c)[1]
         return collective_time_s(c, self.topo, self.algorithms.get(c.op))
+
+    # ---- SMs held by communication kernels (cost/sm_share) --------------------------------------
+    def kernel_ctas(self, task: Task) -> int:
+        """SMs the task's communication kernel holds while it runs: NCCL's CTAs (cost/sm_share); a
+        userbuffers bulk site's configured SMs; 0 for compute, host copies and the userbuffers sites
+        chunked under their GEMM (cost/tp_overlap charges those SMs already)."""
+        c = task.comm
+        if task.kind != "comm" or c is None or c.axis == "host":
+            return 0
+        if c.overlap:  # userbuffers: a bulk site holds its configured SMs, the others are charged
+            return BULK_SITES.get(c.overlap[0], 0)
+        algorithm = plan_collective(c, self.topo, self.algorithms.get(c.op)).algorithm
+        return collective_ctas(c, algorithm, group_shape(c.group, self.topo), self.scn.cluster)
+
+    def contention_ratio(self, task: Task, sms_taken: int) -> float:
+        """How much longer the compute task runs on the SMs that ``sms_taken`` leave than on the whole
+        GPU (the roofline's ratio; calibrated tables, measured on the whole GPU, are scaled by it)."""
+        key = (id(task.work), sms_taken)
+        r = self._ratios.get(key)
+        if r is None:
+            rc = self._contended.get(sms_taken)
+            if rc is None:
+                rc = self._contended[sms_taken] = with_sms_taken(self.roofline, sms_taken)
+            eager = not self.scn.training.cuda_graphs
+            alone = self.roofline.work_time_s(task.work, eager)
+            r = self._ratios[key] = rc.work_time_s(task.work, eager) / alone if alone > 0 else 1.0
+        return r
 
     def _host_plan(self, c: Collective) -> tuple[CommPlan, float]:
         """A device-to-host ("d2h") or host-to-device ("h2d") copy: one flow over the GPU's PCIe

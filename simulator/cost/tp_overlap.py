@@ -12,7 +12,9 @@ computation via decomposition", ASPLOS'23; TE ``comm_gemm_overlap``). NeMo's H10
 - ``pipeline`` for the forward reduce-scatters (proj_fprop: 24 SMs, fc2_fprop: 16 SMs, 4 splits,
   ``set_sm_margin``: the GEMM chunks run on the SMs the communication kernel leaves).
 The bulk overlaps of the backward (the input all-gather and the gradient reduce-scatter hidden
-behind the other backward GEMM) are the asynchronous collectives the lowering already overlaps.
+behind the other backward GEMM) are the asynchronous collectives the lowering already overlaps; under
+userbuffers their kernels hold the ``num_sm`` SMs of BULK_SITES (cost/sm_share charges them to the
+GEMMs beside them) instead of NCCL's channels.
 The chunked GEMMs are taken at the whole GEMM's rate (wave effects of the chunks neglected).
 """
 
@@ -37,6 +39,11 @@ UB_SITES: dict[str, OverlapSite] = {
     "proj_fprop": OverlapSite("pipeline", 24, 4),
     "fc2_fprop": OverlapSite("pipeline", 16, 4),
 }
+
+# The same NeMo configuration's bulk sites (BulkOverlapCfg num_sm): qkv_dgrad / fc1_dgrad all-gather
+# the layer input for the weight gradient beside the input-gradient GEMM, qkv_wgrad / fc1_wgrad
+# reduce-scatter the input gradient beside the weight-gradient GEMM.
+BULK_SITES: dict[str, int] = {"qkv_dgrad": 4, "qkv_wgrad": 24, "fc1_dgrad": 2, "fc1_wgrad": 4}
 
 
 def ring_exchange_s(gemm_s: float, comm_s: float, tp: int) -> float:

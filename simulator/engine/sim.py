@@ -219,16 +219,18 @@ def _cycle_message(tasks: tuple[Task, ...], end: list, rank: int, lanes: list, p
 
 def simulate_graph(graph: TaskGraph, cost: TaskCost, capacity_Bps: dict | None = None,
                    rank_labels: dict | None = None, metadata: dict | None = None,
-                   by_shape: bool = False) -> SimResult:
+                   by_shape: bool = False, durations: list[float | None] | None = None) -> SimResult:
     """Run ``graph``. ``by_shape``: ``cost`` answers ``duration_s`` from the fields a task shape fixes
     (TaskGraph.shapes: kind, stream, category, work, collective, phase, layer), as the cost models
-    do, so it is asked once per shape."""
+    do, so it is asked once per shape. ``durations``: every task's static seconds (None: through
+    the network), given instead of asking ``cost`` (``task_durations``; a second pass's)."""
     tasks = graph.tasks
     n = len(tasks)
     env = simpy.Environment()
     clocks = Clocks(env, n)
     transfers = Transfers(env, cost, capacity_Bps or {})
-    durations = _per_shape(graph, cost.duration_s) if by_shape else [cost.duration_s(t) for t in tasks]
+    if durations is None:
+        durations = task_durations(graph, cost, by_shape)
     sync = list(map(itemgetter(15), tasks))  # Task.sync_key
     participants = Counter(filter((-1).__ne__, sync))
     barriers = {k: Barrier(env, c) for k, c in participants.items() if c > 1}
@@ -253,7 +255,12 @@ def simulate_graph(graph: TaskGraph, cost: TaskCost, capacity_Bps: dict | None =
                      transfers.contention)
 
 
-def _per_shape(graph: TaskGraph, of: Callable[[Task], Any]) -> list:
+def task_durations(graph: TaskGraph, cost: TaskCost, by_shape: bool = False) -> list[float | None]:
+    """``cost.duration_s`` of every task (once per task shape with ``by_shape``)."""
+    return per_shape(graph, cost.duration_s) if by_shape else [cost.duration_s(t) for t in graph.tasks]
+
+
+def per_shape(graph: TaskGraph, of: Callable[[Task], Any]) -> list:
     """``of(task)`` for every task, computed once per task shape (TaskGraph.shapes; every task its
     own shape when the graph has none) and spread by C-level maps."""
     shapes = graph.shapes or range(len(graph.tasks))
@@ -271,4 +278,4 @@ def _flops(graph: TaskGraph) -> list[float]:
         if total is None:
             total = sums[id(task.work)] = sum(w.flops for w in task.work)
         return total
-    return _per_shape(graph, of)
+    return per_shape(graph, of)

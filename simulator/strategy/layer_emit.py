@@ -76,6 +76,15 @@ def overlap_site(par, site: str, work, last: bool = False, moe: bool = False) ->
     return (site, gemms[-1 if last else 0]) if gemms else ()
 
 
+def bulk_site(par, gemm: str, kind: str) -> tuple:
+    """(site,) of a backward TP collective that userbuffers run as a bulk overlap on their own SMs
+    (cost/tp_overlap.BULK_SITES: "qkv_dgrad", "fc1_wgrad", ...) under tp_comm_overlap with SP, for the
+    GEMM ``gemm`` ("qkv" or "fc1"; "" for none) and ``kind`` "dgrad" or "wgrad"; () otherwise."""
+    if not (gemm and par.tp_comm_overlap and par.sequence_parallel and par.tp > 1):
+        return ()
+    return (f"{gemm}_{kind}",)
+
+
 def _core(ctx: LowerCtx, rank: int, part: str, dep: int | None, name: str, meta: dict,
           category: str) -> int | None:
     """The attention core, with the CP exchange when cp > 1; ``part`` is "F", "B" or "BW"."""
@@ -139,10 +148,11 @@ def _experts(ctx: LowerCtx, rank: int, part: str, dep: int, name: str, meta: dic
 
 
 def column_backward(ctx: LowerCtx, rank: int, seg: Segment, dep: int | None, name: str, meta: dict,
-                    split_w: bool, free_bytes: float = 0.0) -> int | None:
+                    split_w: bool, free_bytes: float = 0.0, site: str = "") -> int | None:
     """Backward of a segment that opens with a column-parallel GEMM, with the asynchronous TP
     collective of its input gradient overlapped with the weight-gradient GEMM (see module doc).
-    Its last task releases ``free_bytes`` of activations."""
+    Its last task releases ``free_bytes`` of activations. ``site``: "qkv" or "fc1", the GEMM's
+    userbuffers bulk sites under tp_comm_overlap (bulk_site)."""
     free: dict[str, Any] = {"mem_delta_bytes": -free_bytes} if free_bytes else {}
     if ctx.par.tp == 1:
         return ctx.compute(rank, f"{name}.grad", seg.bwd_b if split_w else seg.bwd, _d(dep), **meta, **free)
@@ -151,9 +161,11 @@ def column_backward(ctx: LowerCtx, rank: int, seg: Segment, dep: int | None, nam
     size = ctx.full_activation_bytes()
     gather = None
     if sp and not split_w and seg.bwd_wgrad:
-        gather = ctx.tp_collective(rank, f"{name}.input_all_gather", "all_gather", size, _d(dep), COMM_TP, **meta)
+        gather = ctx.tp_collective(rank, f"{name}.input_all_gather", "all_gather", size, _d(dep), COMM_TP,
+                                   bulk_site(ctx.par, site, "dgrad"), **meta)
     x: int | None = ctx.compute(rank, f"{name}.grad", seg.bwd_b_pre if split_w else seg.bwd_pre, _d(dep), **meta)
-    red = ctx.tp_collective(rank, f"{name}.grad.{op}", op, size, (x,), COMM_TP, **meta)
+    red = ctx.tp_collective(rank, f"{name}.grad.{op}", op, size, (x,), COMM_TP, bulk_site(ctx.par, site, "wgrad"),
+                            **meta)
     if not split_w and seg.bwd_wgrad:
         x = ctx.compute(rank, f"{name}.wgrad", seg.bwd_wgrad, (x,) + _d(gather), **meta)
     post = seg.bwd_b_post if split_w else seg.bwd_post
@@ -213,12 +225,13 @@ def layer_backward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, split_
         x = ctx.compute(rank, f"{name}.mlp_out.grad", post.bwd_b if split_w else post.bwd, _d(x),
                         **meta)
         x = _experts(ctx, rank, part, x, name, meta, "compute")
-    x = column_backward(ctx, rank, b.mlp_pre, x, f"{name}.mlp", meta, split_w)
+    x = column_backward(ctx, rank, b.mlp_pre, x, f"{name}.mlp", meta, split_w,
+                        site="" if b.experts is not None else "fc1")
     if sp:
         x = tp_op(ctx, rank, x, f"{name}.attn_grad", "all_gather", meta,
                   overlap_site(ctx.par, "proj_dgrad", b.attn_post.bwd_b))
     if ctx.par.cp == 1 and recompute != "selective":
-        x = column_backward(ctx, rank, b.attn, x, f"{name}.attn", meta, split_w, free_bytes + transient)
+        x = column_backward(ctx, rank, b.attn, x, f"{name}.attn", meta, split_w, free_bytes + transient, "qkv")
     else:
         x = ctx.compute(rank, f"{name}.attn_out.grad", b.attn_post.bwd_b if split_w else b.attn_post.bwd, (x,),
                         **meta)
@@ -228,7 +241,7 @@ def layer_backward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, split_
             ctx.alloc_next(rank, transient)
             x = _core(ctx, rank, "F", x, f"{name}.R", rmeta, "recompute")
         x = _core(ctx, rank, part, x, name, meta, "compute")
-        x = column_backward(ctx, rank, b.attn_pre, x, f"{name}.attn", meta, split_w, free_bytes + transient)
+        x = column_backward(ctx, rank, b.attn_pre, x, f"{name}.attn", meta, split_w, free_bytes + transient, "qkv")
     return x
 
 

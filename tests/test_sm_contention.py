@@ -1,0 +1,105 @@
+"""Communication kernels hold SMs; compute beside them runs on the rest (cost/sm_share, engine/sm_contention)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from simulator.cost.compute import RooflineCompute
+from simulator.cost.sm_share import collective_ctas, ring_channels, with_sms_taken
+from simulator.engine.sm_contention import stretched_durations
+from simulator.hardware.clusters import CLUSTER_PRESETS
+from simulator.hardware.topology import build_topology
+from simulator.cost.algorithms import group_shape
+from simulator.pipeline import simulate
+from simulator.scenario import ScenarioError, scenario_from_dict
+from simulator.tasks import Collective, OpWork, Task
+
+H100 = CLUSTER_PRESETS["dgx-h100"]
+A100 = CLUSTER_PRESETS["dgx-a100-80gb"]
+
+
+@pytest.mark.parametrize("cluster,nodes,rails,channels", [
+    (H100, 1, 8, 24),   # 6 searched rings at 60 GB/s, duplicated to 12 at 30, doubled: NCCL's 24 on DGX H100
+    (A100, 1, 8, 24),   # 6 at 40, duplicated to 12 at 20, doubled
+    (H100, 2, 8, 16),   # one ring per NIC, doubled
+    (H100, 2, 4, 16),   # 4 rings, doubled, doubled again below 16 on sm90 ("16 coll channels" on 4 NICs)
+    (A100, 4, 8, 16),
+    (A100, 4, 1, 2),    # no extra doubling before Hopper
+    (CLUSTER_PRESETS["dgx-b200"], 1, 8, 32),  # 721.8 GB/s / 90 = 8 rings, duplicated, doubled
+])
+def test_ring_channels_follow_nccls_search_and_duplication(cluster, nodes, rails, channels):
+    assert ring_channels(cluster, nodes, rails) == channels
+
+
+def test_collective_ctas_by_algorithm_size_and_kind():
+    topo = build_topology(H100.with_nodes(2))
+    node = group_shape(tuple(range(8)), topo)
+    big = Collective("all_gather", 256e6, tuple(range(8)), "dp")
+    assert collective_ctas(big, "ring/simple", node, H100) == 24
+    # enqueue.cc: nc drops while nBytes < nc x 512 threads x 64 (Simple): 96 KiB -> 3 channels
+    small = dataclasses.replace(big, size_bytes=3 * 512 * 64)
+    assert collective_ctas(small, "ring/simple", node, H100) == 3
+    assert collective_ctas(dataclasses.replace(big, size_bytes=100), "ring/simple", node, H100) == 1
+    assert collective_ctas(dataclasses.replace(big, op="all_reduce"), "nvls/simple", node, H100) == 16
+    assert collective_ctas(Collective("d2h", 1e9, (0,), "host"), "pcie-copy", node, H100) == 0
+    send = Collective("send_recv", 64e6, (0, 8), "pp")
+    assert collective_ctas(send, "p2p/simple", group_shape((0, 8), topo), H100) >= 1
+
+
+def test_a_one_wave_gemm_beside_24_ctas_takes_twice_as_long():
+    # NVIDIA developer forum 337991 (H100): a 132-CTA GEMM next to a 24-CTA ncclAllGather nearly
+    # doubles: 108 SMs left, 132 tiles in 2 waves; (132 / 108) x (216 / 132) = 2 exactly.
+    rc = RooflineCompute(H100.gpu, "bf16")
+    gemm = OpWork("g", "gemm", 2.0 * 1536 * 2816 * 8192, 0.0, (1536, 2816, 8192))
+    busy = with_sms_taken(rc, 24)
+    overhead = rc.eff.kernel_overhead_s
+    assert busy.op_time_s(gemm) - overhead == pytest.approx(2.0 * (rc.op_time_s(gemm) - overhead), rel=1e-12)
+    # an HBM-bound kernel keeps its time: bandwidth, not SMs, bounds it
+    norm = OpWork("n", "norm", 0.0, 1e9)
+    assert busy.op_time_s(norm) == rc.op_time_s(norm)
+    assert with_sms_taken(rc, 0).op_time_s(gemm) == rc.op_time_s(gemm)
+
+
+def _task(i, kind, stream, rank=0):
+    return Task(i, f"t{i}", kind, rank, stream, "compute" if kind == "compute" else "comm_dp")
+
+
+def test_stretch_is_the_overlap_times_the_slowdown():
+    # compute 0 runs [0, 2], compute 1 [2, 3]; a 24-CTA collective runs [1, 2.5] beside them
+    tasks = [_task(0, "compute", "compute"), _task(1, "compute", "compute"), _task(2, "comm", "comm")]
+    start, end, dur = [0.0, 2.0, 1.0], [2.0, 3.0, 2.5], [2.0, 1.0, None]
+    out = stretched_durations(tasks, start, end, dur, [0, 0, 24], lambda t, sms: 1.5 if sms == 24 else 9.0)
+    assert out == [2.0 + 1.0 * 0.5, 1.0 + 0.5 * 0.5, None]
+    # two collectives at once hold the sum of their CTAs
+    tasks.append(_task(3, "comm", "comm2"))
+    out = stretched_durations(tasks, start + [1.5], end + [2.0], dur + [None], [0, 0, 24, 8],
+                              lambda t, sms: {24: 1.5, 32: 2.0}[sms])
+    assert out[0] == pytest.approx(2.0 + 0.5 * 0.5 + 0.5 * 1.0)
+    # another rank's collective leaves rank 0 alone; no overlap at all: nothing changes
+    other = [_task(0, "compute", "compute"), _task(1, "comm", "comm", rank=1)]
+    assert stretched_durations(other, [0.0, 0.0], [1.0, 1.0], [1.0, None], [0, 24], lambda t, s: 2.0) is None
+
+
+def _dp_over_nodes(sm_contention: bool | None = None):
+    raw = {"model": {"preset": "gpt3-1.3b"}, "parallelism": {"tp": 1, "pp": 1, "dp": 16},
+           "cluster": {"preset": "dgx-h100", "num_nodes": 2}, "training": {"global_batch_size": 32}}
+    if sm_contention is not None:
+        raw["cost"] = {"sm_contention": sm_contention}
+    return scenario_from_dict(raw)
+
+
+def test_a_step_with_contention_is_slower_by_at_most_the_overlapped_slowdown():
+    on, off = simulate(_dp_over_nodes()), simulate(_dp_over_nodes(False))
+    t_on, t_off = on.metrics["iteration_time_s"], off.metrics["iteration_time_s"]
+    assert t_on > t_off
+    # never more than the DP traffic's whole time at the slowdown of its 16 CTAs on 132 SMs (x 2 waves)
+    dp = sum(e.end_s - e.start_s for e in off.trace.on(off.trace.ranks()[0]) if e.category == "comm_dp")
+    assert t_on - t_off <= dp * (2 * 132 / 116 - 1)
+    assert _dp_over_nodes().cost.sm_contention is True
+
+
+def test_sm_contention_must_be_a_boolean():
+    with pytest.raises(ScenarioError, match="cost.sm_contention must be true or false, got 'yes'"):
+        _dp_over_nodes("yes")  # type: ignore[arg-type]
