@@ -257,9 +257,9 @@ def test_reliability_defaults_are_the_documented_ones():
 
 
 # ---- "## Not modelled yet": the 1.7B H100 row's dispatch figures; what search tries by default -------
-def test_the_1_7b_h100_rows_kernels_take_2_7x_to_17x_their_dispatch():
-    """README: "its tasks' kernels take 2.7x to 17x, median, their dispatch: 0.017 s of dispatch under
-    0.35 s of kernels per step" (the least and the median ratio over the first rank's compute tasks)."""
+def test_the_1_7b_h100_rows_kernels_take_2_7x_to_18x_their_dispatch():
+    """README: "its tasks' kernels take 2.7x to 18x, median, their dispatch: 0.017 s of dispatch under
+    0.36 s of kernels per step" (the least and the median ratio over the first rank's compute tasks)."""
     import statistics
 
     from simulator.cost.compute import EAGER_KERNEL_HOST_S, RooflineCompute
@@ -273,8 +273,8 @@ def test_the_1_7b_h100_rows_kernels_take_2_7x_to_17x_their_dispatch():
     kernels = [sum(rc.op_time_s(o) for o in t.work if o.kind != "host") for t in tasks]
     dispatch = [EAGER_KERNEL_HOST_S * sum(rc.kernel_launches(o) for o in t.work) for t in tasks]
     ratios = [k / d for k, d in zip(kernels, dispatch)]
-    assert (round(min(ratios), 1), round(statistics.median(ratios))) == (2.7, 17)
-    assert (round(sum(dispatch), 3), round(sum(kernels), 2)) == (0.017, 0.35)
+    assert (round(min(ratios), 1), round(statistics.median(ratios))) == (2.7, 18)
+    assert (round(sum(dispatch), 3), round(sum(kernels), 2)) == (0.017, 0.36)
 
 
 def test_search_does_not_try_the_v_shaped_or_dualpipe_schedules_unless_asked():

@@ -38,6 +38,7 @@ class CostModel:
         self._host_plans: dict = {}
         self.algorithms = dict(scn.cost.collective_algorithms)
         self._contended: dict[int, RooflineCompute] = {}  # SMs taken -> RooflineCompute on the SMs left
+        self._ctas: dict[Collective, int] = {}
         self._ratios: dict[tuple[int, int], float] = {}  # (work, SMs taken) -> ratio
 
     # ---- engine protocol ----------------------------------------------------------------------
@@ -92,8 +93,11 @@ class CostModel:
             return 0
         if c.overlap:  # userbuffers: a bulk site holds its configured SMs, the others are charged
             return BULK_SITES.get(c.overlap[0], 0)
-        algorithm = plan_collective(c, self.topo, self.algorithms.get(c.op)).algorithm
-        return collective_ctas(c, algorithm, group_shape(c.group, self.topo), self.scn.cluster)
+        n = self._ctas.get(c)
+        if n is None:
+            algorithm = plan_collective(c, self.topo, self.algorithms.get(c.op)).algorithm
+            n = self._ctas[c] = collective_ctas(c, algorithm, group_shape(c.group, self.topo), self.scn.cluster)
+        return n
 
     def contention_ratio(self, task: Task, sms_taken: int) -> float:
         """How much longer the compute task runs on the SMs that ``sms_taken`` leave than on the whole

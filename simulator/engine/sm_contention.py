@@ -13,6 +13,7 @@ those durations. One correction, not a fixed point: the second run shifts the ov
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from operator import itemgetter
 
 import numpy as np
 
@@ -25,48 +26,45 @@ def stretched_durations(tasks: Sequence[Task], start_s: Sequence[float], end_s: 
     """``durations`` with every compute task stretched by the SMs its rank's collectives held while it
     ran in the first run (``start_s``/``end_s``); ``ctas``: SMs each task's kernel holds (0 for
     compute and host tasks). None when no compute task ran beside such a kernel."""
-    comm_by_rank: dict[int, list[int]] = {}
-    for i, c in enumerate(ctas):
-        if c > 0 and end_s[i] > start_s[i]:
-            comm_by_rank.setdefault(tasks[i].rank, []).append(i)
-    if not comm_by_rank:
+    held = np.asarray(ctas)
+    start, end = np.asarray(start_s), np.asarray(end_s)
+    comm = np.flatnonzero((held > 0) & (end > start))
+    if not len(comm):
         return None
+    rank = np.fromiter(map(itemgetter(3), tasks), int, len(tasks))  # Task.rank
+    dur = np.fromiter((d or 0.0 for d in durations), float, len(tasks))
+    compute = np.fromiter((k == "compute" for k in map(itemgetter(2), tasks)), bool, len(tasks)) & (dur > 0.0)
     out = list(durations)
     changed = False
-    compute_by_rank: dict[int, list[int]] = {}
-    for i, t in enumerate(tasks):
-        if t.kind == "compute" and t.rank in comm_by_rank and (durations[i] or 0.0) > 0.0:
-            compute_by_rank.setdefault(t.rank, []).append(i)
-    for rank, comm in comm_by_rank.items():
-        ids = compute_by_rank.get(rank)
-        if not ids:
+    for r in np.unique(rank[comm]):
+        ids = np.flatnonzero(compute & (rank == r))
+        if not len(ids):
             continue
-        extra = _extra_s(tasks, ids, start_s, end_s, comm, ctas, ratio)
-        for i, x in zip(ids, extra):
-            if x > 0.0:
-                out[i] = (durations[i] or 0.0) + x
-                changed = True
+        mine = comm[rank[comm] == r]
+        extra = _extra_s(tasks, ids, start, end, mine, held, ratio)
+        grown = np.flatnonzero(extra > 0.0)
+        for i, x in zip(ids[grown].tolist(), extra[grown].tolist()):
+            out[i] = dur[i] + x
+            changed = True
     return out if changed else None
 
 
-def _extra_s(tasks: Sequence[Task], ids: list[int], start_s: Sequence[float], end_s: Sequence[float],
-             comm: list[int], ctas: Sequence[int], ratio: Callable[[Task, int], float]) -> list[float]:
+def _extra_s(tasks: Sequence[Task], ids: np.ndarray, start: np.ndarray, end: np.ndarray, comm: np.ndarray,
+             held: np.ndarray, ratio: Callable[[Task, int], float]) -> np.ndarray:
     """Seconds each compute task of ``ids`` gains: per level of SMs held (the sum over the rank's
     concurrent collectives), the task's overlap with that level times (ratio - 1)."""
-    times = np.array([start_s[i] for i in comm] + [end_s[i] for i in comm])
-    held = np.array([ctas[i] for i in comm] + [-ctas[i] for i in comm])
+    times = np.concatenate((start[comm], end[comm]))
+    delta = np.concatenate((held[comm], -held[comm]))
     order = np.argsort(times, kind="stable")
-    times, level = times[order], np.cumsum(held[order])
+    times, level = times[order], np.cumsum(delta[order])
     seg_s = np.diff(times)  # segment k: [times[k], times[k+1]) at level[k]
-    s = np.array([start_s[i] for i in ids])
-    e = np.array([end_s[i] for i in ids])
+    s, e = start[ids], end[ids]
     extra = np.zeros(len(ids))
     for sms in np.unique(level[:-1]):
         if sms <= 0:
             continue
         cum = np.concatenate(([0.0], np.cumsum(np.where(level[:-1] == sms, seg_s, 0.0))))
         overlap = np.interp(e, times, cum) - np.interp(s, times, cum)
-        for k in np.flatnonzero(overlap > 0.0):
-            r = ratio(tasks[ids[k]], int(sms))
-            extra[k] += overlap[k] * (r - 1.0)
-    return extra.tolist()
+        for k in np.flatnonzero(overlap > 0.0).tolist():
+            extra[k] += overlap[k] * (ratio(tasks[int(ids[k])], int(sms)) - 1.0)
+    return extra
