@@ -122,15 +122,10 @@ def _simulate(scn: Scenario, full: bool, topo: Topology) -> RunResult:
     # the cost models answer from a task's kind, work and collective: once per task shape
     per_collective = PerCollective(engine_cost)
     durations = task_durations(plan.graph, per_collective, by_shape=True)
+    if scn.cost.sm_contention:  # compute beside NCCL kernels runs on the SMs they leave
+        durations = _contended_durations(plan.graph, per_collective, cost, durations)
     sim = simulate_graph(plan.graph, per_collective, topo.capacity_Bps, plan.rank_labels,
                          dict(plan.graph.meta), durations=durations)
-    if scn.cost.sm_contention:  # compute beside NCCL kernels runs on the SMs they leave: a second pass
-        ctas = per_shape(plan.graph, cost.kernel_ctas)
-        stretched = stretched_durations(plan.graph.tasks, sim.start_s, sim.end_s, durations, ctas,
-                                        cost.contention_ratio)
-        if stretched is not None:
-            sim = simulate_graph(plan.graph, per_collective, topo.capacity_Bps, plan.rank_labels,
-                                 dict(plan.graph.meta), durations=stretched)
     cost.warn_missing()
     trace = sim.trace
     rank = critical_rank(trace)
@@ -144,6 +139,23 @@ def _simulate(scn: Scenario, full: bool, topo: Topology) -> RunResult:
     metrics = summarize(scn, sim.makespan_s, model_flops_per_iteration(scn), hw_flops, breakdown, mem.peak,
                         mem.capacity_bytes, mem.fits, sim.contention_s, (busiest, busy_breakdown))
     return RunResult(scn, plan, topo, sim, mem, metrics)
+
+
+def _contended_durations(graph, per_collective: PerCollective, cost: CostModel,
+                         durations: list[float | None]) -> list[float | None]:
+    """``durations`` with each compute task stretched by the SMs the collectives beside it hold
+    (engine/sm_contention). The overlaps come from a first run of the step in which every transfer
+    takes its time alone (all tasks static: no network process, a fraction of a full run's cost);
+    the caller's run, with these durations, is the one reported."""
+    ctas = per_shape(graph, cost.kernel_ctas)
+    if not any(ctas):
+        return durations
+    alone = per_shape(graph, lambda t: per_collective.isolated_s(t) if t.kind == "comm" else 0.0)
+    static = [a if d is None else d for d, a in zip(durations, alone)]
+    first = simulate_graph(graph, per_collective, durations=static)
+    stretched = stretched_durations(graph.tasks, first.start_s, first.end_s, durations, ctas,
+                                    cost.contention_ratio)
+    return durations if stretched is None else stretched
 
 
 def write_results(result: RunResult, out_dir: str | Path) -> Path:

@@ -1,13 +1,13 @@
-"""Compute slowed by the SMs that communication kernels hold beside it: a second pass of the engine.
+"""Compute slowed by the SMs that communication kernels hold beside it: durations for a second run.
 
 A collective's kernel holds one SM per NCCL channel for as long as it runs (cost/sm_share), and a
 compute kernel beside it runs on the SMs left. Which compute overlaps which collective is known only
-once the step is timed, so the engine runs twice: the first run gives each rank's timeline; each
-compute task's time is then split by the number of SMs the rank's collectives held under it, and a
-task that spent ``o`` seconds beside collectives holding ``c`` SMs gets ``o * (ratio(c) - 1)`` added
-(ratio: its time on the SMs left over its time on the whole GPU); the second run times the step with
-those durations. One correction, not a fixed point: the second run shifts the overlaps a little
-(first order in the slowdown, which the tests bound).
+once the step is timed, so the step is run twice (pipeline._contended_durations): a first, cheap run
+(every transfer at its time alone) gives each rank's timeline; each compute task's time is then split
+by the number of SMs the rank's collectives held under it, and a task that spent ``o`` seconds
+beside collectives holding ``c`` SMs gets ``o * (ratio(c) - 1)`` added (ratio: its time on the SMs
+left over its time on the whole GPU); the reported run times the step with those durations. One
+correction, not a fixed point (first order in the slowdown, which the tests bound).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def stretched_durations(tasks: Sequence[Task], start_s: Sequence[float], end_s: 
         extra = _extra_s(tasks, ids, start, end, mine, held, ratio)
         grown = np.flatnonzero(extra > 0.0)
         for i, x in zip(ids[grown].tolist(), extra[grown].tolist()):
-            out[i] = dur[i] + x
+            out[i] = float(dur[i]) + x
             changed = True
     return out if changed else None
 
