@@ -172,6 +172,28 @@ def test_the_summary_the_readme_prints_is_what_the_run_prints():
 
 
 # ---- "What is modelled": named constants ------------------------------------------------------------
+def test_fp8_gemms_run_at_transformer_engines_measured_rate_over_bf16():
+    """README: "the 5B layer's twelve GEMMs (M = 15,872) on H200 take 1.91x / 1.93x / 1.96x less time in
+    FP8 than in BF16 (fprop / dgrad / wgrad), where Transformer Engine's GEMM benchmark measured 1.91x /
+    1.90x / 1.90x (pre-quantized per-tensor FP8, H200 NVL)" (TE docs/examples/gemm_profiling)."""
+    from simulator.cost.compute import RooflineCompute
+    from simulator.hardware.clusters import CLUSTER_PRESETS
+    from simulator.tasks import OpWork, gemm_grad_shapes
+    gpu = CLUSTER_PRESETS["dgx-h200"].gpu
+    bf16, fp8 = RooflineCompute(gpu, "bf16"), RooflineCompute(gpu, "fp8")
+    fwd = [(15872, 12288, 4096), (15872, 4096, 4096), (15872, 16384, 4096), (15872, 4096, 16384)]
+    shapes = {"fprop": fwd, "dgrad": [gemm_grad_shapes(s)[0] for s in fwd],
+              "wgrad": [gemm_grad_shapes(s)[1] for s in fwd]}
+    measured = {"fprop": 10.632 / 5.577, "dgrad": 10.747 / 5.661, "wgrad": 10.530 / 5.547}
+    for kind, gemms in shapes.items():
+        ops = [OpWork("g", "gemm", 2.0 * m * n * k, 0.0, (m, n, k)) for m, n, k in gemms]
+        ratio = sum(map(bf16.op_time_s, ops)) / sum(fp8.op_time_s(dataclasses.replace(o, precision="fp8"))
+                                                      for o in ops)
+        assert round(measured[kind], 2) == {"fprop": 1.91, "dgrad": 1.90, "wgrad": 1.90}[kind]
+        assert round(ratio, 2) == {"fprop": 1.91, "dgrad": 1.93, "wgrad": 1.96}[kind]
+        assert abs(ratio / measured[kind] - 1) < 0.04
+
+
 def test_h200_runs_tensor_core_kernels_at_1500_mhz_and_a100_at_its_datasheet_peak():
     from simulator.cost.compute import RooflineCompute
     from simulator.hardware.gpus import GPU_PRESETS
