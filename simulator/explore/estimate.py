@@ -26,7 +26,7 @@ from ..cost.model import CostModel
 from ..hardware.topology import build_topology
 from ..model.opgraph import OpGraph, build_op_graph
 from ..strategy.blocks import build_blocks, layer_blocks
-from ..strategy.layer_emit import overlap_site
+from ..strategy.layer_emit import blocking_tp
 from ..strategy.schedules import schedule_actions, splits_backward
 from ..strategy.sharding import grad_accumulation_bytes_per_param
 from ..strategy.stage_units import StageLayout, activation_rules, stage_layout, stage_param_counts
@@ -128,7 +128,7 @@ class EstimateCache:
 
     def tp_s(self, scn, op: str, overlap: tuple = ()) -> float:
         """Uncontended time of one TP collective of the hidden-state tensor b·(s/cp)·h; with ``overlap``
-        (strategy.layer_emit.overlap_site) what its GEMM overlap leaves exposed, as the engine costs it."""
+        (strategy.layer_emit.overlap_site, via blocking_tp) what its GEMM overlap leaves exposed, as the engine costs it."""
         p, t, m = scn.parallel, scn.training, scn.model
         if p.tp == 1:
             return 0.0
@@ -255,7 +255,6 @@ def _layer_times(scn, cache: EstimateCache, b) -> tuple[float, float, float, flo
     split = splits_backward(cache.layout(scn).schedule)
     work = lambda w, k=1: cache.work_s(scn, w, k)  # noqa: E731
     ring = par.cp > 1 and par.cp_algorithm == "ring"
-    sp = par.sequence_parallel
     bpart = "B" if split else "BW"
 
     def seg_s(seg, part: str) -> float:
@@ -265,16 +264,10 @@ def _layer_times(scn, cache: EstimateCache, b) -> tuple[float, float, float, flo
 
     segs = b.segments()
     f_c = sum(seg_s(s, "F") for s in segs)
-    dense = b.experts is None
-    site = lambda name, w, last=False: overlap_site(par, name, w, last, moe=not dense)  # noqa: E731
-    f_tp = (cache.tp_s(scn, "all_gather", site("qkv_fprop", b.attn_pre.fwd))
-            + cache.tp_s(scn, "reduce_scatter", site("proj_fprop", b.attn_post.fwd))
-            + cache.tp_s(scn, "all_gather", site("fc1_fprop", b.mlp_pre.fwd))
-            + cache.tp_s(scn, "reduce_scatter", site("fc2_fprop", b.mlp_pre.fwd, True))) if sp \
-        else 2 * cache.tp_s(scn, "all_reduce")
+    tp = blocking_tp(par, b)  # the lowering's rule: which TP collectives block, with which overlap
+    f_tp = sum(cache.tp_s(scn, op, overlap) for op, overlap in tp.forward())
     b_c = sum(seg_s(s, bpart) for s in segs)
-    b_tp = (cache.tp_s(scn, "all_gather", site("fc2_dgrad", b.mlp_pre.bwd_b))
-            + cache.tp_s(scn, "all_gather", site("proj_dgrad", b.attn_post.bwd_b))) if sp else 0.0
+    b_tp = sum(cache.tp_s(scn, op, overlap) for op, overlap in tp.backward())
     if par.recompute == "full":
         b_c, b_tp = b_c + f_c, b_tp + f_tp
     elif par.recompute == "selective":

@@ -16,7 +16,7 @@ all-to-alls (Lepikhin et al. 2020, GShard), forward and backward.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..tasks import InternalError
 from .blocks import Segment
@@ -65,6 +65,16 @@ def tp_op(ctx: LowerCtx, rank: int, dep: int | None, name: str, op: str, meta: d
     return dep if tid is None else tid
 
 
+def _blocking(ctx: LowerCtx, rank: int, dep: int | None, name: str, coll: tuple | None, meta: dict) -> int | None:
+    """One of ``BlockingTP``'s collectives (None: none there) after ``dep``."""
+    if coll is None:
+        return dep
+    op, overlap = coll
+    tid = ctx.tp_collective(rank, f"{name}.{op}", op, ctx.full_activation_bytes(), _d(dep), overlap=overlap,
+                            **meta)
+    return dep if tid is None else tid
+
+
 def overlap_site(par, site: str, work, last: bool = False, moe: bool = False) -> tuple:
     """(site, GEMM) of a TP collective overlapped with the first (or last) GEMM of ``work`` under
     tp_comm_overlap (Transformer Engine userbuffers, cost/tp_overlap); () when not overlapped. The
@@ -74,6 +84,39 @@ def overlap_site(par, site: str, work, last: bool = False, moe: bool = False) ->
         return ()
     gemms = [w for w in work if w.kind == "gemm"]
     return (site, gemms[-1 if last else 0]) if gemms else ()
+
+
+class BlockingTP(NamedTuple):
+    """The TP/SP collectives of one layer that block its compute stream, each (op, overlap site of
+    ``overlap_site``) or None: forward at the attention's entry and exit and the MLP's entry and exit;
+    backward the conjugates of the exits (SP's all-gathers of the output gradients). One rule for the
+    lowering (``layer_forward``/``layer_backward``) and the search estimator (explore/estimate)."""
+
+    attn_in: tuple | None
+    attn_out: tuple
+    mlp_in: tuple | None
+    mlp_out: tuple
+    mlp_grad: tuple | None
+    attn_grad: tuple | None
+
+    def forward(self) -> tuple[tuple, ...]:
+        return tuple(c for c in (self.attn_in, self.attn_out, self.mlp_in, self.mlp_out) if c is not None)
+
+    def backward(self) -> tuple[tuple, ...]:
+        return tuple(c for c in (self.mlp_grad, self.attn_grad) if c is not None)
+
+
+def blocking_tp(par, b) -> BlockingTP:
+    """The blocking TP collectives of a layer whose blocks are ``b`` (strategy/blocks.LayerBlocks)."""
+    sp, moe = par.sequence_parallel, b.experts is not None
+    exit_op = "reduce_scatter" if sp else "all_reduce"
+    return BlockingTP(
+        ("all_gather", overlap_site(par, "qkv_fprop", b.attn_pre.fwd)) if sp else None,
+        (exit_op, overlap_site(par, "proj_fprop", b.attn_post.fwd)),
+        ("all_gather", overlap_site(par, "fc1_fprop", b.mlp_pre.fwd, moe=moe)) if sp else None,
+        (exit_op, overlap_site(par, "fc2_fprop", b.mlp_pre.fwd, last=True, moe=moe)),
+        ("all_gather", overlap_site(par, "fc2_dgrad", b.mlp_pre.bwd_b, moe=moe)) if sp else None,
+        ("all_gather", overlap_site(par, "proj_dgrad", b.attn_post.bwd_b)) if sp else None)
 
 
 def bulk_site(par, gemm: str, kind: str) -> tuple:
@@ -178,29 +221,23 @@ def column_backward(ctx: LowerCtx, rank: int, seg: Segment, dep: int | None, nam
 
 def layer_forward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, category: str = "compute") -> int | None:
     """Emit one layer's forward after ``deps``; returns its last task."""
-    b, sp = ctx.layer_blocks(meta["layer"]), ctx.par.sequence_parallel
-    dense = b.experts is None
+    b = ctx.layer_blocks(meta["layer"])
+    tp = blocking_tp(ctx.par, b)
     x = ctx.join(rank, f"{name}.wait", deps, **meta)
-    if sp:
-        x = tp_op(ctx, rank, x, f"{name}.attn", "all_gather", meta,
-                  overlap_site(ctx.par, "qkv_fprop", b.attn_pre.fwd))
+    x = _blocking(ctx, rank, x, f"{name}.attn", tp.attn_in, meta)
     if ctx.par.cp == 1:
         x = ctx.compute(rank, f"{name}.attn", b.attn.fwd, _d(x), category, **meta)
     else:
         x = ctx.compute(rank, f"{name}.attn", b.attn_pre.fwd, _d(x), category, **meta)
         x = _core(ctx, rank, "F", x, name, meta, category)
         x = ctx.compute(rank, f"{name}.attn_out", b.attn_post.fwd, (x,), category, **meta)
-    x = tp_op(ctx, rank, x, f"{name}.attn", "reduce_scatter" if sp else "all_reduce", meta,
-              overlap_site(ctx.par, "proj_fprop", b.attn_post.fwd))
-    if sp:
-        x = tp_op(ctx, rank, x, f"{name}.mlp", "all_gather", meta,
-                  overlap_site(ctx.par, "fc1_fprop", b.mlp_pre.fwd, moe=not dense))
-    x = ctx.compute(rank, f"{name}.mlp", b.mlp_pre.fwd, (x,), category, **meta)
-    if not dense:
+    x = _blocking(ctx, rank, x, f"{name}.attn", tp.attn_out, meta)
+    x = _blocking(ctx, rank, x, f"{name}.mlp", tp.mlp_in, meta)
+    x = ctx.compute(rank, f"{name}.mlp", b.mlp_pre.fwd, _d(x), category, **meta)
+    if b.experts is not None:
         x = _experts(ctx, rank, "F", x, name, meta, category)
         x = ctx.compute(rank, f"{name}.mlp_out", _moe(b.mlp_post, meta["layer"]).fwd, (x,), category, **meta)
-    return tp_op(ctx, rank, x, f"{name}.mlp", "reduce_scatter" if sp else "all_reduce", meta,
-                 overlap_site(ctx.par, "fc2_fprop", b.mlp_pre.fwd, last=True, moe=not dense))
+    return _blocking(ctx, rank, x, f"{name}.mlp", tp.mlp_out, meta)
 
 
 def layer_backward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, split_w: bool, recompute: str,
@@ -209,7 +246,7 @@ def layer_backward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, split_
     returns its last task, which releases ``free_bytes`` of activations. A recomputed layer's
     re-materialised activations (``ctx.transient_bytes``) live from the recompute until
     the layer's backward ends."""
-    b, sp = ctx.layer_blocks(meta["layer"]), ctx.par.sequence_parallel
+    b = ctx.layer_blocks(meta["layer"])
     part = "B" if split_w else "BW"
     rmeta = {**meta, "phase": "R"}
     transient = ctx.transient_bytes(meta["layer"]) if recompute in ("full", "selective") else 0.0
@@ -217,9 +254,8 @@ def layer_backward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, split_
     if recompute == "full":
         ctx.alloc_next(rank, transient)
         x = layer_forward(ctx, rank, _d(x), f"{name}.R", rmeta, "recompute")
-    if sp:  # conjugate of the MLP's exit reduce-scatter
-        x = tp_op(ctx, rank, x, f"{name}.mlp_grad", "all_gather", meta,
-                  overlap_site(ctx.par, "fc2_dgrad", b.mlp_pre.bwd_b, moe=b.experts is not None))
+    tp = blocking_tp(ctx.par, b)
+    x = _blocking(ctx, rank, x, f"{name}.mlp_grad", tp.mlp_grad, meta)  # conjugate of the MLP's exit
     if b.experts is not None:
         post = _moe(b.mlp_post, meta["layer"])
         x = ctx.compute(rank, f"{name}.mlp_out.grad", post.bwd_b if split_w else post.bwd, _d(x),
@@ -227,9 +263,7 @@ def layer_backward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, split_
         x = _experts(ctx, rank, part, x, name, meta, "compute")
     x = column_backward(ctx, rank, b.mlp_pre, x, f"{name}.mlp", meta, split_w,
                         site="" if b.experts is not None else "fc1")
-    if sp:
-        x = tp_op(ctx, rank, x, f"{name}.attn_grad", "all_gather", meta,
-                  overlap_site(ctx.par, "proj_dgrad", b.attn_post.bwd_b))
+    x = _blocking(ctx, rank, x, f"{name}.attn_grad", tp.attn_grad, meta)
     if ctx.par.cp == 1 and recompute != "selective":
         x = column_backward(ctx, rank, b.attn, x, f"{name}.attn", meta, split_w, free_bytes + transient, "qkv")
     else:
