@@ -1,6 +1,8 @@
 """TP communication overlapped with its GEMMs (tp_comm_overlap): the closed forms of the two userbuffers
 methods, and a step with overlap between compute alone and the unoverlapped step."""
 
+import dataclasses
+
 import pytest
 
 from simulator.cost.tp_overlap import BULK_SITES, UB_SITES, exposed_comm_s, pipelined_s, ring_exchange_s
@@ -58,3 +60,34 @@ def test_a_step_with_overlap_lies_between_compute_alone_and_no_overlap():
     assert over["iteration_time_s"] < plain["iteration_time_s"]
     # never faster than the same step with every TP collective removed
     assert over["iteration_time_s"] >= plain["iteration_time_s"] - plain["time_breakdown_s"]["comm_tp"] - 1e-9
+
+
+def test_chunked_closed_forms_take_the_chunks_own_time():
+    # ring exchange with a chunk 1.5x its share (its own waves): 3 waits on max(chunk, transfer), then the chunk
+    assert ring_exchange_s(8.0, 3.0, 4, chunk_s=3.0) == pytest.approx(3 * 3.0 + 3.0)
+    assert ring_exchange_s(8.0, 3.0, 4) == pytest.approx(8.0)  # default: gemm / tp, compute-bound
+    assert pipelined_s(6.0, 2.0, 4, 33, 132, chunk_s=2.5) == pytest.approx(2.5 + 3 * 2.5 + 0.5)
+
+
+def test_a_ring_exchange_site_charges_its_chunks_waves():
+    """TE splits the all-gathered GEMM along the sequence into tp chunks (userbuffers ring exchange):
+    each chunk is a GEMM of m/tp rows with its own wave quantization, so the overlapped pair costs the
+    chunks' time, not the whole GEMM's share; the collective task carries the difference."""
+    from simulator.cost.compute import gemm_shape
+    from simulator.cost.model import CostModel
+    from simulator.cost.tp_overlap import overlapped_s
+    from simulator.hardware.topology import build_topology
+    scn = scenario(True)
+    plan = lower(scn)
+    cost = CostModel(scn, build_topology(scn.cluster))
+    task = next(t for t in plan.graph.tasks if t.kind == "comm" and t.comm.overlap
+                and t.comm.overlap[0] == "qkv_fprop")
+    site, gemm = task.comm.overlap
+    m, n, k = gemm_shape(gemm)
+    chunk = dataclasses.replace(gemm, flops=gemm.flops / 4, bytes=gemm.bytes / 4, shape=(m // 4, n, k))
+    gemm_s = cost.roofline.op_time_s(gemm)
+    chunk_s = cost.roofline.op_time_s(chunk)
+    assert chunk_s > gemm_s / 4  # fewer tiles per wave: the chunk runs below the whole GEMM's rate
+    comm_s = cost.isolated_s(task._replace(comm=dataclasses.replace(task.comm, overlap=())))
+    exposed = min(comm_s, overlapped_s(site, gemm_s, comm_s, 4, 132, chunk_s) - gemm_s)
+    assert cost.duration_s(task) == pytest.approx(max(0.0, exposed), rel=1e-12)

@@ -10,16 +10,17 @@ from host memory included: they cross the GPU's PCIe link that its NIC traffic c
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 from ..hardware.topology import Topology
-from ..tasks import Collective, Task
+from ..tasks import Collective, OpWork, Task
 from .collectives import collective_time_s, plan_collective
-from .compute import RooflineCompute, with_host_floor_s
+from .compute import RooflineCompute, gemm_shape, with_host_floor_s
 from .fairshare import isolated_time_s
 from .algorithms import group_shape
 from .plan import CommPlan, CommStep, Flow
 from .sm_share import collective_ctas, with_sms_taken
-from .tp_overlap import BULK_SITES, UB_SITES, exposed_comm_s
+from .tp_overlap import BULK_SITES, UB_SITES, chunks, exposed_comm_s
 
 # ZeRO-Offload's CPU-Adam (Ren et al. 2021, §5.1 and Table 3): ~0.2 s per step for 1B parameters on
 # one DGX-2 node's CPU (2 x Xeon Platinum 8168); the node's GPUs share it.
@@ -62,7 +63,7 @@ class CostModel:
                 if c.overlap and c.overlap[0] in UB_SITES:  # a bulk site's time is its collective's
                     site, gemm = c.overlap
                     t = exposed_comm_s(site, self._work_time_s((gemm,)), t, len(c.group),
-                                       self.roofline.eff.num_sms)
+                                       self.roofline.eff.num_sms, self._chunk_s(site, gemm, len(c.group)))
                 self._static_comm[ckey] = t
             return t
         return None
@@ -82,6 +83,18 @@ class CostModel:
         if c.axis == "host":
             return self._host_plan(c)[1]
         return collective_time_s(c, self.topo, self.algorithms.get(c.op))
+
+    def _chunk_s(self, site: str, gemm: OpWork, tp: int) -> float:
+        """One chunk's GEMM at a userbuffers site: its share of the rows (the sequence), on the SMs
+        the site's communication leaves; a calibrated table's GEMM scaled by the roofline's ratio."""
+        parts, sms = chunks(site, tp)
+        m, n, k = gemm_shape(gemm)
+        part = replace(gemm, flops=gemm.flops / parts, bytes=gemm.bytes / parts, shape=(-(-m // parts), n, k))
+        rc = self._contended.get(sms)
+        if rc is None:
+            rc = self._contended[sms] = with_sms_taken(self.roofline, sms)
+        ratio = rc.op_time_s(part) / self.roofline.op_time_s(gemm)
+        return ratio * self._work_time_s((gemm,))
 
     # ---- SMs held by communication kernels (cost/sm_share) --------------------------------------
     def kernel_ctas(self, task: Task) -> int:

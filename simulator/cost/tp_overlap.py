@@ -15,7 +15,8 @@ The bulk overlaps of the backward (the input all-gather and the gradient reduce-
 behind the other backward GEMM) are the asynchronous collectives the lowering already overlaps; under
 userbuffers their kernels hold the ``num_sm`` SMs of BULK_SITES (cost/sm_share charges them to the
 GEMMs beside them) instead of NCCL's channels.
-The chunked GEMMs are taken at the whole GEMM's rate (wave effects of the chunks neglected).
+Each chunk's GEMM is costed on its own rows (1/tp or 1/splits of the GEMM's m, TE splits along the
+sequence) with its own wave quantization, on the SMs the site's communication leaves (cost/model).
 """
 
 from __future__ import annotations
@@ -46,33 +47,45 @@ UB_SITES: dict[str, OverlapSite] = {
 BULK_SITES: dict[str, int] = {"qkv_dgrad": 4, "qkv_wgrad": 24, "fc1_dgrad": 2, "fc1_wgrad": 4}
 
 
-def ring_exchange_s(gemm_s: float, comm_s: float, tp: int) -> float:
+def ring_exchange_s(gemm_s: float, comm_s: float, tp: int, chunk_s: float | None = None) -> float:
     """GEMM + all-gather by ring exchange: tp steps; steps 1..tp-1 each wait for the slower of their
-    GEMM chunk and the chunk in flight (the collective's (tp-1) transfers), the last step computes."""
+    GEMM chunk and the chunk in flight (the collective's (tp-1) transfers), the last step computes.
+    ``chunk_s``: one step's GEMM on its 1/tp of the rows (its own waves); default gemm_s / tp."""
     if tp <= 1:
         return gemm_s
-    return (tp - 1) * max(gemm_s / tp, comm_s / (tp - 1)) + gemm_s / tp
+    g = gemm_s / tp if chunk_s is None else chunk_s
+    return (tp - 1) * max(g, comm_s / (tp - 1)) + g
 
 
-def pipelined_s(gemm_s: float, comm_s: float, splits: int, num_sm: int, total_sms: int) -> float:
+def pipelined_s(gemm_s: float, comm_s: float, splits: int, num_sm: int, total_sms: int,
+                chunk_s: float | None = None) -> float:
     """GEMM + reduce-scatter pipelined over ``splits`` chunks: chunk i's reduce-scatter (on ``num_sm``
     SMs) runs under chunk i+1's GEMM (on the rest); the first GEMM chunk and the last transfer are
-    exposed. Never slower than the GEMM on the remaining SMs followed by the whole collective."""
-    g = gemm_s * total_sms / (total_sms - num_sm) / splits
+    exposed. ``chunk_s``: one chunk's GEMM on the SMs left (its own waves); default the whole GEMM's
+    rate scaled to those SMs."""
+    g = gemm_s * total_sms / (total_sms - num_sm) / splits if chunk_s is None else chunk_s
     c = comm_s / splits
     return g + (splits - 1) * max(g, c) + c
 
 
-def overlapped_s(site: str, gemm_s: float, comm_s: float, tp: int, total_sms: int) -> float:
+def chunks(site: str, tp: int) -> tuple[int, int]:
+    """(GEMM chunks, SMs the communication holds beside them) of a UB_SITES site."""
+    s = UB_SITES[site]
+    return (tp, 0) if s.method == "ring_exchange" else (s.splits, s.num_sm)
+
+
+def overlapped_s(site: str, gemm_s: float, comm_s: float, tp: int, total_sms: int,
+                 chunk_s: float | None = None) -> float:
     """Time of the GEMM and its TP collective together, at one of the UB_SITES."""
     s = UB_SITES[site]
     if s.method == "ring_exchange":
-        return ring_exchange_s(gemm_s, comm_s, tp)
-    return pipelined_s(gemm_s, comm_s, s.splits, s.num_sm, total_sms)
+        return ring_exchange_s(gemm_s, comm_s, tp, chunk_s)
+    return pipelined_s(gemm_s, comm_s, s.splits, s.num_sm, total_sms, chunk_s)
 
 
-def exposed_comm_s(site: str, gemm_s: float, comm_s: float, tp: int, total_sms: int) -> float:
+def exposed_comm_s(site: str, gemm_s: float, comm_s: float, tp: int, total_sms: int,
+                   chunk_s: float | None = None) -> float:
     """What the overlapped pair costs beyond the GEMM alone, capped at the unoverlapped collective: the
     framework's overlap is an option a recipe enables where it pays (NeMo enables it per model), so a
     site never costs more than running GEMM and collective back to back."""
-    return min(comm_s, max(0.0, overlapped_s(site, gemm_s, comm_s, tp, total_sms) - gemm_s))
+    return min(comm_s, max(0.0, overlapped_s(site, gemm_s, comm_s, tp, total_sms, chunk_s) - gemm_s))
