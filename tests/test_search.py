@@ -245,7 +245,12 @@ def test_estimate_with_tp_overlap_stays_a_bound_below_the_unoverlapped_one(raw, 
     over, plain = estimate(scn(True), EstimateCache()), estimate(scn(False), EstimateCache())
     t = simulate(scn(True)).metrics["iteration_time_s"]
     assert 0.5 * t < over.time_lower_bound_s <= t * (1 + 1e-9)
-    assert over.time_lower_bound_s < plain.time_lower_bound_s  # the same overlap rule as the lowering
+    # the same overlap rule as the lowering: never above the unoverlapped bound; below it where the
+    # chunks' GEMMs (1/tp of the rows, their own waves) still hide the transfers (the dense plan; the
+    # small MoE plan's chunks are too short to pay, so the sites cost their collectives, capped)
+    assert over.time_lower_bound_s <= plain.time_lower_bound_s
+    if plan.ep == 1:
+        assert over.time_lower_bound_s < plain.time_lower_bound_s
 
 
 def test_plans_of_one_cluster_share_its_topology_and_simulate_as_if_alone():
