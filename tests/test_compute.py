@@ -215,3 +215,26 @@ def test_cuda_graphs_speed_up_a_host_bound_model_and_leave_a_gpu_bound_one_alone
     assert tiny_eager > 1.4 * tiny_graphs
     big_eager, big_graphs = step(2048, 32000, 1024, False), step(2048, 32000, 1024, True)
     assert big_graphs <= big_eager < 1.01 * big_graphs
+
+
+def test_a_small_output_gemm_splits_k_to_fill_the_gpu():
+    """CUTLASS's parallel split-K (efficient_gemm.md, "Parallelized Reductions"): an output of 20 tiles
+    on 132 SMs runs its K in s slices on 20·s CTAs, each with a 1/s main loop, and reduces the fp32
+    partials (8·s + 2 bytes per element); the heuristic's pick is the fastest of s = 1..26."""
+    from simulator.cost.compute import k_efficiency, split_k_candidates, split_k_gemm_s
+    rc = RooflineCompute(GPU_PRESETS["h100-sxm5-80gb"], "bf16")
+    m, n, k = 512, 1280, 8192  # 4 x 5 tiles of 128 x 256
+    flops = 2.0 * m * n * k
+    rate = rc.peak_flops_per_s * rc.eff.gemm_max
+    assert list(split_k_candidates(m, n, k, 132, 64)) == list(range(1, 27))
+    times = {s: split_k_gemm_s(flops, rate, m, n, k, s, 132, 64, rc.eff.tile_overhead_iters, rc.mem_Bps)
+             for s in range(1, 27)}
+    best = min(times, key=times.get)
+    assert best == 6  # 120 CTAs in one wave
+    one_wave = flops / (rate * (20 / 132) * k_efficiency(k, 64, rc.eff.tile_overhead_iters))
+    assert times[1] == pytest.approx(one_wave)
+    op = OpWork("g", "gemm", flops, 0.0, (m, n, k))
+    assert rc.op_time_s(op) == pytest.approx(times[best] + rc.eff.kernel_overhead_s)
+    assert rc.op_time_s(op) < times[1] / 3
+    # four waves and more: no split (the data-parallel tiling of before)
+    assert list(split_k_candidates(8192, 8192, 8192, 132, 64)) == [1]

@@ -120,6 +120,12 @@ EAGER_KERNEL_HOST_S = 7.4e-6
 # "Matrix Multiplication Background User's Guide": tile and wave quantization.
 GEMM_TILE_M = 128
 GEMM_TILE_N = 256
+# Split-K (CUTLASS media/docs/efficient_gemm.md "Parallelized Reductions"; Osama et al. 2023, Stream-K,
+# PPoPP'23: few-wave GEMMs lose a large share of the GPU to wave quantization) is searched while an
+# output has fewer than this many waves of tiles. A bound on the search, not a fitted rate: the
+# fastest candidate is taken, and from this many waves on quantization costs at most 1/4 while a split
+# adds its fp32 reduction traffic.
+SPLIT_K_WAVES = 4
 # Executed / counted FLOPs of a FlashAttention backward: it recomputes the scores QK^T, five matrix
 # products against the forward's two (Dao 2023 Algorithm 2), 2.5x the forward, as the FlashAttention
 # benchmarks count it (benchmarks/benchmark_flash_attention.py: fwd_bwd = 3.5x fwd); the op graph's
@@ -155,6 +161,28 @@ def wave_efficiency(m: int, n: int, num_sms: int) -> float:
     return tile_eff * tiles / (waves * num_sms)
 
 
+def split_k_candidates(m: int, n: int, k: int, num_sms: int, block_k: int) -> range:
+    """Split-K factors tried for an (m, n) output: 1, and while it has fewer than SPLIT_K_WAVES waves
+    of tiles, up to the factor that makes that many, never more splits than main-loop iterations."""
+    tiles = math.ceil(m / GEMM_TILE_M) * math.ceil(n / GEMM_TILE_N)
+    return range(1, max(1, min(SPLIT_K_WAVES * num_sms // tiles, math.ceil(k / block_k))) + 1)
+
+
+def split_k_gemm_s(flops: float, rate_flops_per_s: float, m: int, n: int, k: int, splits: int, num_sms: int,
+                   block_k: int, overhead_iters: float, mem_Bps: float) -> float:
+    """Time of an (m, n, k) GEMM tiled (m, n) with K split ``splits`` ways (CUTLASS parallel split-K,
+    media/docs "GEMM API ... Split-K"): tiles x splits CTAs in waves, each CTA a k / splits main loop
+    with its prologue and epilogue; with splits > 1 the fp32 partial tiles are written to a workspace
+    and reduced (4 B per element written and read per split, the BF16 result written once)."""
+    tiles = math.ceil(m / GEMM_TILE_M) * math.ceil(n / GEMM_TILE_N)
+    tile_eff = (m * n) / (tiles * GEMM_TILE_M * GEMM_TILE_N)
+    ctas = tiles * splits
+    wave = tile_eff * ctas / (math.ceil(ctas / num_sms) * num_sms)
+    keff = k_efficiency(math.ceil(k / splits), block_k, overhead_iters)
+    reduce_s = (8.0 * splits + 2.0) * m * n / mem_Bps if splits > 1 else 0.0
+    return flops / (rate_flops_per_s * wave * keff) + reduce_s
+
+
 class RooflineCompute:
     """Kernel time from FLOPs and bytes against one GPU's peak, with the global efficiencies."""
 
@@ -171,6 +199,7 @@ class RooflineCompute:
         self.peak_flops_per_s = gpu.peak("bf16" if dtype == "fp8" else dtype) * self.clock_ratio
         self.fp8_peak_flops_per_s = gpu.peak_flops_per_s.get("fp8", 0.0) * self.clock_ratio
         self.mem_Bps = gpu.hbm_bandwidth_Bps * self.eff.memory
+        self.launch_sms = self.eff.num_sms  # the SMs a GEMM's kernel is chosen for (cuBLAS heuristic)
         self._cache: dict[OpWork, float] = {}
 
     def op_time_s(self, op: OpWork) -> float:
@@ -220,8 +249,6 @@ class RooflineCompute:
 
     def _gemm_s(self, flops: float, m: int, n: int, k: int, precision: str = "") -> float:
         """A GEMM's time; ``precision`` an FP8 tag of model/fp8.py or "" (the training dtype)."""
-        # Either orientation of the output can be tiled; cuBLAS picks the better one.
-        wave = max(wave_efficiency(m, n, self.eff.num_sms), wave_efficiency(n, m, self.eff.num_sms))
         fp8 = precision in FP8_PRECISIONS
         if fp8 and not self.eff.fp8_block_k:
             raise ValueError(f"gpu {self.gpu.name} has no FP8 tensor cores (training.dtype = 'fp8')")
@@ -232,8 +259,15 @@ class RooflineCompute:
             if rate is None:
                 raise ValueError(f"gpu {self.gpu.name} ({self.gpu.architecture}) has no {precision} GEMM")
             peak *= rate
-        keff = k_efficiency(k, block_k, self.eff.tile_overhead_iters)
-        return flops / (peak * self.eff.gemm_max * wave * keff)
+        rate = peak * self.eff.gemm_max
+        over = self.eff.tile_overhead_iters
+        # Either orientation of the output can be tiled, with or without split-K; cuBLAS's heuristic
+        # picks among such kernels for the whole GPU (``launch_sms``), modelled as the fastest there;
+        # the kernel then runs on the SMs it finds free (fewer beside a collective: cost/sm_share).
+        full = self.launch_sms
+        a, b, s = min(((a, b, s) for a, b in ((m, n), (n, m)) for s in split_k_candidates(a, b, k, full, block_k)),
+                      key=lambda c: split_k_gemm_s(flops, rate, c[0], c[1], k, c[2], full, block_k, over, self.mem_Bps))
+        return split_k_gemm_s(flops, rate, a, b, k, s, self.eff.num_sms, block_k, over, self.mem_Bps)
 
     def _unfused_attention_s(self, op: OpWork) -> float:
         """Pre-FlashAttention Megatron (2019-2022): QK^T and AV as batched GEMMs over the full s x s
