@@ -147,7 +147,9 @@ def _contended_durations(graph, per_collective: PerCollective, cost: CostModel,
     (engine/sm_contention). The overlaps come from a first run of the step in which every transfer
     takes its time alone (all tasks static: no network process, a fraction of a full run's cost);
     the caller's run, with these durations, is the one reported."""
-    ctas = per_shape(graph, cost.kernel_ctas)
+    # a collective on a stream that runs compute is in program order with that compute: never beside it
+    compute_streams = {t.stream for t in graph.tasks if t.kind == "compute"}
+    ctas = per_shape(graph, lambda t: 0 if t.stream in compute_streams else cost.kernel_ctas(t))
     if not any(ctas):
         return durations
     alone = per_shape(graph, lambda t: per_collective.isolated_s(t) if t.kind == "comm" else 0.0)
