@@ -90,9 +90,8 @@ class CostModel:
         parts, sms = chunks(site, tp)
         m, n, k = gemm_shape(gemm)
         part = replace(gemm, flops=gemm.flops / parts, bytes=gemm.bytes / parts, shape=(-(-m // parts), n, k))
-        rc = self._contended.get(sms)
-        if rc is None:
-            rc = self._contended[sms] = with_sms_taken(self.roofline, sms)
+        # set_sm_margin: the chunk's kernel is chosen for the SMs the communication leaves
+        rc = with_sms_taken(self.roofline, sms, margin_known=True) if sms else self.roofline
         ratio = rc.op_time_s(part) / self.roofline.op_time_s(gemm)
         return ratio * self._work_time_s((gemm,))
 
