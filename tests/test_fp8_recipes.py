@@ -212,3 +212,29 @@ def test_the_recipe_reaches_the_simulated_step_and_the_search_estimate():
     assert graphs["delayed"] is not graphs["blockwise"]
     assert {op.precision for op in graphs["blockwise"].layer if op.kind == "gemm"} != \
         {op.precision for op in graphs["delayed"].layer if op.kind == "gemm"}
+
+
+@pytest.mark.parametrize("recipe,dtype,expect", [("delayed", "fp8", True), ("current", "fp8", False),
+                                                 ("delayed", "bf16", False)])
+def test_delayed_scaling_all_reduces_a_chunks_amaxes_after_each_pass(recipe, dtype, expect):
+    """TE delayed scaling (quantization.py reduce_and_update_fp8_tensors, async_op=False): after each
+    model chunk's forward and backward of every micro-batch, one blocking MAX all-reduce on the compute
+    stream over the stage's TP x DP x CP ranks, of 4 B x (3 forward | 2 backward) x the chunk's FP8 GEMMs."""
+    from simulator.strategy.lower import lower
+    raw = {"model": {"preset": "llama3-8b", "num_layers": 4}, "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+           "parallelism": {"tp": 2, "pp": 2, "dp": 2, "sequence_parallel": True},
+           "training": {"global_batch_size": 8, "micro_batch_size": 1, "dtype": dtype}}
+    if dtype == "fp8":
+        raw["training"]["fp8_recipe"] = recipe
+    plan = lower(scenario_from_dict(raw))
+    rank = plan.graph.ranks[0]
+    amax = [t for t in plan.graph.tasks if t.rank == rank and t.name.endswith("amax_all_reduce")]
+    if not expect:
+        assert not amax
+        return
+    stage = plan.mesh.group("tp_dp_cp", rank)
+    assert len(stage) == 4 and all(t.comm.group == stage and t.stream == "compute" for t in amax)
+    per_layer = 4  # qkv, proj, fc1 (gate and up in one GEMM), fc2: the FP8 linears of a layer
+    sizes = {t.phase: t.comm.size_bytes for t in amax}
+    assert len(amax) == 2 * 4  # F and B of 4 micro-batches, one chunk of 2 layers
+    assert sizes == {"F": 4.0 * 3 * per_layer * 2, "B": 4.0 * 2 * per_layer * 2}

@@ -19,7 +19,7 @@ from .model import CostModel
 from .plan import CommPlan, CommStep
 
 # Mesh axes whose groups partition each stage's ranks (strategy/mesh.py DeviceMesh.group).
-MESH_AXES = ("tp", "cp", "dp", "dp_cp", "ep", "edp", "etp", "pp")
+MESH_AXES = ("tp", "cp", "dp", "dp_cp", "tp_dp_cp", "ep", "edp", "etp", "pp")
 
 
 def _stage_ranks(mesh: DeviceMesh, stage: int) -> range:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from ..model.fp8 import FP8_PRECISIONS
 from ..tasks import InternalError
 from .blocks import Segment
 from .context import COMM_TP, LowerCtx
@@ -292,3 +293,30 @@ def layer_weight_grad(ctx: LowerCtx, rank: int, deps: tuple, name: str, meta: di
                                         COMM_TP, **meta) for blk in ("mlp", "attn"))
     return ctx.compute(rank, f"{name}.W", ctx.layer_blocks(meta["layer"]).layer_w, deps, mem_delta_bytes=-free_bytes,
                        **meta)
+
+
+# Transformer Engine's FP8 scaling tensors per GEMM (module/base.py init_fp8_meta_tensors:
+# "num_gemms * 3 if fwd else num_gemms * 2": input, weight, output; output and input gradients).
+AMAX_TENSORS_PER_GEMM = {"F": 3, "B": 2}
+
+
+def amax_reduction(ctx: LowerCtx, rank: int, dep: int | None, name: str, meta: dict, layers: list[int],
+                   phase: str) -> int | None:
+    """Transformer Engine's delayed scaling after a model chunk's forward ("F") or backward ("B") of
+    one micro-batch: the amaxes of every FP8 tensor of the chunk concatenated and all-reduced (MAX,
+    ``async_op=False``: the compute stream waits) over the amax group, Megatron-Core's tensor x data
+    (x context) parallel ranks of the stage (TE quantization.py reduce_and_update_fp8_tensors, at the
+    outermost fp8_autocast's exit and in the backward of its first module; Megatron-Core
+    get_amax_reduction_group(with_context_parallel=True)). None of it without delayed FP8 or alone."""
+    tr = ctx.scn.training
+    if tr.dtype != "fp8" or tr.fp8_recipe != "delayed" or not layers:
+        return dep
+    group = ctx.group("tp_dp_cp", rank)
+    if len(group) < 2:
+        return dep
+    gemms = sum(1 for layer in layers for seg in ctx.layer_blocks(layer).segments() for w in seg.fwd
+                if w.kind == "gemm" and w.precision in FP8_PRECISIONS)
+    if not gemms:
+        return dep
+    return ctx.comm(rank, "compute", f"{name}.amax_all_reduce", "all_reduce", 4.0 * AMAX_TENSORS_PER_GEMM[phase] * gemms,
+                    group, "dp", "comm_dp", _d(dep), **meta)

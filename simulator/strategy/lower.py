@@ -21,7 +21,7 @@ from .context import LowerCtx
 from ..tasks import OpWork
 from .grad_sync import (STREAM_DP_RS, gather_parameters, last_compute, optimizer_step, reduce_gradients,
                         zero3_gather, zero3_reduce)
-from .layer_emit import column_backward, layer_backward, layer_forward, layer_weight_grad, tp_op
+from .layer_emit import amax_reduction, column_backward, layer_backward, layer_forward, layer_weight_grad, tp_op
 from .mesh import DeviceMesh
 from .schedules import Action, StageMap, schedule_actions, splits_backward
 from .sharding import grad_accumulation_bytes_per_param, linear_params
@@ -138,6 +138,9 @@ class _Emitter:
         """The chunk's units in forward order (``stage_units.StageLayout.units``), layers as strings."""
         return [str(u) for u in self.layout.units(vs)]
 
+    def _layers(self, vs: int) -> list[int]:
+        return [int(u) for u in self.layout.units(vs) if str(u) not in ("embed", "head")]
+
     def _params(self, unit: str) -> tuple[float, float]:
         return self.unit_params.of(unit)
 
@@ -245,7 +248,7 @@ class _Emitter:
             else:
                 ctx.alloc_next(r, self.mem.unit(unit, "F").alloc_bytes)
                 x = self.stamp.call(layer_forward, r, deps, f"{name}.L{unit}", self._meta(vs, mb, "F", int(unit)))
-        return x
+        return amax_reduction(ctx, r, x, name, meta, self._layers(vs), "F")
 
     def _count(self, r: int, vs: int, phase: str) -> bool:
         """Count a backward (B or W) pass of (rank, virtual stage); True on the last micro-batch."""
@@ -292,7 +295,7 @@ class _Emitter:
                                     self.split_w, ctx.par.recompute, d.free_bytes)
             if not self.split_w:
                 ends.append(x)
-        return tuple(ends) + (x,)
+        return tuple(ends) + (amax_reduction(ctx, r, x, name, meta, self._layers(vs), "B"),)
 
     def _weight(self, r: int, vs: int, mb: int, dep: int | None) -> None:
         """W of virtual stage vs for micro-batch mb (split backward schedules), stamped (see _forward)."""

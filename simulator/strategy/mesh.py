@@ -79,9 +79,11 @@ class DeviceMesh:
             return tuple(self.rank(p, dp, cp, tp) for p in range(self.pp))
         if axis == "dp_cp":  # gradient reduction of dense parameters: CP joins DP
             return tuple(self.rank(pp, d, c, tp) for d in range(self.dp) for c in range(self.cp))
+        if axis == "tp_dp_cp":  # every rank of the stage: Megatron-Core's FP8 amax reduction group
+            return tuple(self.rank(pp, d, c, t) for d in range(self.dp) for c in range(self.cp) for t in range(self.tp))
         if axis in ("ep", "edp", "etp"):
             return self._expert_group(axis, rank)
-        raise ValueError(f"unknown mesh axis {axis!r}; known: tp, cp, dp, pp, dp_cp, ep, edp, etp")
+        raise ValueError(f"unknown mesh axis {axis!r}; known: tp, cp, dp, pp, dp_cp, tp_dp_cp, ep, edp, etp")
 
     def _expert_group(self, axis: str, rank: int) -> tuple[int, ...]:
         """Megatron-Core's expert groups inside the rank's stage (module doc)."""
