@@ -121,9 +121,9 @@ def _simulate(scn: Scenario, full: bool, topo: Topology) -> RunResult:
         engine_cost = fast
     # the cost models answer from a task's kind, work and collective: once per task shape
     per_collective = PerCollective(engine_cost)
-    durations = task_durations(plan.graph, per_collective, by_shape=True)
-    if scn.cost.sm_contention:  # compute beside NCCL kernels runs on the SMs they leave
-        durations = _contended_durations(plan.graph, per_collective, cost, durations)
+    base = task_durations(plan.graph, per_collective, by_shape=True)
+    # compute beside NCCL kernels runs on the SMs they leave
+    durations = _contended_durations(plan.graph, per_collective, cost, base) if scn.cost.sm_contention else base
     sim = simulate_graph(plan.graph, per_collective, topo.capacity_Bps, plan.rank_labels,
                          dict(plan.graph.meta), durations=durations)
     cost.warn_missing()
@@ -136,8 +136,9 @@ def _simulate(scn: Scenario, full: bool, topo: Topology) -> RunResult:
     replicas = 1 if full else scn.parallel.dp * scn.parallel.cp * scn.parallel.tp
     hw_flops = trace.total_flops() * replicas
     mem = memory_report(scn, plan.stage_params, trace)
+    stretch_s = _stretch_s(plan.graph, base, durations, busiest) if durations is not base else 0.0
     metrics = summarize(scn, sim.makespan_s, model_flops_per_iteration(scn), hw_flops, breakdown, mem.peak,
-                        mem.capacity_bytes, mem.fits, sim.contention_s, (busiest, busy_breakdown))
+                        mem.capacity_bytes, mem.fits, sim.contention_s, (busiest, busy_breakdown), stretch_s)
     return RunResult(scn, plan, topo, sim, mem, metrics)
 
 
@@ -158,6 +159,11 @@ def _contended_durations(graph, per_collective: PerCollective, cost: CostModel,
     stretched = stretched_durations(graph.tasks, first.start_s, first.end_s, durations, ctas,
                                     cost.contention_ratio)
     return durations if stretched is None else stretched
+
+
+def _stretch_s(graph, base: list, stretched: list, rank: int) -> float:
+    """Seconds the compute of ``rank`` runs longer than alone because collectives held SMs beside it."""
+    return sum(s - b for t, b, s in zip(graph.tasks, base, stretched) if t.rank == rank and s is not b)
 
 
 def write_results(result: RunResult, out_dir: str | Path) -> Path:

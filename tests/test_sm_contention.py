@@ -103,3 +103,12 @@ def test_a_step_with_contention_is_slower_by_at_most_the_overlapped_slowdown():
 def test_sm_contention_must_be_a_boolean():
     with pytest.raises(ScenarioError, match="cost.sm_contention must be true or false, got 'yes'"):
         _dp_over_nodes("yes")  # type: ignore[arg-type]
+
+
+def test_the_metric_is_the_busiest_ranks_stretch():
+    on, off = simulate(_dp_over_nodes()).metrics, simulate(_dp_over_nodes(False)).metrics
+    assert off["sm_contention_s"] == 0.0
+    busy = on["busiest_rank"]["time_breakdown_s"]
+    assert 0.0 < on["sm_contention_s"] < busy["compute"] + busy["recompute"]
+    # the step grows by no more than the stretch of the rank that sets it (one DP-only stage)
+    assert on["iteration_time_s"] - off["iteration_time_s"] <= on["sm_contention_s"] + 1e-12

@@ -73,7 +73,7 @@ def busiest_rank(trace: Trace, ranks: list[int]) -> int:
 
 def summarize(scn, iteration_time_s: float, model_flops: float, hardware_flops: float,
               breakdown: dict[str, float], memory_peak: dict, capacity_bytes: float, fits: bool,
-              contention_s: dict, busiest: tuple[int, dict]) -> dict:
+              contention_s: dict, busiest: tuple[int, dict], sm_contention_s: float = 0.0) -> dict:
     """metrics.json (DESIGN.md §4.3); MFU/HFU against the GPU's dense peak (PaLM, Chowdhery 2022 App. B)."""
     n = scn.num_gpus
     peak = scn.cluster.gpu.peak(scn.training.dtype)
@@ -101,4 +101,7 @@ def summarize(scn, iteration_time_s: float, model_flops: float, hardware_flops: 
         # extension: the rank idle the least (the bottleneck pipeline stage) and its exposed breakdown;
         # time_breakdown_s is read on the rank that ends last, which waits for it
         "busiest_rank": {"rank": busiest[0], "time_breakdown_s": busiest[1]},
+        # extension: seconds the busiest rank's compute ran longer because collectives beside it held SMs
+        # (cost/sm_share); they are part of its compute and recompute time, not an extra category
+        "sm_contention_s": sm_contention_s,
     }

@@ -75,7 +75,15 @@ def summary_rows(metrics: dict) -> list[tuple[str, str]]:
         ("hardware TFLOP/s per GPU", fmt_tflops(_num(metrics, "hardware_tflops_per_gpu"))),
         ("pipeline bubble", fmt_pct(_num(metrics, "bubble_fraction"))),
         ("memory peak per GPU", _memory_line(metrics)),
-    ]
+    ] + _sm_contention_row(metrics)
+
+
+def _sm_contention_row(metrics: dict) -> list[tuple[str, str]]:
+    """The compute time the busiest rank lost to collectives' SMs, when there is any (cost/sm_share)."""
+    s = _num(metrics, "sm_contention_s")
+    if not s:
+        return []
+    return [("SM contention", f"+{fmt_seconds(s)} of compute on the bottleneck rank (SMs collectives held)")]
 
 
 def breakdown_rows(metrics: dict, breakdown: dict | None = None) -> list[tuple[str, float, float | None]]:
