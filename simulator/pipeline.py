@@ -163,7 +163,7 @@ def _contended_durations(graph, per_collective: PerCollective, cost: CostModel,
 
 def _stretch_s(graph, base: list, stretched: list, rank: int) -> float:
     """Seconds the compute of ``rank`` runs longer than alone because collectives held SMs beside it."""
-    return sum(s - b for t, b, s in zip(graph.tasks, base, stretched) if t.rank == rank and s is not b)
+    return sum(s - b for t, b, s in zip(graph.tasks, base, stretched) if t.rank == rank and s != b)
 
 
 def write_results(result: RunResult, out_dir: str | Path) -> Path:

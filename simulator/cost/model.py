@@ -14,10 +14,10 @@ from dataclasses import replace
 
 from ..hardware.topology import Topology
 from ..tasks import Collective, OpWork, Task
+from .algorithms import group_shape
 from .collectives import collective_time_s, plan_collective
 from .compute import RooflineCompute, gemm_shape, with_host_floor_s
 from .fairshare import isolated_time_s
-from .algorithms import group_shape
 from .plan import CommPlan, CommStep, Flow
 from .sm_share import collective_ctas, with_sms_taken
 from .tp_overlap import BULK_SITES, UB_SITES, chunks, exposed_comm_s
