@@ -45,7 +45,12 @@ def test_collective_ctas_by_algorithm_size_and_kind():
     assert collective_ctas(dataclasses.replace(big, op="all_reduce"), "nvls/simple", node, H100) == 16
     assert collective_ctas(Collective("d2h", 1e9, (0,), "host"), "pcie-copy", node, H100) == 0
     send = Collective("send_recv", 64e6, (0, 8), "pp")
-    assert collective_ctas(send, "p2p/simple", group_shape((0, 8), topo), H100) >= 1
+    # across nodes a peer gets pow2Up(ceil(50 GB/s NIC / 14 GB/s per P2P channel)) = 4 channels (paths.cc)
+    assert collective_ctas(send, "p2p/simple", group_shape((0, 8), topo), H100) == 4
+    # an all-to-all over the node: 7 peers, each 8 MB send on nChannelsMin = 4 channels (32 per peer
+    # halved while x 8 ranks > 32, enqueue.cc): 28 CTAs, under the 32 P2P channels
+    a2a = Collective("all_to_all", 64e6, tuple(range(8)), "ep")
+    assert collective_ctas(a2a, "p2p/simple", node, H100) == 28
 
 
 def test_a_one_wave_gemm_beside_24_ctas_takes_twice_as_long():

@@ -8,8 +8,9 @@ fitted to a validation row (DESIGN.md §5).
 
 from __future__ import annotations
 
+import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..hardware.gpus import GPUSpec
 from ..model.fp8 import FP8_PRECISIONS
@@ -201,6 +202,19 @@ class RooflineCompute:
         self.mem_Bps = gpu.hbm_bandwidth_Bps * self.eff.memory
         self.launch_sms = self.eff.num_sms  # the SMs a GEMM's kernel is chosen for (cuBLAS heuristic)
         self._cache: dict[OpWork, float] = {}
+
+    def on_sms(self, sms: int, chosen_for_them: bool = False) -> "RooflineCompute":
+        """The same GPU with only ``sms`` SMs free (at least one): tensor-core peaks scale with them
+        and GEMM waves quantize on them; HBM-bound kernels keep their bandwidth. A GEMM's kernel is
+        still chosen for ``launch_sms`` unless ``chosen_for_them``."""
+        left = max(1, min(sms, self.eff.num_sms))
+        other = copy.copy(self)
+        other.eff = replace(self.eff, num_sms=left)
+        other.peak_flops_per_s = self.peak_flops_per_s * left / self.eff.num_sms
+        other.fp8_peak_flops_per_s = self.fp8_peak_flops_per_s * left / self.eff.num_sms
+        other.launch_sms = left if chosen_for_them else self.launch_sms
+        other._cache = {}
+        return other
 
     def op_time_s(self, op: OpWork) -> float:
         t = self._cache.get(op)

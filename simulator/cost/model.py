@@ -38,7 +38,7 @@ class CostModel:
         self._static_comm: dict = {}
         self._host_plans: dict = {}
         self.algorithms = dict(scn.cost.collective_algorithms)
-        self._contended: dict[int, RooflineCompute] = {}  # SMs taken -> RooflineCompute on the SMs left
+        self._contended: dict[tuple[int, bool], RooflineCompute] = {}  # (SMs taken, margin known) -> roofline
         self._ctas: dict[Collective, int] = {}
         self._ratios: dict[tuple[int, int], float] = {}  # (work, SMs taken) -> ratio
 
@@ -91,7 +91,7 @@ class CostModel:
         m, n, k = gemm_shape(gemm)
         part = replace(gemm, flops=gemm.flops / parts, bytes=gemm.bytes / parts, shape=(-(-m // parts), n, k))
         # set_sm_margin: the chunk's kernel is chosen for the SMs the communication leaves
-        rc = with_sms_taken(self.roofline, sms, margin_known=True) if sms else self.roofline
+        rc = self._roofline_beside(sms, margin_known=True)
         ratio = rc.op_time_s(part) / self.roofline.op_time_s(gemm)
         return ratio * self._work_time_s((gemm,))
 
@@ -117,13 +117,21 @@ class CostModel:
         key = (id(task.work), sms_taken)
         r = self._ratios.get(key)
         if r is None:
-            rc = self._contended.get(sms_taken)
-            if rc is None:
-                rc = self._contended[sms_taken] = with_sms_taken(self.roofline, sms_taken)
+            rc = self._roofline_beside(sms_taken)
             eager = not self.scn.training.cuda_graphs
             alone = self.roofline.work_time_s(task.work, eager)
             r = self._ratios[key] = rc.work_time_s(task.work, eager) / alone if alone > 0 else 1.0
         return r
+
+    def _roofline_beside(self, sms_taken: int, margin_known: bool = False) -> RooflineCompute:
+        """The roofline on the SMs ``sms_taken`` leave (memoised; the whole GPU's for none taken)."""
+        if not sms_taken:
+            return self.roofline
+        key = (sms_taken, margin_known)
+        rc = self._contended.get(key)
+        if rc is None:
+            rc = self._contended[key] = with_sms_taken(self.roofline, sms_taken, margin_known)
+        return rc
 
     def _host_plan(self, c: Collective) -> tuple[CommPlan, float]:
         """A device-to-host ("d2h") or host-to-device ("h2d") copy: one flow over the GPU's PCIe

@@ -17,9 +17,6 @@ on copy engines and hold no SM.
 
 from __future__ import annotations
 
-import copy
-from dataclasses import replace
-
 from ..hardware.clusters import ClusterSpec
 from ..tasks import Collective
 from . import nccl_tuner as tuner
@@ -99,18 +96,8 @@ def _size_reduced(channels: int, size_bytes: float, protocol: str, ll_ranks: int
 
 
 def with_sms_taken(roofline: RooflineCompute, sms_taken: int, margin_known: bool = False) -> RooflineCompute:
-    """The roofline of the same GPU with ``sms_taken`` SMs held by other kernels: tensor-core peaks
-    scale with the SMs left and GEMM waves are quantized on them (cost/compute's wave model, the
-    forum's second wave); HBM-bound kernels keep their bandwidth. At least one SM is left. A GEMM's
-    kernel is chosen for the whole GPU, unless ``margin_known``: Transformer Engine's
-    ``set_sm_margin`` tells cuBLAS the SMs left (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET)."""
-    total = roofline.eff.num_sms
-    left = max(1, total - max(0, sms_taken))
-    contended = copy.copy(roofline)
-    contended.eff = replace(roofline.eff, num_sms=left)
-    if margin_known:
-        contended.launch_sms = left
-    contended.peak_flops_per_s = roofline.peak_flops_per_s * left / total
-    contended.fp8_peak_flops_per_s = roofline.fp8_peak_flops_per_s * left / total
-    contended._cache = {}
-    return contended
+    """The roofline of the same GPU with ``sms_taken`` SMs held by other kernels (the forum's second
+    wave comes from quantizing GEMM waves on the SMs left). A GEMM's kernel is chosen for the whole
+    GPU, unless ``margin_known``: Transformer Engine's ``set_sm_margin`` tells cuBLAS the SMs left
+    (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET)."""
+    return roofline.on_sms(roofline.eff.num_sms - max(0, sms_taken), chosen_for_them=margin_known)

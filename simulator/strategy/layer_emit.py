@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from ..model.fp8 import FP8_PRECISIONS
 from ..tasks import InternalError
 from .blocks import Segment
-from .context import COMM_TP, LowerCtx
+from .context import COMM_TP, COMPUTE, LowerCtx
 
 
 def _d(x: int | None) -> tuple[int, ...]:
@@ -68,12 +68,7 @@ def tp_op(ctx: LowerCtx, rank: int, dep: int | None, name: str, op: str, meta: d
 
 def _blocking(ctx: LowerCtx, rank: int, dep: int | None, name: str, coll: tuple | None, meta: dict) -> int | None:
     """One of ``BlockingTP``'s collectives (None: none there) after ``dep``."""
-    if coll is None:
-        return dep
-    op, overlap = coll
-    tid = ctx.tp_collective(rank, f"{name}.{op}", op, ctx.full_activation_bytes(), _d(dep), overlap=overlap,
-                            **meta)
-    return dep if tid is None else tid
+    return dep if coll is None else tp_op(ctx, rank, dep, name, coll[0], meta, coll[1])
 
 
 def overlap_site(par, site: str, work, last: bool = False, moe: bool = False) -> tuple:
@@ -318,5 +313,6 @@ def amax_reduction(ctx: LowerCtx, rank: int, dep: int | None, name: str, meta: d
                 if w.kind == "gemm" and w.precision in FP8_PRECISIONS)
     if not gemms:
         return dep
-    return ctx.comm(rank, "compute", f"{name}.amax_all_reduce", "all_reduce", 4.0 * AMAX_TENSORS_PER_GEMM[phase] * gemms,
-                    group, "dp", "comm_dp", _d(dep), **meta)
+    nbytes = 4.0 * AMAX_TENSORS_PER_GEMM[phase] * gemms
+    return ctx.comm(rank, COMPUTE, f"{name}.amax_all_reduce", "all_reduce", nbytes, group, "dp", "comm_dp", _d(dep),
+                    **meta)
