@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from ..units import GB, NS, US
 from .clusters import TOPOLOGIES, ClusterSpec
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 LinkId = tuple  # (u, v): a directed edge of Topology.graph
 
@@ -87,9 +89,12 @@ class Topology:
     def graph(self) -> nx.DiGraph:
         """The links as a networkx DiGraph (edge attributes capacity_Bps, latency_s), built on first
         use: the simulation itself needs only the capacity and latency maps and the routes, and a
-        16k-GPU graph costs a noticeable part of a run to build."""
+        16k-GPU graph costs a noticeable part of a run to build (networkx itself a fifth of a second
+        to import, so it is imported here)."""
         g = self.memo.get("graph")
         if g is None:
+            import networkx as nx
+
             g = self.memo["graph"] = nx.DiGraph()
             g.add_edges_from((u, v, {"capacity_Bps": b, "latency_s": self.latency_s[(u, v)]})
                              for (u, v), b in self.capacity_Bps.items())
