@@ -33,10 +33,13 @@ Search-space bounds (``SearchSpace``; documented limits, not dominance):
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, fields
 
 from ..defaults import split_layers
+from ..hardware.clusters import ClusterSpec
+from ..model.spec import ModelSpec
+from ..scenario import Scenario
 from ..scenario_checks import ScenarioError
 from ..strategy.schedules import SCHEDULES
 
@@ -79,7 +82,7 @@ class Plan:
 PLAN_FIELDS = tuple(f.name for f in fields(Plan))
 
 
-def plan_of(scn) -> Plan:
+def plan_of(scn: Scenario) -> Plan:
     """The plan a validated Scenario runs."""
     p = scn.parallel
     return Plan(p.tp, p.pp, p.dp, p.cp, p.ep, scn.training.micro_batch_size, p.schedule if p.pp > 1 else "1f1b",
@@ -127,7 +130,7 @@ def _virtual_choices(num_layers: int, pp: int, layers_per_stage: tuple[int, ...]
     return [v for v in range(2, min(lps) + 1) if not even_chunks or max(lps) % v == 0]
 
 
-def min_cp_block_tokens(cluster, dtype: str, tp: int, cp: int) -> float:
+def min_cp_block_tokens(cluster: ClusterSpec, dtype: str, tp: int, cp: int) -> float:
     """Smallest sequence block per CP rank whose attention hides the ring's K/V transfer, F/B
     (Liu et al. 2023, Ring Attention, §3): peak FLOP/s over the per-GPU bandwidth of the ring's links."""
     inside = tp * cp <= cluster.gpus_per_node
@@ -136,8 +139,8 @@ def min_cp_block_tokens(cluster, dtype: str, tp: int, cp: int) -> float:
     return cluster.gpu.peak(dtype) / per_gpu
 
 
-def enumerate_plans(model, num_gpus: int, global_batch_size: int, space: SearchSpace | None = None,
-                    layers_per_stage: tuple[int, ...] | None = None, cluster=None,
+def enumerate_plans(model: ModelSpec, num_gpus: int, global_batch_size: int, space: SearchSpace | None = None,
+                    layers_per_stage: tuple[int, ...] | None = None, cluster: ClusterSpec | None = None,
                     dtype: str = "bf16") -> Iterator[Plan]:
     """Every plan of the space whose degrees multiply to ``num_gpus``, in a fixed order.
 
@@ -168,7 +171,8 @@ def enumerate_plans(model, num_gpus: int, global_batch_size: int, space: SearchS
                                       layers_per_stage)
 
 
-def _inner(model, tp, pp, dp, cp, ep, batch, space, schedules, layers_per_stage) -> Iterator[Plan]:
+def _inner(model: ModelSpec, tp: int, pp: int, dp: int, cp: int, ep: int, batch: int, space: SearchSpace,
+           schedules: Sequence[str], layers_per_stage: tuple[int, ...] | None) -> Iterator[Plan]:
     sps = (tp > 1,) if space.prune_dominated else ((False, True) if tp > 1 else (False,))
     zeros = space.zero_stages if dp * cp > 1 or not space.prune_dominated else (0,)
     for b in space.micro_batch_sizes:
@@ -187,7 +191,8 @@ def _inner(model, tp, pp, dp, cp, ep, batch, space, schedules, layers_per_stage)
                             yield Plan(tp, pp, dp, cp, ep, b, schedule, v, zero, rc, sp)
 
 
-def valid_plans(plans, build) -> Iterator[tuple[Plan, object | None, str]]:
+def valid_plans(plans: Iterable[Plan],
+                build: Callable[[Plan], Scenario]) -> Iterator[tuple[Plan, Scenario | None, str]]:
     """(plan, Scenario, "") for the plans the scenario rules accept, (plan, None, reason) for the others;
     ``build(plan)`` makes the Scenario (``scenario_from_dict`` of ``apply_plan``, see ``sweep.BaseScenario``)."""
     for plan in plans:

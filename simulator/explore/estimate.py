@@ -16,6 +16,7 @@ after its last backward. Other communication counts as zero, so the bound holds 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 
@@ -25,7 +26,9 @@ from ..cost.collectives import collective_time_s
 from ..cost.model import CostModel
 from ..hardware.topology import build_topology
 from ..model.opgraph import OpGraph, build_op_graph
-from ..strategy.blocks import build_blocks, layer_blocks
+from ..scenario import Scenario
+from ..strategy.actions import Action
+from ..strategy.blocks import LayerBlocks, Work, build_blocks, layer_blocks
 from ..strategy.layer_emit import blocking_tp
 from ..strategy.schedules import schedule_actions, splits_backward
 from ..strategy.sharding import grad_accumulation_bytes_per_param
@@ -62,48 +65,48 @@ class EstimateCache:
             self._memo[key] = build()
         return self._memo[key]
 
-    def layout(self, scn) -> StageLayout:
+    def layout(self, scn: Scenario) -> StageLayout:
         """The plan's stage layout (``strategy.stage_units.stage_layout``)."""
         return self._get(("layout", scn.parallel), lambda: stage_layout(scn.parallel))
 
-    def actions(self, scn):
+    def actions(self, scn: Scenario) -> list[list[Action]]:
         lay = self.layout(scn)
         return self._get(("actions", lay.schedule, lay.p, scn.num_microbatches, lay.v),
                          lambda: schedule_actions(lay.schedule, lay.p, scn.num_microbatches, lay.v))
 
-    def profiles(self, scn) -> list[RankProfile]:
+    def profiles(self, scn: Scenario) -> list[RankProfile]:
         lay = self.layout(scn)
         key = ("profiles", lay.schedule, lay.p, scn.num_microbatches, lay.v)
         return self._get(key, lambda: [_profile(acts) for acts in self.actions(scn)])
 
-    def blocks(self, scn):
+    def blocks(self, scn: Scenario) -> LayerBlocks:
         """The main layer's blocks (embedding and head included)."""
         return self._blocks(scn, build_blocks, "blocks")
 
-    def layer_blocks(self, scn) -> tuple:
+    def layer_blocks(self, scn: Scenario) -> tuple[LayerBlocks, ...]:
         """Every layer's blocks by its kind (``strategy.blocks.layer_blocks``, as the lowering)."""
         return self._blocks(scn, layer_blocks, "layer_blocks")
 
-    def graph(self, scn) -> OpGraph:
+    def graph(self, scn: Scenario) -> OpGraph:
         t = scn.training
         return self._get(self._graph_key(scn), lambda: build_op_graph(scn.model, t.micro_batch_size, t.dtype,
                                                                           t.fp8_recipe))
 
-    def _graph_key(self, scn) -> tuple:
+    def _graph_key(self, scn: Scenario) -> tuple:
         return ("graph", repr(scn.model), scn.training.micro_batch_size, scn.training.dtype,
                 scn.training.fp8_recipe)
 
-    def _blocks(self, scn, build, what: str):
+    def _blocks(self, scn: Scenario, build: Callable[..., Any], what: str) -> Any:
         p, t = scn.parallel, scn.training
         graph = self.graph(scn)
         acc = grad_accumulation_bytes_per_param(t.grad_accumulation_fusion, t.grad_dtype_bytes, t.dtype_bytes)
         return self._get(self._graph_key(scn) + (what, p.tp, p.sequence_parallel, p.cp, p.ep, p.etp, acc),
                          lambda: build(graph, p.tp, p.sequence_parallel, p.cp, p.ep, acc, p.etp))
 
-    def _cost_key(self, scn) -> str:
+    def _cost_key(self, scn: Scenario) -> str:
         return repr((scn.cluster, scn.training.dtype, scn.training.attention, scn.cost))
 
-    def cost(self, scn) -> CostModel:
+    def cost(self, scn: Scenario) -> CostModel:
         def build():
             tables = None
             if scn.cost.compute == "calibrated":
@@ -112,21 +115,21 @@ class EstimateCache:
             return CostModel(scn, build_topology(scn.cluster), tables)
         return self._get(("cost", self._cost_key(scn)), build)
 
-    def work_s(self, scn, work, times: int = 1) -> float:
+    def work_s(self, scn: Scenario, work: Work, times: int = 1) -> float:
         """Seconds of a compute task with this work, ``times`` over."""
         def build():
             self._keep.append(work)
             return self.cost(scn).duration_s(Task(0, "estimate", "compute", 0, "compute", "compute", work=work))
         return times * self._get(("work", id(work), self._cost_key(scn)), build) if work else 0.0
 
-    def collective_s(self, scn, op: str, size_bytes: float, group: tuple[int, ...]) -> float:
+    def collective_s(self, scn: Scenario, op: str, size_bytes: float, group: tuple[int, ...]) -> float:
         """Uncontended time of a collective (``cost.collectives.collective_time_s``)."""
         cost = self.cost(scn)
         return self._get(("coll", op, float(size_bytes), group, self._cost_key(scn)), lambda: collective_time_s(
             Collective(op, float(size_bytes), group, "pp" if op == "send_recv" else "dp"), cost.topo,
             cost.algorithms.get(op)))
 
-    def tp_s(self, scn, op: str, overlap: tuple = ()) -> float:
+    def tp_s(self, scn: Scenario, op: str, overlap: tuple = ()) -> float:
         """Uncontended time of one TP collective of the hidden-state tensor b·(s/cp)·h; with ``overlap``
         (strategy.layer_emit.overlap_site, via blocking_tp) what its GEMM overlap leaves exposed, as the engine costs it."""
         p, t, m = scn.parallel, scn.training, scn.model
@@ -193,7 +196,7 @@ def _counter(items) -> dict:
 
 
 # ---- memory ---------------------------------------------------------------------------------
-def _phase_memory(scn, cache: EstimateCache) -> dict:
+def _phase_memory(scn: Scenario, cache: EstimateCache) -> dict:
     """Per virtual stage: {"b": bytes alive from F to B, "w": bytes alive from F to W, "F"/"B"/"W": peak
     above the level before the action}, folded from the unit deltas ``analysis.memory.schedule_trace``
     walks (``strategy.stage_units.ActivationRules``)."""
@@ -212,7 +215,7 @@ def _phase_memory(scn, cache: EstimateCache) -> dict:
     return out
 
 
-def activation_peaks(scn, cache: EstimateCache | None = None) -> list[float]:
+def activation_peaks(scn: Scenario, cache: EstimateCache | None = None) -> list[float]:
     """Peak activation (+ recompute workspace) bytes of every pipeline rank over one step."""
     cache = cache or EstimateCache()
     phase = _phase_memory(scn, cache)
@@ -226,7 +229,7 @@ def activation_peaks(scn, cache: EstimateCache | None = None) -> list[float]:
     return peaks
 
 
-def memory_totals(scn, cache: EstimateCache | None = None) -> list[float]:
+def memory_totals(scn: Scenario, cache: EstimateCache | None = None) -> list[float]:
     """memory_bytes["total"] of every pipeline stage, as ``memory_report`` accounts it."""
     par, tr = scn.parallel, scn.training
     cache = cache or EstimateCache()
@@ -248,7 +251,7 @@ def memory_totals(scn, cache: EstimateCache | None = None) -> list[float]:
 
 
 # ---- time lower bound ----------------------------------------------------------------------------
-def _layer_times(scn, cache: EstimateCache, b) -> tuple[float, float, float, float, float]:
+def _layer_times(scn: Scenario, cache: EstimateCache, b: LayerBlocks) -> tuple[float, float, float, float, float]:
     """(F compute, F blocking TP, B compute, B blocking TP, W compute) seconds of one layer of the kind
     whose blocks are ``b``, one micro-batch."""
     par = scn.parallel
@@ -276,7 +279,7 @@ def _layer_times(scn, cache: EstimateCache, b) -> tuple[float, float, float, flo
     return f_c, f_tp, b_c, b_tp, w_c
 
 
-def _phase_times(scn, cache: EstimateCache) -> dict:
+def _phase_times(scn: Scenario, cache: EstimateCache) -> dict:
     """(virtual stage, phase) -> (compute seconds, blocking TP seconds) of one micro-batch on the
     compute stream: the forward's TP/SP collectives, SP's all-gather of output gradients in B and the
     recompute; the asynchronous input-gradient collectives of B and W are left out. Each layer is
@@ -302,14 +305,14 @@ def _phase_times(scn, cache: EstimateCache) -> dict:
     return out
 
 
-def _kind_times(scn, cache: EstimateCache, lb, memo: dict) -> tuple:
+def _kind_times(scn: Scenario, cache: EstimateCache, lb: LayerBlocks, memo: dict) -> tuple:
     key = ("times", id(lb))
     if key not in memo:
         memo[key] = _layer_times(scn, cache, lb)
     return memo[key]
 
 
-def time_lower_bound(scn, cache: EstimateCache | None = None) -> tuple[float, float]:
+def time_lower_bound(scn: Scenario, cache: EstimateCache | None = None) -> tuple[float, float]:
     """(bound, blocking TP seconds on the bounding rank's compute stream). Per pipeline rank, the compute
     stream: the forward chain of the virtual stages before its first action + its work up to its last B
     + max(its remaining work, the backward chain of the virtual stages before that B); its
@@ -335,7 +338,7 @@ def time_lower_bound(scn, cache: EstimateCache | None = None) -> tuple[float, fl
     return best
 
 
-def estimate(scn, cache: EstimateCache | None = None, with_time: bool = True) -> StaticEstimate:
+def estimate(scn: Scenario, cache: EstimateCache | None = None, with_time: bool = True) -> StaticEstimate:
     cache = cache or EstimateCache()
     totals = memory_totals(scn, cache)
     worst = max(range(len(totals)), key=lambda s: (totals[s], -s))

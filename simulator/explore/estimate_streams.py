@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..scenario import Scenario
 from ..strategy.mesh import DeviceMesh
 from ..strategy.sharding import linear_params
 from ..strategy.stage_units import copy_sync_bytes, stage_param_counts, unit_params
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
     from .estimate import EstimateCache, RankProfile
 
 
-def dp_stream_s(scn, cache: "EstimateCache", stage: int) -> float:
+def dp_stream_s(scn: Scenario, cache: "EstimateCache", stage: int) -> float:
     """The busier of the rank's two data-parallel streams, each serial (grad_sync): gradient
     reduction once (ZeRO-0/1) or per micro-batch (ZeRO-2), the distributed optimizer's parameter
     all-gather (ZeRO-1/2); ZeRO-3's / FSDP's per-unit all-gathers of every micro-batch as the framework
@@ -28,7 +29,7 @@ def dp_stream_s(scn, cache: "EstimateCache", stage: int) -> float:
     return _dp_streams_s(scn, cache, stage) + copy_sync_s(scn, cache, stage)
 
 
-def copy_sync_s(scn, cache: "EstimateCache", stage: int) -> float:
+def copy_sync_s(scn: Scenario, cache: "EstimateCache", stage: int) -> float:
     """Uncontended time of the all-reduce summing the two model copies' gradients over (stage,
     ``copy_peer``) (``stage_units.copy_sync_bytes``, as the lowering issues it); 0 with one copy."""
     par, layout = scn.parallel, cache.layout(scn)
@@ -41,7 +42,7 @@ def copy_sync_s(scn, cache: "EstimateCache", stage: int) -> float:
     return cache.collective_s(scn, "all_reduce", size, tuple(sorted((mesh.rank(pp=stage), mesh.rank(pp=peer)))))
 
 
-def _dp_streams_s(scn, cache: "EstimateCache", stage: int) -> float:
+def _dp_streams_s(scn: Scenario, cache: "EstimateCache", stage: int) -> float:
     par, tr = scn.parallel, scn.training
     if par.dp * par.cp == 1:
         return 0.0
@@ -61,13 +62,13 @@ def _dp_streams_s(scn, cache: "EstimateCache", stage: int) -> float:
     return coll("reduce_scatter", grads * (m if par.zero_stage == 2 else 1)) + coll("all_gather", weights)
 
 
-def gathered_params(scn, stage: int, cache: "EstimateCache | None" = None) -> float:
+def gathered_params(scn: Scenario, stage: int, cache: "EstimateCache | None" = None) -> float:
     """Dense parameters a rank of ``stage`` all-gathers per micro-batch: every pass's fetches of every
     chunk it holds, by the framework's rule (``zero_impl.chunk_fetches``, as the lowering issues them)."""
     return sum(f.params for f in stage_fetches(scn, stage, cache))
 
 
-def stage_fetches(scn, stage: int, cache: "EstimateCache | None" = None) -> list:
+def stage_fetches(scn: Scenario, stage: int, cache: "EstimateCache | None" = None) -> list:
     """The all-gathers (``zero_impl.Fetch``) a rank of ``stage`` issues per micro-batch, every pass of
     every chunk it holds (under the schedule's stage map), its units' parameters by
     ``stage_units.unit_params`` as the lowering counts them."""
@@ -86,7 +87,7 @@ def stage_fetches(scn, stage: int, cache: "EstimateCache | None" = None) -> list
     return out
 
 
-def ds2021_host_s(scn, cache: "EstimateCache", stage: int) -> float:
+def ds2021_host_s(scn: Scenario, cache: "EstimateCache", stage: int) -> float:
     """DeepSpeed 2021: the host work of every per-tensor all-gather of a step on the compute stream
     (``zero_impl.list_all_gather_host_work``, charged as the lowering charges it in
     ``grad_sync.zero3_gather``); 0 for every other implementation."""
@@ -103,7 +104,7 @@ def ds2021_host_s(scn, cache: "EstimateCache", stage: int) -> float:
     return cache.layout(scn).microbatches(scn.num_microbatches) * total
 
 
-def pp_stream_s(scn, cache: "EstimateCache", rank: int, prof: "RankProfile") -> float:
+def pp_stream_s(scn: Scenario, cache: "EstimateCache", rank: int, prof: "RankProfile") -> float:
     """The rank's pipeline send stream, serial: one send of its 1/t share of the hidden state per F
     to the next virtual stage and per B to the previous one (Narayanan et al. 2021 §4.1)."""
     par, tr, m = scn.parallel, scn.training, scn.model

@@ -15,8 +15,10 @@ from pathlib import Path
 
 from ..analysis.metrics import BREAKDOWN_KEYS
 from ..analysis.memory import BREAKDOWN_KEYS as MEMORY_KEYS
-from ..hardware.topology import build_topology
+from ..hardware.clusters import ClusterSpec
+from ..hardware.topology import Topology, build_topology
 from ..pipeline import simulate
+from ..scenario import Scenario
 
 METRIC_COLUMNS = ("iteration_time_s", "tokens_per_s", "mfu", "hfu", "model_tflops_per_gpu",
                   "hardware_tflops_per_gpu", "bubble_fraction")
@@ -30,17 +32,17 @@ class _SameCluster:
     same: the plans of one search share it, and with it the collective plans and times memoised on
     it (``cost/collectives``). One per process (workers are separate processes)."""
 
-    cluster = None
-    topology = None
+    cluster: ClusterSpec | None = None
+    topology: Topology | None = None
 
     @classmethod
-    def topology_for(cls, cluster):
+    def topology_for(cls, cluster: ClusterSpec) -> Topology:
         if cls.topology is None or cls.cluster != cluster:
             cls.cluster, cls.topology = cluster, build_topology(cluster)
         return cls.topology
 
 
-def evaluate_scenario(scn) -> dict:
+def evaluate_scenario(scn: Scenario) -> dict:
     """Simulate one scenario (in a worker): {"status": "ok", "metrics": ...} or {"status": "failed", "reason"}."""
     try:
         result = simulate(scn, topology=_SameCluster.topology_for(scn.cluster))
@@ -49,7 +51,7 @@ def evaluate_scenario(scn) -> dict:
     return {"status": "ok", "reason": "", "metrics": result.metrics}
 
 
-def scenario_key(scn) -> str:
+def scenario_key(scn: Scenario) -> str:
     """Two scenarios with the same key simulate identically (the name and source are labels only)."""
     return repr(replace(scn, name="", source=""))
 
@@ -89,7 +91,7 @@ class Evaluator:
         self._waiting: dict[str, list] = {}  # key -> tags waiting for it
         self._running: dict = {}  # future / ray ref / inline scenario -> key
         self._done: deque = deque()
-        self._inline: dict[int, object] = {}  # jobs = 1: handle -> scenario, simulated on collect
+        self._inline: dict[int, Scenario] = {}  # jobs = 1: handle -> scenario, simulated on collect
         self._handles = 0
         self._pool = None
         self._ray = None
@@ -109,7 +111,7 @@ class Evaluator:
     def pending(self) -> int:
         return sum(len(v) for v in self._waiting.values()) + len(self._done)
 
-    def submit(self, tag, scn) -> None:
+    def submit(self, tag, scn: Scenario) -> None:
         key = scenario_key(scn)
         if key in self.cache:
             self.cache_hits += 1

@@ -17,6 +17,7 @@ from ..analysis.goodput import (checkpoint_bytes, format_summary, goodput_markdo
 from ..engine.goodput_sim import GoodputConfig, GoodputRun, simulate_goodput
 from ..reliability import (FLEETS, SECONDS_PER_DAY, SECONDS_PER_HOUR, cause_rates, daly_interval_s,
                            expected_goodput, unexpected_rate_per_s, young_interval_s)
+from ..scenario import Scenario
 from ..units import GB
 
 # Checkpoint intervals of the sweep, as multiples of the Young/Daly optimum (log-spaced, x4 either side).
@@ -25,11 +26,11 @@ MAX_DAYS = 3650.0  # a --tokens run that has not reached its target after ten ye
 NO_CHECKPOINTS = 1 << 62  # the interval when nothing fails and none is set: the run never checkpoints
 
 
-def tokens_per_step(scn) -> float:
+def tokens_per_step(scn: Scenario) -> float:
     return float(scn.training.global_batch_size * scn.model.seq_length)
 
 
-def checkpoint_costs(scn) -> dict:
+def checkpoint_costs(scn: Scenario) -> dict:
     """Checkpoint bytes and the seconds to write, read, and (async) snapshot them: writes and reads at the
     storage's aggregate bandwidth; the asynchronous snapshot copies each GPU's share over its PCIe link."""
     r, c = scn.reliability, scn.cluster
@@ -38,7 +39,7 @@ def checkpoint_costs(scn) -> dict:
             "block_s": size / c.num_gpus / c.pcie_bandwidth_Bps, "mode": r.checkpoint_mode}
 
 
-def build_config(scn, step_s: float) -> tuple[GoodputConfig, dict]:
+def build_config(scn: Scenario, step_s: float) -> tuple[GoodputConfig, dict]:
     """The run's settings and the closed-form figures (MTBF, Young and Daly intervals) they imply."""
     r = scn.reliability
     costs = checkpoint_costs(scn)
@@ -84,12 +85,12 @@ def sweep_intervals(cfg: GoodputConfig, optimum_steps: int, seeds: int, horizon_
     return rows
 
 
-def simulate_step_s(scn) -> float:
+def simulate_step_s(scn: Scenario) -> float:
     from ..pipeline import simulate
     return float(simulate(scn).metrics["iteration_time_s"])
 
 
-def run_goodput(scn, step_s: float, days: float | None, tokens: float | None, seeds: int,
+def run_goodput(scn: Scenario, step_s: float, days: float | None, tokens: float | None, seeds: int,
                 sweep_seeds: int) -> tuple[dict, list[GoodputRun], list[dict]]:
     """Everything ``simulator goodput`` reports, as a JSON-ready dict, with the runs and the sweep rows."""
     for name, v in (("--days", days), ("--tokens", tokens), ("--step-time-s", step_s)):

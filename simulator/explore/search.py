@@ -67,7 +67,7 @@ class SearchResult:
         return self.counts["simulated"] / max(self.wall_s - self.estimate_s, 1e-9)
 
 
-def _probe(base: BaseScenario):
+def _probe(base: BaseScenario) -> Scenario:
     """A scenario of the base file to read the model, cluster and batch from: its own plan, or else
     pure data parallelism with one sample per GPU (so that a base plan that does not divide is no error)."""
     try:

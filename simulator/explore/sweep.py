@@ -11,9 +11,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..scenario import apply_overrides, read_raw, scenario_from_dict
+from ..scenario import Scenario, apply_overrides, read_raw, scenario_from_dict
 from ..scenario_checks import ScenarioError
-from .enumerate import PLAN_FIELDS, apply_plan, plan_of
+from .enumerate import PLAN_FIELDS, Plan, apply_plan, plan_of
 from .evaluate import RESULT_COLUMNS, CsvStream, Evaluator, flatten, progress
 
 
@@ -26,11 +26,11 @@ class BaseScenario:
     base_dir: Path
     source: str
 
-    def build(self, overrides: list[str] | tuple[str, ...] = ()):
+    def build(self, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
         raw = apply_overrides(self.raw, list(overrides))
         return scenario_from_dict(raw, default_name=self.name, base_dir=self.base_dir, source=self.source)
 
-    def with_plan(self, plan):
+    def with_plan(self, plan: Plan) -> Scenario:
         """The scenario with a plan's settings (``enumerate.apply_plan``)."""
         return scenario_from_dict(apply_plan(self.raw, plan), default_name=self.name, base_dir=self.base_dir,
                                   source=self.source)
