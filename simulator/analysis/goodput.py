@@ -16,10 +16,11 @@ from matplotlib.lines import Line2D
 
 from ..engine.goodput_sim import BREAKDOWN_KEYS, GoodputRun
 from ..reliability import SECONDS_PER_DAY
+from ..scenario import Scenario
 from .memory import OPTIMIZER_BYTES_PER_PARAM, model_state_bytes
 
 
-def checkpoint_bytes(scn) -> float:
+def checkpoint_bytes(scn: Scenario) -> float:
     """Bytes of one full checkpoint: the weights in the training precision and the optimizer state
     (fp32 master weights and Adam moments, 2 + 12 bytes per parameter for bf16 Adam), counted once over
     the data-parallel replicas (each shard is written by one rank) and without gradients: the model

@@ -6,10 +6,12 @@ breakdown of the worst rank (metrics.json ``memory_bytes``) and the out-of-memor
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..model.fp8 import weight_copy_bytes_per_param
 from ..model.opgraph import build_op_graph
 from ..model.spec import ModelSpec
+from ..scenario import Scenario
 from ..strategy.schedules import schedule_actions
 from ..strategy.sharding import params_per_rank
 from ..strategy.stage_units import (activation_rules, rank_param_counts, stage_layout,  # noqa: F401 (re-exported)
@@ -141,7 +143,7 @@ def walk_memory(events: list[TraceEvent], start_s: float = 0.0) -> list[tuple[fl
     return points
 
 
-def static_buffers(scn, counts: dict, trace_has_buffers: bool = False) -> dict:
+def static_buffers(scn: Scenario, counts: dict, trace_has_buffers: bool = False) -> dict:
     """Allowances that do not follow the schedule, bytes on one rank (see the constants above):
     CUDA context, NCCL buffers of every communicator the rank uses (DualPipe's copy pair included), the
     ZeRO-2/3 reduce bucket and the ZeRO-3 gathered layers, unless the trace carries buffer deltas (the gathers themselves)."""
@@ -170,7 +172,7 @@ def _param_bytes(dtype: str) -> int:
     return max(DTYPE_BYTES[dtype], MIN_PARAM_BYTES)
 
 
-def memory_report(scn, stage_params: dict, trace: Trace) -> MemoryReport:
+def memory_report(scn: Scenario, stage_params: dict, trace: Trace) -> MemoryReport:
     """Peak memory of every rank in ``stage_params`` (rank -> {"dense", "expert"} parameters).
 
     Model state from ``model_state_bytes`` (dense params sharded by ZeRO over dp*cp, experts over
@@ -228,7 +230,7 @@ def _add(a: dict, b: dict) -> dict:
     return {k: a[k] + b[k] for k in a}
 
 
-def schedule_trace(scn, stages: list[int] | None = None, recompute_workspace: bool = True) -> Trace:
+def schedule_trace(scn: Scenario, stages: list[int] | None = None, recompute_workspace: bool = True) -> Trace:
     """A trace of unit-length events in each stage's program order (``strategy.schedules``), one per
     activation delta of every unit of every action (embedding, each layer, head), the deltas the
     lowering puts on its tasks (``strategy.stage_units.ActivationRules``): a unit's forward allocates
@@ -255,7 +257,7 @@ def schedule_trace(scn, stages: list[int] | None = None, recompute_workspace: bo
     return Trace(tuple(events), source="schedule", rank_labels={s: f"stage {s}" for s in chosen})
 
 
-def estimate_memory(scn) -> MemoryReport:
+def estimate_memory(scn: Scenario) -> MemoryReport:
     """``memory_report`` of every pipeline stage on ``schedule_trace``: no simulation needed."""
     par, layout = scn.parallel, stage_layout(scn.parallel)
     graph = build_op_graph(scn.model, 1, "bf16")  # parameters depend on neither micro-batch nor dtype
@@ -263,7 +265,7 @@ def estimate_memory(scn) -> MemoryReport:
     return memory_report(scn, stage_params, schedule_trace(scn))
 
 
-def plot_memory(report: MemoryReport, scn, path):
+def plot_memory(report: MemoryReport, scn: Scenario, path: str | Path) -> Path:
     """memory.png (``memory_plot.plot_memory``; imported on use so that accounting needs no matplotlib)."""
     from .memory_plot import plot_memory as _plot
 

@@ -14,6 +14,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from ..scenario import Scenario
 from ..units import GiB, MS
 from .memory import MemoryReport
 
@@ -43,7 +44,7 @@ def _stack(report: MemoryReport, rank: int) -> tuple[np.ndarray, dict]:
     return times, layers
 
 
-def plot_memory(report: MemoryReport, scn, path) -> Path:
+def plot_memory(report: MemoryReport, scn: Scenario, path: str | Path) -> Path:
     """Write the memory chart; ``path`` is a PNG file or a directory (then ``memory.png`` in it)."""
     out = Path(path)
     if out.suffix.lower() != ".png":

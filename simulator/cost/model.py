@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from ..hardware.topology import Topology
 from ..tasks import Collective, OpWork, Task
@@ -22,13 +23,17 @@ from .plan import CommPlan, CommStep, Flow
 from .sm_share import collective_ctas, with_sms_taken
 from .tp_overlap import BULK_SITES, UB_SITES, chunks, exposed_comm_s
 
+if TYPE_CHECKING:  # type-only imports: the calibrated tables are imported where a run asks for them
+    from ..scenario import Scenario
+    from .calibrated import CalibrationTables
+
 # ZeRO-Offload's CPU-Adam (Ren et al. 2021, §5.1 and Table 3): ~0.2 s per step for 1B parameters on
 # one DGX-2 node's CPU (2 x Xeon Platinum 8168); the node's GPUs share it.
 CPU_ADAM_PARAMS_PER_S_PER_NODE = 5.0e9
 
 
 class CostModel:
-    def __init__(self, scn, topo: Topology, tables=None) -> None:
+    def __init__(self, scn: Scenario, topo: Topology, tables: CalibrationTables | None = None) -> None:
         self.scn = scn
         self.topo = topo
         self.roofline = RooflineCompute(scn.cluster.gpu, scn.training.dtype, scn.training.attention)

@@ -170,7 +170,7 @@ class SiblingCost:
     A sibling flow elsewhere meets only its own GPUs' traffic, the mirror image of the
     representative's, and is left out: it would change no time."""
 
-    def __init__(self, cost, mesh: DeviceMesh, topo: Topology, contact: frozenset) -> None:
+    def __init__(self, cost: CostModel, mesh: DeviceMesh, topo: Topology, contact: frozenset) -> None:
         self.cost, self.mesh, self.topo, self.contact = cost, mesh, topo, contact
         self.algorithms = dict(getattr(cost, "algorithms", {}))
         self._plans: dict = {}  # id(Collective) -> (Collective, merged plan)

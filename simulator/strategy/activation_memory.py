@@ -8,9 +8,13 @@ per-rank peak comes from the simulated schedule; the paper's closed forms are th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from ..model.spec import ModelSpec
 from ..units import DTYPE_BYTES
+
+if TYPE_CHECKING:  # scenario imports strategy: a type-only import
+    from ..scenario import Scenario
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 MASK_BYTES = 1  # dropout masks are stored as uint8 (Korthikanti et al. 2022, sec. 4.1)
@@ -251,13 +255,13 @@ class LayerMemory:
     transient: float
 
 
-def layer_memory(scn, split_backward: bool, dense_mlp: bool = False, recompute_workspace: bool = True) -> LayerMemory:
+def layer_memory(scn: Scenario, split_backward: bool, dense_mlp: bool = False, recompute_workspace: bool = True) -> LayerMemory:
     """The one rule for a layer's activation deltas (lowering, ``analysis.memory.schedule_trace`` and
     the search's estimate): a scenario's plan, a layer of the MoE or of the dense kind
     (``OpGraph.layer_ops``: an MoE model's first dense layers)."""
     m, par, tr = scn.model, scn.parallel, scn.training
     args = (m, tr.micro_batch_size, par.tp, par.sequence_parallel, par.cp)
-    kw = {"dense_mlp": dense_mlp and m.is_moe, "etp": par.etp}
+    kw: dict[str, Any] = {"dense_mlp": dense_mlp and m.is_moe, "etp": par.etp}  # dense_mlp: bool, etp: int
     d, att, ep = tr.dtype_bytes, tr.attention, par.ep
     stored = layer_activation_bytes(*args, par.recompute, d, ep, att, **kw)
     transient = 0.0
@@ -267,7 +271,7 @@ def layer_memory(scn, split_backward: bool, dense_mlp: bool = False, recompute_w
     return LayerMemory(stored, at_b, at_w, transient)
 
 
-def layer_memories(scn, split_backward: bool, recompute_workspace: bool = True) -> tuple[LayerMemory, ...]:
+def layer_memories(scn: Scenario, split_backward: bool, recompute_workspace: bool = True) -> tuple[LayerMemory, ...]:
     """``layer_memory`` of every layer index, by its kind (one object per kind)."""
     m = scn.model
     kinds = {dense: layer_memory(scn, split_backward, dense, recompute_workspace)

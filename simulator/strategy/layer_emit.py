@@ -16,12 +16,15 @@ all-to-alls (Lepikhin et al. 2020, GShard), forward and backward.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..model.fp8 import FP8_PRECISIONS
 from ..tasks import InternalError
-from .blocks import Segment
+from .blocks import LayerBlocks, Segment, Work
 from .context import COMM_TP, COMPUTE, LowerCtx
+
+if TYPE_CHECKING:  # scenario imports strategy: a type-only import
+    from ..scenario import ParallelSpec
 
 
 def _d(x: int | None) -> tuple[int, ...]:
@@ -71,7 +74,7 @@ def _blocking(ctx: LowerCtx, rank: int, dep: int | None, name: str, coll: tuple 
     return dep if coll is None else tp_op(ctx, rank, dep, name, coll[0], meta, coll[1])
 
 
-def overlap_site(par, site: str, work, last: bool = False, moe: bool = False) -> tuple:
+def overlap_site(par: ParallelSpec, site: str, work: Work, last: bool = False, moe: bool = False) -> tuple:
     """(site, GEMM) of a TP collective overlapped with the first (or last) GEMM of ``work`` under
     tp_comm_overlap (Transformer Engine userbuffers, cost/tp_overlap); () when not overlapped. The
     MLP sites (fc1/fc2) overlap only a dense MLP: in an MoE layer the experts sit between. The
@@ -102,7 +105,7 @@ class BlockingTP(NamedTuple):
         return tuple(c for c in (self.mlp_grad, self.attn_grad) if c is not None)
 
 
-def blocking_tp(par, b) -> BlockingTP:
+def blocking_tp(par: ParallelSpec, b: LayerBlocks) -> BlockingTP:
     """The blocking TP collectives of a layer whose blocks are ``b`` (strategy/blocks.LayerBlocks)."""
     sp, moe = par.sequence_parallel, b.experts is not None
     exit_op = "reduce_scatter" if sp else "all_reduce"
@@ -115,7 +118,7 @@ def blocking_tp(par, b) -> BlockingTP:
         ("all_gather", overlap_site(par, "proj_dgrad", b.attn_post.bwd_b)) if sp else None)
 
 
-def bulk_site(par, gemm: str, kind: str) -> tuple:
+def bulk_site(par: ParallelSpec, gemm: str, kind: str) -> tuple:
     """(site,) of a backward TP collective that userbuffers run as a bulk overlap on their own SMs
     (cost/tp_overlap.BULK_SITES: "qkv_dgrad", "fc1_wgrad", ...) under tp_comm_overlap with SP, for the
     GEMM ``gemm`` ("qkv" or "fc1"; "" for none) and ``kind`` "dgrad" or "wgrad"; () otherwise."""

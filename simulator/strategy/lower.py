@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import chain
+from typing import TYPE_CHECKING
 
 from ..model.opgraph import build_op_graph
 from ..tasks import InternalError, TaskGraph
@@ -30,6 +31,9 @@ from .stage_units import (activation_rules, chunk_layers, chunk_sizes, copy_sync
 from .stamp import Stamper
 from .zero_impl import DEEPSPEED, FSDP, FSDP2_COPY_PASSES, chunk_fetches, submodule_params
 
+if TYPE_CHECKING:  # scenario imports strategy: a type-only import
+    from ..scenario import Scenario
+
 
 @dataclass(frozen=True)
 class LoweredPlan:
@@ -40,7 +44,7 @@ class LoweredPlan:
     chunk_layers: tuple  # virtual stage -> tuple of global layer indices
 
 
-def lower(scn, full: bool = False) -> LoweredPlan:
+def lower(scn: Scenario, full: bool = False) -> LoweredPlan:
     par, tr, model = scn.parallel, scn.training, scn.model
     mesh = DeviceMesh(pp=par.pp, dp=par.dp, cp=par.cp, tp=par.tp, ep=par.ep, etp=par.etp)
     graph = build_op_graph(model, tr.micro_batch_size, tr.dtype, tr.fp8_recipe)
@@ -64,8 +68,8 @@ def lower(scn, full: bool = False) -> LoweredPlan:
 class _Emitter:
     """Walks every simulated rank's action list in a dependency-respecting order."""
 
-    def __init__(self, ctx: LowerCtx, actions, layers, ranks, split_w: bool, stage_params: dict,
-                 smap: StageMap) -> None:
+    def __init__(self, ctx: LowerCtx, actions: list[list[Action]], layers: tuple[tuple[int, ...], ...],
+                 ranks: tuple[int, ...], split_w: bool, stage_params: dict, smap: StageMap) -> None:
         self.ctx, self.actions, self.layers, self.ranks = ctx, actions, layers, ranks
         self.split_w, self.stage_params, self.smap = split_w, stage_params, smap
         par = ctx.par

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Union
+from typing import TYPE_CHECKING, Union
 
 from ..model.opgraph import OpGraph, build_op_graph
+from ..model.spec import ModelSpec
 from .activation_memory import LayerMemory, embedding_activation_bytes, head_activation_bytes, layer_memories
 from .schedules import StageMap, splits_backward, stage_map
 from .sharding import params_per_rank
+
+if TYPE_CHECKING:  # scenario imports strategy: a type-only import
+    from ..scenario import ParallelSpec, Scenario
 
 Unit = Union[str, int]  # "embed", a global layer index, "head"
 
@@ -107,7 +111,7 @@ class StageLayout:
         return self.p - 1 - stage if self.copies > 1 else None
 
 
-def stage_layout(par) -> StageLayout:
+def stage_layout(par: ParallelSpec) -> StageLayout:
     """The layout of a ``ParallelSpec``: schedule and chunks as the lowering runs them."""
     schedule, v = (par.schedule, par.virtual_stages) if par.pp > 1 else ("1f1b", 1)
     smap = stage_map(schedule, par.pp)
@@ -129,7 +133,7 @@ class UnitParams:
         return self.embed if unit == "embed" else self.head if unit == "head" else self.layers[int(unit)]
 
 
-def unit_params(graph: OpGraph, par, layout: StageLayout) -> UnitParams:
+def unit_params(graph: OpGraph, par: ParallelSpec, layout: StageLayout) -> UnitParams:
     tp, ep = par.tp, par.ep
     kinds: dict = {}
     layers = []
@@ -145,7 +149,7 @@ def unit_params(graph: OpGraph, par, layout: StageLayout) -> UnitParams:
     return UnitParams(tuple(layers), (embed, 0.0), (head, 0.0))
 
 
-def stage_param_counts(graph: OpGraph, par, layout: StageLayout, stage: int) -> dict:
+def stage_param_counts(graph: OpGraph, par: ParallelSpec, layout: StageLayout, stage: int) -> dict:
     """{"dense", "expert"} parameters a rank of pipeline ``stage`` holds: the layers of its virtual
     stages, each of its own kind (an MoE model's first dense layers), and the embedding / head where
     it holds the model's ends, under the schedule's stage map (a V map puts both on rank 0). The one
@@ -164,7 +168,7 @@ def stage_param_counts(graph: OpGraph, par, layout: StageLayout, stage: int) -> 
     return params_per_rank(graph, par.tp, par.ep, own, "embed" in units, "head" in units, par.etp)
 
 
-def copy_sync_bytes(par, layout: StageLayout, counts: dict, grad_dtype_bytes: int) -> float:
+def copy_sync_bytes(par: ParallelSpec, layout: StageLayout, counts: dict, grad_dtype_bytes: int) -> float:
     """Bytes of the all-reduce over (rank, ``copy_peer``) that sums the two model copies' gradients before
     the optimizer step (DualPipe: the example of the DeepSeek-AI repository adds the peer's gradients
     of the same stage, ``p0.grad += p1all[pp_size - 1 - rank]``), after the data-parallel reduction: the
@@ -179,7 +183,7 @@ def copy_sync_bytes(par, layout: StageLayout, counts: dict, grad_dtype_bytes: in
     return grad_dtype_bytes * (counts.get("dense", 0) / dense_dp + counts.get("expert", 0) / expert_dp)
 
 
-def rank_param_counts(model, par, stage: int) -> dict:
+def rank_param_counts(model: ModelSpec, par: ParallelSpec, stage: int) -> dict:
     """``stage_param_counts`` from a model and a ``ParallelSpec`` (parameters do not depend on the
     micro-batch or the dtype: the op graph is built at 1 and bf16)."""
     return stage_param_counts(build_op_graph(model, 1, "bf16"), par, stage_layout(par), stage)
@@ -238,7 +242,7 @@ class ActivationRules:
         return [(u, delta, tag or phase) for u in order for delta, tag in self.unit(u, phase).events()]
 
 
-def activation_rules(scn, split_backward: bool | None = None, recompute_workspace: bool = True) -> ActivationRules:
+def activation_rules(scn: Scenario, split_backward: bool | None = None, recompute_workspace: bool = True) -> ActivationRules:
     """The rules of a scenario's plan (``split_backward``: default, whether its schedule splits it)."""
     m, par, tr = scn.model, scn.parallel, scn.training
     if split_backward is None:
