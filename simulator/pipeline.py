@@ -1,10 +1,10 @@
 """The spine of the program (DESIGN.md §2) in a few lines: scenario -> tasks -> simulation -> metrics.
 
     plan = lower(scenario)                       # OpGraph + Strategy + DeviceMesh -> TaskGraph
-    topo = build_topology(scenario.cluster)      # networkx GPUs, NVSwitch, NICs, switches
+    topo = build_topology(scenario.cluster)      # links: GPUs, NVSwitch, NICs, switches
     cost = CostModel(scenario, topo)             # work -> seconds (roofline or calibrated tables)
     sim  = simulate_graph(plan.graph, cost)      # simpy -> Trace
-    metrics = summarize(...)                     # Trace + Scenario -> Metrics
+    metrics = summarize(scenario, step, memory)  # Trace + Scenario -> Metrics (typed metrics.json)
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .analysis.memory import MemoryReport, memory_report
-from .analysis.metrics import busiest_rank, critical_rank, exposed_breakdown, summarize
+from .analysis.metrics import Metrics, StepTimes, busiest_rank, critical_rank, exposed_breakdown, summarize
 from .cost.model import CostModel
 from .cost.plan import CommPlan
 from .cost.siblings import fast_mode_cost
@@ -36,7 +36,7 @@ class RunResult:
     topology: Topology
     sim: SimResult
     memory: MemoryReport
-    metrics: dict
+    metrics: Metrics
 
     @property
     def trace(self):
@@ -137,8 +137,9 @@ def _simulate(scn: Scenario, full: bool, topo: Topology) -> RunResult:
     hw_flops = trace.total_flops() * replicas
     mem = memory_report(scn, plan.stage_params, trace)
     stretch_s = _stretch_s(plan.graph, base, durations, busiest) if durations is not base else 0.0
-    metrics = summarize(scn, sim.makespan_s, model_flops_per_iteration(scn), hw_flops, breakdown, mem.peak,
-                        mem.capacity_bytes, mem.fits, sim.contention_s, (busiest, busy_breakdown), stretch_s)
+    step = StepTimes(sim.makespan_s, model_flops_per_iteration(scn), hw_flops, breakdown, busiest, busy_breakdown,
+                     sim.contention_s, stretch_s)
+    metrics = summarize(scn, step, mem)
     return RunResult(scn, plan, topo, sim, mem, metrics)
 
 

@@ -146,3 +146,17 @@ def test_a_balanced_plan_shows_one_breakdown():
         "parallelism": {"tp": 2, "pp": 1, "dp": 4}, "training": {"global_batch_size": 8}}, default_name="flat"))
     assert r.metrics["busiest_rank"]["rank"] in r.plan.graph.ranks
     assert "busiest rank" not in format_summary(r.metrics)
+
+
+def test_metrics_json_has_exactly_the_typed_keys_in_their_order():
+    """analysis.metrics.Metrics is metrics.json key for key (DESIGN.md §4.3): the typed structure and
+    the file cannot drift apart, and the JSON keeps its order."""
+    from typing import get_type_hints
+
+    from simulator.analysis.metrics import BusiestRank, Metrics
+
+    m = simulate(gpt(tp=2)).metrics
+    assert list(m) == list(get_type_hints(Metrics))
+    assert list(m["busiest_rank"]) == list(get_type_hints(BusiestRank))
+    assert isinstance(m["num_gpus"], int) and isinstance(m["fits_in_memory"], bool)
+    assert all(isinstance(m[k], float) for k in ("iteration_time_s", "mfu", "hfu", "sm_contention_s"))

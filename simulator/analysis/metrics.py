@@ -7,8 +7,13 @@ while compute idles), or idle (bubble). The parts therefore add up to the iterat
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TypedDict
+
+from ..scenario import Scenario
 from ..trace import Trace
 from ..units import TFLOP
+from .memory import MemoryReport
 
 BREAKDOWN_KEYS = ("compute", "recompute", "comm_tp", "comm_cp", "comm_ep", "comm_pp", "comm_dp", "bubble",
                   "optimizer", "offload", "other")
@@ -71,37 +76,78 @@ def busiest_rank(trace: Trace, ranks: list[int]) -> int:
     return min(sorted(ranks), key=lambda r: -trace.busy_s(r))
 
 
-def summarize(scn, iteration_time_s: float, model_flops: float, hardware_flops: float,
-              breakdown: dict[str, float], memory_peak: dict, capacity_bytes: float, fits: bool,
-              contention_s: dict, busiest: tuple[int, dict], sm_contention_s: float = 0.0) -> dict:
+class BusiestRank(TypedDict):
+    rank: int
+    time_breakdown_s: dict[str, float]
+
+
+class Metrics(TypedDict):
+    """metrics.json (DESIGN.md §4.3), key for key; a dict at run time, so it serializes as it always
+    did, and typed for the code that reads it."""
+
+    scenario: str
+    num_gpus: int
+    iteration_time_s: float
+    tokens_per_s: float
+    model_flops_per_iteration: float
+    hardware_flops_per_iteration: float
+    model_tflops_per_gpu: float
+    hardware_tflops_per_gpu: float
+    mfu: float
+    hfu: float
+    bubble_fraction: float
+    time_breakdown_s: dict[str, float]
+    memory_bytes: dict[str, float]
+    memory_capacity_bytes: float
+    fits_in_memory: bool
+    # extension: seconds network transfers took beyond their time alone, summed per category
+    # (shared links: DP buckets slowing PP sends on the same NIC, ...); not exposed time
+    network_contention_s: dict[str, float]
+    # extension: the rank idle the least (the bottleneck pipeline stage) and its exposed breakdown;
+    # time_breakdown_s is read on the rank that ends last, which waits for it
+    busiest_rank: BusiestRank
+    # extension: seconds the busiest rank's compute ran longer because collectives beside it held SMs
+    # (cost/sm_share); they are part of its compute and recompute time, not an extra category
+    sm_contention_s: float
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """What the simulation of one step measured, as ``summarize`` reads it."""
+
+    iteration_time_s: float
+    model_flops: float
+    hardware_flops: float  # every simulated task's FLOPs, recompute included, over all GPUs
+    breakdown_s: dict[str, float]  # exposed seconds per category on the rank that ends last
+    busiest_rank: int
+    busiest_breakdown_s: dict[str, float]
+    network_contention_s: dict[str, float]
+    sm_contention_s: float = 0.0
+
+
+def summarize(scn: Scenario, step: StepTimes, memory: MemoryReport) -> Metrics:
     """metrics.json (DESIGN.md §4.3); MFU/HFU against the GPU's dense peak (PaLM, Chowdhery 2022 App. B)."""
     n = scn.num_gpus
     peak = scn.cluster.gpu.peak(scn.training.dtype)
-    t = iteration_time_s
+    t = step.iteration_time_s
     tokens = scn.training.global_batch_size * scn.model.seq_length
     return {
         "scenario": scn.name,
         "num_gpus": n,
         "iteration_time_s": t,
         "tokens_per_s": tokens / t,
-        "model_flops_per_iteration": model_flops,
-        "hardware_flops_per_iteration": hardware_flops,
-        "model_tflops_per_gpu": model_flops / t / n / TFLOP,
-        "hardware_tflops_per_gpu": hardware_flops / t / n / TFLOP,
-        "mfu": model_flops / (t * n * peak),
-        "hfu": hardware_flops / (t * n * peak),
-        "bubble_fraction": breakdown["bubble"] / t if t > 0 else 0.0,
-        "time_breakdown_s": breakdown,
-        "memory_bytes": memory_peak,
-        "memory_capacity_bytes": capacity_bytes,
-        "fits_in_memory": fits,
-        # extension: seconds network transfers took beyond their time alone, summed per category
-        # (shared links: DP buckets slowing PP sends on the same NIC, ...); not exposed time
-        "network_contention_s": dict(contention_s),
-        # extension: the rank idle the least (the bottleneck pipeline stage) and its exposed breakdown;
-        # time_breakdown_s is read on the rank that ends last, which waits for it
-        "busiest_rank": {"rank": busiest[0], "time_breakdown_s": busiest[1]},
-        # extension: seconds the busiest rank's compute ran longer because collectives beside it held SMs
-        # (cost/sm_share); they are part of its compute and recompute time, not an extra category
-        "sm_contention_s": sm_contention_s,
+        "model_flops_per_iteration": step.model_flops,
+        "hardware_flops_per_iteration": step.hardware_flops,
+        "model_tflops_per_gpu": step.model_flops / t / n / TFLOP,
+        "hardware_tflops_per_gpu": step.hardware_flops / t / n / TFLOP,
+        "mfu": step.model_flops / (t * n * peak),
+        "hfu": step.hardware_flops / (t * n * peak),
+        "bubble_fraction": step.breakdown_s["bubble"] / t if t > 0 else 0.0,
+        "time_breakdown_s": step.breakdown_s,
+        "memory_bytes": memory.peak,
+        "memory_capacity_bytes": memory.capacity_bytes,
+        "fits_in_memory": memory.fits,
+        "network_contention_s": dict(step.network_contention_s),
+        "busiest_rank": {"rank": step.busiest_rank, "time_breakdown_s": step.busiest_breakdown_s},
+        "sm_contention_s": step.sm_contention_s,
     }

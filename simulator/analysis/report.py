@@ -7,10 +7,14 @@ are ignored, so measured runs and older metrics files render too.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..units import GiB, MS
+
+# metrics.json as simulated (analysis.metrics.Metrics) or as read back from a file
+MetricsLike = Mapping[str, Any]
 
 # The busiest rank's breakdown is shown too when its idle time is shorter than the slowest rank's by
 # more than this share of the iteration (a pipeline whose stages differ: the last-ending rank waits).
@@ -22,7 +26,7 @@ MEMORY_KEYS = ("params", "grads", "optimizer", "activations", "buffers")
 NA = "n/a"
 
 
-def _num(metrics: dict, key: str) -> float | None:
+def _num(metrics: MetricsLike, key: str) -> float | None:
     value = metrics.get(key)
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
@@ -48,21 +52,21 @@ def fmt_tflops(tflops_per_s: float | None) -> str:
     return NA if tflops_per_s is None else f"{tflops_per_s:.1f}"
 
 
-def fits_verdict(metrics: dict) -> str:
+def fits_verdict(metrics: MetricsLike) -> str:
     fits = metrics.get("fits_in_memory")
     if fits is None:
         return NA
     return "fits" if fits else "DOES NOT FIT (out of memory)"
 
 
-def _memory_line(metrics: dict) -> str:
+def _memory_line(metrics: MetricsLike) -> str:
     total = _num(metrics.get("memory_bytes") or {}, "total")
     cap = _num(metrics, "memory_capacity_bytes")
     share = f" ({fmt_pct(total / cap)})" if total is not None and cap else ""
     return f"{fmt_gib(total)} of {fmt_gib(cap)}{share}, {fits_verdict(metrics)}"
 
 
-def summary_rows(metrics: dict) -> list[tuple[str, str]]:
+def summary_rows(metrics: MetricsLike) -> list[tuple[str, str]]:
     """(label, value) pairs shared by the console summary and the report's summary table."""
     tokens = _num(metrics, "tokens_per_s")
     return [
@@ -78,7 +82,7 @@ def summary_rows(metrics: dict) -> list[tuple[str, str]]:
     ] + _sm_contention_row(metrics)
 
 
-def _sm_contention_row(metrics: dict) -> list[tuple[str, str]]:
+def _sm_contention_row(metrics: MetricsLike) -> list[tuple[str, str]]:
     """The compute time the busiest rank lost to collectives' SMs, when there is any (cost/sm_share)."""
     s = _num(metrics, "sm_contention_s")
     if not s:
@@ -86,7 +90,7 @@ def _sm_contention_row(metrics: dict) -> list[tuple[str, str]]:
     return [("SM contention", f"+{fmt_seconds(s)} of compute on the bottleneck rank (SMs collectives held)")]
 
 
-def breakdown_rows(metrics: dict, breakdown: dict | None = None) -> list[tuple[str, float, float | None]]:
+def breakdown_rows(metrics: MetricsLike, breakdown: dict | None = None) -> list[tuple[str, float, float | None]]:
     """(category, seconds, fraction of the iteration) for every category of ``breakdown`` (by default
     time_breakdown_s)."""
     breakdown = breakdown if breakdown is not None else metrics.get("time_breakdown_s") or {}
@@ -97,7 +101,7 @@ def breakdown_rows(metrics: dict, breakdown: dict | None = None) -> list[tuple[s
             for k in keys]
 
 
-def format_summary(metrics: dict) -> str:
+def format_summary(metrics: MetricsLike) -> str:
     """The console summary ``python -m simulator run`` prints (no trailing newline)."""
     lines = [f"scenario: {metrics.get('scenario', NA)}"]
     rows = summary_rows(metrics)
@@ -111,7 +115,7 @@ def format_summary(metrics: dict) -> str:
     return "\n".join(lines)
 
 
-def busiest_breakdown(metrics: dict) -> tuple[int, list[tuple[str, float, float | None]]] | None:
+def busiest_breakdown(metrics: MetricsLike) -> tuple[int, list[tuple[str, float, float | None]]] | None:
     """(rank, rows) of the busiest rank's breakdown when it tells another story than the slowest
     rank's: its idle time is shorter by more than BUSIEST_SHOWN_ABOVE of the iteration."""
     busiest = metrics.get("busiest_rank") or {}
@@ -149,7 +153,7 @@ def _image_link(image: str, out_dir: Path) -> str:
     return rel.as_posix()
 
 
-def write_report(out_dir, metrics: dict, images: list[str],
+def write_report(out_dir, metrics: MetricsLike, images: list[str],
                  sections: Sequence[tuple[str, str]] = ()) -> Path:
     """Write ``out_dir/report.md``: summary, time and memory breakdowns, extra sections, images."""
     out_dir = Path(out_dir)
