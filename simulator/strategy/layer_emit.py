@@ -239,6 +239,15 @@ def layer_forward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, categor
     return _blocking(ctx, rank, x, f"{name}.mlp", tp.mlp_out, meta)
 
 
+def recomputed_forward(recompute: str) -> str:
+    """What a layer's backward runs again of its forward, per ``parallelism.recompute`` (one rule for
+    the lowering and the search estimate): "layer" (full: the whole forward, its blocking TP
+    collectives included, right before the backward; Chen et al. 2016, Megatron-LM's
+    --recompute-granularity full), "core" (selective: the attention core's forward right before its
+    backward, Korthikanti et al. 2022 §4.3), "" (none)."""
+    return {"full": "layer", "selective": "core"}.get(recompute, "")
+
+
 def layer_backward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, split_w: bool, recompute: str,
                    free_bytes: float = 0.0) -> int | None:
     """Emit one layer's backward (input gradient only when ``split_w``), with its recompute first;
@@ -248,9 +257,10 @@ def layer_backward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, split_
     b = ctx.layer_blocks(meta["layer"])
     part = "B" if split_w else "BW"
     rmeta = {**meta, "phase": "R"}
-    transient = ctx.transient_bytes(meta["layer"]) if recompute in ("full", "selective") else 0.0
+    again = recomputed_forward(recompute)
+    transient = ctx.transient_bytes(meta["layer"]) if again else 0.0
     x = ctx.join(rank, f"{name}.wait", deps, **meta)
-    if recompute == "full":
+    if again == "layer":
         ctx.alloc_next(rank, transient)
         x = layer_forward(ctx, rank, _d(x), f"{name}.R", rmeta, "recompute")
     tp = blocking_tp(ctx.par, b)
@@ -263,12 +273,12 @@ def layer_backward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, split_
     x = column_backward(ctx, rank, b.mlp_pre, x, f"{name}.mlp", meta, split_w,
                         site="" if b.experts is not None else "fc1")
     x = _blocking(ctx, rank, x, f"{name}.attn_grad", tp.attn_grad, meta)
-    if ctx.par.cp == 1 and recompute != "selective":
+    if ctx.par.cp == 1 and again != "core":
         x = column_backward(ctx, rank, b.attn, x, f"{name}.attn", meta, split_w, free_bytes + transient, "qkv")
     else:
         x = ctx.compute(rank, f"{name}.attn_out.grad", b.attn_post.bwd_b if split_w else b.attn_post.bwd, (x,),
                         **meta)
-        if recompute == "selective":
+        if again == "core":
             # Korthikanti et al. 2022 §4.3: the attention core's forward (with its CP exchange) is
             # recomputed right before its backward
             ctx.alloc_next(rank, transient)
