@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from .defaults import (DEFAULT_CHECKPOINT_MODE, DEFAULT_DETECTION_S, DEFAULT_FAILURE_DATA, DEFAULT_RESCHEDULE_S,
                        DEFAULT_STORAGE_GBPS, DEFAULT_STRAGGLER_JITTER, DEFAULT_WARMUP_S)
+from .hardware.clusters import ClusterSpec
 from .scenario_checks import ScenarioError
 
 SECONDS_PER_DAY = 86400.0
@@ -130,12 +131,12 @@ def parse_reliability(table: dict) -> ReliabilitySpec:
     return ReliabilitySpec(**values)
 
 
-def device_counts(cluster) -> dict[str, int]:
+def device_counts(cluster: ClusterSpec) -> dict[str, int]:
     """GPUs, nodes and NICs of a cluster (hardware.clusters.ClusterSpec), the units failure rates scale with."""
     return {"gpu": cluster.num_gpus, "node": cluster.num_nodes, "nic": cluster.num_nodes * cluster.nics_per_node}
 
 
-def cause_rates(spec: ReliabilitySpec, cluster) -> tuple[CauseRate, ...]:
+def cause_rates(spec: ReliabilitySpec, cluster: ClusterSpec) -> tuple[CauseRate, ...]:
     """Each cause's rate on this cluster: its count per device per second in the source fleet, times
     this cluster's devices of the same kind, times ``failure_rate_scale`` (Poisson superposition)."""
     fleet = FLEETS[spec.failure_data]

@@ -5,9 +5,17 @@ Each rule raises ScenarioError with one line naming the key(s) and the numbers.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from .hardware.clusters import ClusterSpec
 from .model.fp8 import RECIPE_ARCHITECTURES
+from .model.spec import ModelSpec
 from .strategy.schedules import SCHEDULES, StageMap
 from .strategy.zero_impl import IMPLEMENTATIONS
+
+if TYPE_CHECKING:  # scenario and reliability import this module: type-only imports
+    from .reliability import ReliabilitySpec
+    from .scenario import ParallelSpec, Scenario, TrainingSpec
 
 
 class ScenarioError(ValueError):
@@ -17,7 +25,7 @@ class ScenarioError(ValueError):
 _RECOMPUTE = ("none", "selective", "full")
 
 
-def validate(scn) -> None:  # scn: scenario.Scenario (duck-typed to keep this module below it)
+def validate(scn: Scenario) -> None:
     m, c, p, t = scn.model, scn.cluster, scn.parallel, scn.training
     if p.num_gpus != c.num_gpus:
         raise ScenarioError(f"parallelism: dp*tp*pp*cp = {p.dp}*{p.tp}*{p.pp}*{p.cp} = {p.num_gpus} != "
@@ -29,7 +37,7 @@ def validate(scn) -> None:  # scn: scenario.Scenario (duck-typed to keep this mo
     _check_batch_and_schedule(m, p, t)
 
 
-def _check_fp8_recipe(c, t) -> None:
+def _check_fp8_recipe(c: ClusterSpec, t: TrainingSpec) -> None:
     """A scaling recipe other than delayed needs FP8 training and, for the block-scaled ones, a GPU
     whose FP8 GEMMs take block scales (model/fp8.py RECIPE_ARCHITECTURES)."""
     if t.fp8_recipe == "delayed":
@@ -42,7 +50,7 @@ def _check_fp8_recipe(c, t) -> None:
                             f"cluster.gpu {c.gpu.name} is {c.gpu.architecture}")
 
 
-def _check_model_split(m, p, t) -> None:
+def _check_model_split(m: ModelSpec, p: ParallelSpec, t: TrainingSpec) -> None:
     """The model's shapes divide as TP, EP, CP and SP split them."""
     try:
         m.check()
@@ -70,7 +78,7 @@ def _check_model_split(m, p, t) -> None:
                             f"{m.seq_length}/cp={m.seq_length // p.cp}")
 
 
-def _check_experts(m, p) -> None:
+def _check_experts(m: ModelSpec, p: ParallelSpec) -> None:
     """EP x ETP folded over the tp x cp x dp ranks of a stage (Megatron-Core MoE parallel folding:
     parallel_state.py requires world_size % (etp·ep·pp) == 0, i.e. etp·ep | tp·cp·dp)."""
     etp, ranks = p.etp or p.tp, p.tp * p.cp * p.dp
@@ -92,7 +100,7 @@ def _check_experts(m, p) -> None:
         raise ScenarioError(f"parallelism.etp = {etp} differs from tp = {p.tp}: needs sequence_parallel = true")
 
 
-def _check_batch_and_schedule(m, p, t) -> None:
+def _check_batch_and_schedule(m: ModelSpec, p: ParallelSpec, t: TrainingSpec) -> None:
     """Batch, ZeRO, schedule, recompute and pipeline layout settings exist and fit together."""
     if t.global_batch_size % (t.micro_batch_size * p.dp):
         raise ScenarioError(f"training.global_batch_size = {t.global_batch_size} is not divisible by "
@@ -134,7 +142,7 @@ def _check_batch_and_schedule(m, p, t) -> None:
 _SHARDING = IMPLEMENTATIONS
 
 
-def _check_sharding(p) -> None:
+def _check_sharding(p: ParallelSpec) -> None:
     """The implementation must run the stage: Megatron-core's distributed optimizer is ZeRO-1, FSDP
     shards gradients (SHARD_GRAD_OP = 2) or everything (FULL_SHARD = 3); HSDP is FSDP's."""
     if p.sharding not in _SHARDING:
@@ -162,7 +170,7 @@ def _check_sharding(p) -> None:
 _FAILURE_DATA = ("llama3", "none")  # reliability.FLEETS
 
 
-def check_reliability(r) -> None:
+def check_reliability(r: ReliabilitySpec) -> None:
     """``[reliability]`` values (reliability.ReliabilitySpec): known names, no negative times or rates."""
     if r.failure_data not in _FAILURE_DATA:
         raise ScenarioError(f"reliability.failure_data {r.failure_data!r} is unknown; known: {', '.join(_FAILURE_DATA)}")

@@ -8,8 +8,12 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..scenario import load_scenario
+from ..scenario import Scenario, load_scenario
+
+if TYPE_CHECKING:  # type-only: the profiling modules load where a command runs them
+    from .profile import KernelSpec
 
 TINY_SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "calibration" / "tiny-gpt.toml"
 # Cluster preset whose GPU matches the profiled one (the roofline fallback of missing ops uses it);
@@ -30,7 +34,7 @@ def _trace_stem(path: str) -> str:
     return name or "trace"
 
 
-def calibrated_scenario_toml(scn, tables: str, cluster_preset: str | None) -> str:
+def calibrated_scenario_toml(scn: Scenario, tables: str, cluster_preset: str | None) -> str:
     """The scenario as a TOML file with ``[cost] compute = "calibrated"`` over ``tables``."""
     m, p, t = scn.model, scn.parallel, scn.training
     lines = [f'name = "{scn.name}"', "", "[model]"]
@@ -48,12 +52,12 @@ def calibrated_scenario_toml(scn, tables: str, cluster_preset: str | None) -> st
     return "\n".join(lines)
 
 
-def _progress(done: int, total: int, spec) -> None:
+def _progress(done: int, total: int, spec: KernelSpec) -> None:
     if done % 100 == 0 or done == total:
         print(f"  {done}/{total} kernels", file=sys.stderr)
 
 
-def _write_trace_provenance(trace: Path, prov: dict, scn, steps: int) -> Path:
+def _write_trace_provenance(trace: Path, prov: dict, scn: Scenario, steps: int) -> Path:
     """``<trace>.provenance.json`` next to the trace: how it was made (the tables' provenance, the
     command included), what it holds, and its SHA-256."""
     import hashlib

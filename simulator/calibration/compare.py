@@ -11,6 +11,7 @@ to ops by ``calibration/matching`` (annotation, shape, order).
 from __future__ import annotations
 
 from statistics import median
+from typing import TYPE_CHECKING
 
 from ..analysis.bubbles import merge_intervals
 from ..cost.compute import RooflineCompute
@@ -19,6 +20,11 @@ from .kineto import KinetoRun, MeasuredOp, parse_annotation
 from .matching import (COMMUNICATION, UNANNOTATED, SimOp, coverage, coverage_fraction, kind_category,
                        match_step)
 from .profile import pass_of
+
+if TYPE_CHECKING:  # type-only: the lowering and the simulation load where a command runs them (cli)
+    from ..pipeline import RunResult
+    from ..strategy.lower import LoweredPlan
+    from ..tasks import TaskGraph
 
 # Below this fraction of the measured kernel time matched to the scenario's ops, the trace does not run
 # the scenario's model and the step-time error compares different work: compare warns. One half: most
@@ -31,7 +37,7 @@ __all__ = ["COVERAGE_WARN", "COMMUNICATION", "UNANNOTATED", "SimOp", "kind_categ
            "comparison_markdown"]
 
 
-def simulated_ops(result, rank: int | None = None) -> tuple[int, list[SimOp]]:
+def simulated_ops(result: RunResult, rank: int | None = None) -> tuple[int, list[SimOp]]:
     """(rank, ops): every OpWork of one simulated rank's compute tasks, timed within its task in
     proportion to the cost model's time for it (tables where measured, else the roofline)."""
     scn, graph, sim = result.scenario, result.graph, result.sim
@@ -75,7 +81,7 @@ def _placement(times: list[float], span_s: float) -> tuple[float, float]:
     return span_s / total, 0.0
 
 
-def sim_rank_of(plan, measured_rank: int) -> tuple[int, str]:
+def sim_rank_of(plan: LoweredPlan, measured_rank: int) -> tuple[int, str]:
     """The simulated rank of a lowered plan standing for a trace's rank (its pipeline stage's
     representative unless every rank is simulated) and a note saying how it was placed."""
     mesh, graph = plan.mesh, plan.graph
@@ -87,12 +93,12 @@ def sim_rank_of(plan, measured_rank: int) -> tuple[int, str]:
     return rank, f"trace rank {measured_rank} is pipeline stage {stage}: simulated rank {rank}"
 
 
-def comm_ops_of(graph, rank: int) -> set[str]:
+def comm_ops_of(graph: TaskGraph, rank: int) -> set[str]:
     """The collectives (tasks ops) the simulated rank runs."""
     return {t.comm.op for t in graph.tasks if t.rank == rank and t.comm is not None}
 
 
-def simulated_op_trace(result, rank: int, ops: list[SimOp]) -> Trace:
+def simulated_op_trace(result: RunResult, rank: int, ops: list[SimOp]) -> Trace:
     """The simulated rank with compute tasks split into ops (category = kernel class), communication kept."""
     events = [TraceEvent(o.name, kind_category(o.kind), rank, "compute", o.start_s, o.end_s,
                          microbatch=o.microbatch, phase=o.phase, layer=o.layer) for o in ops]
@@ -129,7 +135,7 @@ def step_periods(run: KinetoRun, steps: dict[int, list[MeasuredOp]]) -> dict[int
     return out
 
 
-def compare_run(run: KinetoRun, result) -> dict:
+def compare_run(run: KinetoRun, result: RunResult) -> dict:
     """Coverage, per-op and per-category rows, the measured and simulated step times and their error."""
     steps = measured_steps(run)
     if not steps:

@@ -15,12 +15,16 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..units import S_TO_US
 from .compare import PHASE_AS_MEASURED, sim_rank_of, simulated_ops
 from .kernel_names import categorize
 from .kineto import ANNOTATION_PREFIX, STEP_PREFIX
 from .matching import SimOp, gemm_pass_shapes
+
+if TYPE_CHECKING:  # type-only: the simulation loads where a command runs one (cli)
+    from ..pipeline import RunResult
 
 HOST_PID, MAIN_TID, COMM_TID = 1000, 1, 2
 COMPUTE_STREAM_ID, COMM_STREAM_ID = 7, 20
@@ -107,7 +111,7 @@ def _write_op(w: _Writer, s: SimOp, annotate: bool) -> None:
         a = e
 
 
-def _write_comm(w: _Writer, result, rank: int) -> None:
+def _write_comm(w: _Writer, result: RunResult, rank: int) -> None:
     sim = result.sim
     for t in result.graph.tasks:
         if t.rank != rank or t.comm is None or t.comm.axis == "host":
@@ -122,7 +126,7 @@ def _write_comm(w: _Writer, result, rank: int) -> None:
         w.kernel(w.names["nccl"].format(op=_NCCL_NAMES.get(t.comm.op, "SendRecv")), COMM_STREAM_ID, a, b, COMM_TID)
 
 
-def kineto_doc(result, rank: int = 0, steps: int = 3, annotate: bool = True, schema: str = "current",
+def kineto_doc(result: RunResult, rank: int = 0, steps: int = 3, annotate: bool = True, schema: str = "current",
                vendor: str = "nvidia") -> dict:
     """The simulated run's rank ``rank`` (its pipeline stage's representative) as a Kineto trace dict."""
     if schema not in ("current", "legacy") or vendor not in KERNELS or steps < 1:

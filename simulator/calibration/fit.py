@@ -18,7 +18,9 @@ from statistics import median
 
 from ..cost.calibrated import COMPUTE_KINDS, CollectiveRow, KernelRow, RateRow, work_pass
 from ..cost.collectives import busbw_factor
-from ..strategy.lower import lower
+from ..hardware.gpus import GPUSpec
+from ..scenario import Scenario
+from ..strategy.lower import LoweredPlan, lower
 from .compare import COVERAGE_WARN, PHASE_AS_MEASURED, comm_ops_of, measured_steps, sim_rank_of
 from .kineto import parse_kineto
 from .matching import SimOp, coverage, coverage_fraction, kind_category, match_step, nccl_op
@@ -35,7 +37,7 @@ class FitResult:
     traces: list[dict] = field(default_factory=list)
 
 
-def program_ops(plan, rank: int) -> list[SimOp]:
+def program_ops(plan: LoweredPlan, rank: int) -> list[SimOp]:
     """The simulated rank's ops in program order, untimed (no simulation needed to match them)."""
     return [SimOp(w.name, w.kind, PHASE_AS_MEASURED.get(t.phase, t.phase), t.microbatch, t.layer, 0.0, 0.0, w,
                   pass_of(w, t.phase))
@@ -57,7 +59,7 @@ class _Acc:
                 acc[f] += v[f]
 
 
-def _fit_trace(path: str, plan, acc: _Acc) -> dict:
+def _fit_trace(path: str, plan: LoweredPlan, acc: _Acc) -> dict:
     run = parse_kineto(path)
     steps = measured_steps(run)
     if not steps:
@@ -107,7 +109,7 @@ def _rows(acc: _Acc, dtype: str) -> list[KernelRow]:
             for (kind, name, p, shape, flops, nbytes), ts in sorted(per_spec.items()) if median(ts) > 0 and shape]
 
 
-def _rates(acc: _Acc, dtype: str, gpu) -> list[RateRow]:
+def _rates(acc: _Acc, dtype: str, gpu: GPUSpec) -> list[RateRow]:
     sums: dict[tuple[str, str], list] = {}
     for s, t in acc.instances.values():
         amount, unit = _amount(s.work)
@@ -131,7 +133,7 @@ def _collective_rows(acc: _Acc) -> list[CollectiveRow]:
     return out
 
 
-def fit_traces(paths: list[str], scn) -> FitResult:
+def fit_traces(paths: list[str], scn: Scenario) -> FitResult:
     """Match every trace to the scenario and derive its tables; ValueError (one line) when less than
     COVERAGE_WARN of the measured kernel time matched the scenario's ops."""
     plan = lower(scn)
@@ -151,7 +153,7 @@ def fit_traces(paths: list[str], scn) -> FitResult:
                      {c: acc.cover[c] for c in sorted(acc.cover)}, cov, traces)
 
 
-def provenance(fit: FitResult, scn, command: str) -> dict:
+def provenance(fit: FitResult, scn: Scenario, command: str) -> dict:
     first = fit.traces[0]
     return {"source": "calibrate fit (kernels of real torch.profiler traces matched to the scenario's ops)",
             "device": first["device"], "traces": " ".join(t["trace"] for t in fit.traces),

@@ -7,8 +7,15 @@ fp32 cross-entropy, AdamW, host<->device copies); inputs are allocated once, out
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from ..model.spec import ModelSpec
+
 # Same dropout and optimizer settings as the tiny model trains with.
 from .tiny_model import ADAM_BETAS, ADAM_EPS, GPT_HIDDEN_DROPOUT, LEARNING_RATE, NORM_EPS, WEIGHT_DECAY
+
+if TYPE_CHECKING:  # profile imports this module: a type-only import
+    from .profile import KernelSpec
 
 _TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
@@ -22,7 +29,7 @@ def torch_dtype(dtype: str):
         raise ValueError(f"dtype {dtype!r} cannot be profiled; known: {', '.join(_TORCH_DTYPES)}") from None
 
 
-def make_runner(spec, device: str, dtype: str):
+def make_runner(spec: KernelSpec, device: str, dtype: str):
     """A callable running ``spec`` (profile.KernelSpec) once on ``device`` in ``dtype``."""
     import torch
 
@@ -90,7 +97,7 @@ def _backward_or_forward(f, inputs: list, p: str):
     return lambda: torch.autograd.grad(out, wrt, grad_out, retain_graph=True)
 
 
-def _attention(spec, device: str, dt):
+def _attention(spec: KernelSpec, device: str, dt):
     """torch's fused scaled_dot_product_attention (FlashAttention-2 backend on CUDA where available),
     causal when queries and keys cover the same sequence; GQA shares K/V heads."""
     import torch.nn.functional as F
@@ -106,7 +113,7 @@ def _attention(spec, device: str, dt):
         [q, k, v], "fwd" if spec.pass_ == "fwd" else "bwd")
 
 
-def _norm(model, tokens: int, width: int, p: str, device: str, dt):
+def _norm(model: ModelSpec | None, tokens: int, width: int, p: str, device: str, dt):
     import torch
     import torch.nn.functional as F
 
@@ -117,7 +124,7 @@ def _norm(model, tokens: int, width: int, p: str, device: str, dt):
     return _backward_or_forward(lambda x, g, b: F.layer_norm(x, (width,), g, b, NORM_EPS), [x, g, bias], p)
 
 
-def _elementwise(model, name: str, tokens: int, width: int, p: str, device: str, dt):
+def _elementwise(model: ModelSpec | None, name: str, tokens: int, width: int, p: str, device: str, dt):
     import torch
     import torch.nn.functional as F
 
@@ -144,7 +151,7 @@ def _elementwise(model, name: str, tokens: int, width: int, p: str, device: str,
     return _backward_or_forward(lambda x: x * 2.0, [_rand((tokens, width), device, dt)], p)
 
 
-def _embedding(model, tp: int, tokens: int, width: int, p: str, device: str, dt):
+def _embedding(model: ModelSpec | None, tp: int, tokens: int, width: int, p: str, device: str, dt):
     """Token (+ learned position) lookup; the backward scatter-adds into this rank's vocab slice."""
     import torch
     import torch.nn.functional as F

@@ -16,6 +16,7 @@ from ..cost.calibrated import KernelRow
 from ..model.opgraph import build_op_graph, gemm_flops
 from ..model.presets import MODEL_PRESETS
 from ..model.spec import ModelSpec
+from ..scenario import Scenario
 from ..strategy.grad_sync import ADAM_STATE_RW_BYTES
 from ..strategy.sharding import shard_ops, shard_ops_backward
 from ..tasks import OpWork
@@ -71,7 +72,7 @@ def adam_work(params: int, grad_dtype: str = "fp32") -> OpWork:
     return OpWork("adam", "optimizer", 0.0, params * (ADAM_STATE_RW_BYTES + DTYPE_BYTES[grad_dtype]), (params,))
 
 
-def scenario_specs(scn) -> list[KernelSpec]:
+def scenario_specs(scn: Scenario) -> list[KernelSpec]:
     """Every distinct compute work of the scenario's lowered task graph (exactly what it will look up)."""
     from ..strategy.lower import lower
 

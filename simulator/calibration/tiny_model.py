@@ -11,9 +11,15 @@ from __future__ import annotations
 import gzip
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..model.spec import ModelSpec
 from .kineto import ANNOTATION_PREFIX
+
+if TYPE_CHECKING:  # type-only: torch is imported inside the functions, scenario where a command loads one
+    from torch import nn
+
+    from ..scenario import Scenario
 
 # GPT-2/3 and Megatron train with hidden (residual) dropout 0.1 (Radford et al. 2019; Brown et al. 2020;
 # Megatron-LM --hidden-dropout default); Llama trains without dropout (Touvron et al. 2023).
@@ -127,7 +133,7 @@ def _block_class(spec: ModelSpec):
     return Block
 
 
-def _init_weights(model, spec: ModelSpec) -> None:
+def _init_weights(model: nn.Module, spec: ModelSpec) -> None:
     """N(0, INIT_STD) Linear and Embedding weights, zero biases; rotary cos / sin buffers."""
     import torch
     from torch import nn
@@ -190,7 +196,7 @@ def build_model(spec: ModelSpec, device: str):
     return TinyGPT().to(device)
 
 
-def _mixed_precision_adamw(model, cuda: bool):
+def _mixed_precision_adamw(model: nn.Module, cuda: bool):
     """Megatron-style mixed precision (Micikevicius et al. 2018; Megatron's Float16OptimizerWithFloat16Params):
     16-bit parameters and kernels, fp32 master weights and gradients for AdamW, no per-op casts."""
     import torch
@@ -204,7 +210,7 @@ def _mixed_precision_adamw(model, cuda: bool):
     return params, master, opt
 
 
-def train_profiled(scn, device: str, out_path: str | Path, steps: int = 3, warmup: int = WARMUP_STEPS,
+def train_profiled(scn: Scenario, device: str, out_path: str | Path, steps: int = 3, warmup: int = WARMUP_STEPS,
                    seed: int = 0) -> Path:
     """Train ``scn``'s model for warmup + steps optimizer steps (each: all micro-batches of the global
     batch, then AdamW) under torch.profiler; the last ``steps`` are recorded. Returns the trace path
