@@ -26,7 +26,7 @@ from .hardware.topology import Topology, build_topology
 from .model.opgraph import build_op_graph
 from .scenario import Scenario
 from .strategy.lower import LoweredPlan, lower
-from .tasks import InternalError, Task
+from .tasks import InternalError, Task, TaskGraph
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,7 @@ def _simulate(scn: Scenario, full: bool, topo: Topology) -> RunResult:
     return RunResult(scn, plan, topo, sim, mem, metrics)
 
 
-def _contended_durations(graph, per_collective: PerCollective, cost: CostModel,
+def _contended_durations(graph: TaskGraph, per_collective: PerCollective, cost: CostModel,
                          durations: list[float | None]) -> list[float | None]:
     """``durations`` with each compute task stretched by the SMs the collectives beside it hold
     (engine/sm_contention). The overlaps come from a first run of the step in which every transfer
@@ -162,7 +162,7 @@ def _contended_durations(graph, per_collective: PerCollective, cost: CostModel,
     return durations if stretched is None else stretched
 
 
-def _stretch_s(graph, base: list, stretched: list, rank: int) -> float:
+def _stretch_s(graph: TaskGraph, base: list, stretched: list, rank: int) -> float:
     """Seconds the compute of ``rank`` runs longer than alone because collectives held SMs beside it."""
     return sum(s - b for t, b, s in zip(graph.tasks, base, stretched) if t.rank == rank and s != b)
 
