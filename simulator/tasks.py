@@ -189,6 +189,21 @@ class TaskGraphBuilder:
     def stream_ids(self, rank: int, stream: str) -> tuple[int, ...]:
         return tuple(self._streams.get((rank, stream), ()))
 
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def reorder_tail(self, rank: int, since: int, key) -> None:
+        """Re-order, on every stream of ``rank``, the tasks appended since id ``since`` by ``key(id)``
+        (a stable sort: tasks of equal key keep their program order). Dependencies are untouched; the
+        caller's order must respect them."""
+        for (r, _stream), ids in self._streams.items():
+            if r != rank or not ids or ids[-1] < since:
+                continue
+            k = len(ids)
+            while k and ids[k - 1] >= since:
+                k -= 1
+            ids[k:] = sorted(ids[k:], key=key)
+
     def build(self, ranks: tuple[int, ...], full: bool, meta: dict | None = None) -> TaskGraph:
         streams = {k: tuple(v) for k, v in self._streams.items()}
         return TaskGraph(tuple(self._tasks), streams, ranks, full, dict(meta or {}), tuple(self._shapes))

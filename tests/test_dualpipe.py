@@ -1,8 +1,9 @@
 """DualPipe (DeepSeek-V3 technical report sec. 3.2.1, fig. 5 and table 2; DeepSeek-AI DualPipe repository
 ``dualpipe.py``): the exact action grid, its mirror symmetry and cut-in-half relation to DualPipeV, the
-table's bubble with F, B, W of a tiny model, the simulated timeline (the overlapped pairs run in
-sequence on the compute stream), 2x parameters and PP + 1 activations, the copies' gradient
-all-reduce, and the refusals (even pp, even micro-batches, at least 2 pp)."""
+table's bubble with F, B, W of a tiny model, the simulated timeline (a dense model's overlapped pairs
+run F then B on the compute stream; MoE pairs interleave, tests/test_pair_overlap.py), 2x parameters
+and PP + 1 activations, the copies' gradient all-reduce, and the refusals (even pp, even micro-batches,
+at least 2 pp)."""
 
 from __future__ import annotations
 

@@ -116,6 +116,9 @@ PLANS = [
     (TINY, Plan(2, 2, 2, schedule="dualpipe", virtual_stages=2, zero_stage=1, recompute="selective",
                 sequence_parallel=True)),
     (TINY, Plan(1, 2, 4, schedule="dualpipe", virtual_stages=2, zero_stage=3)),
+    # overlapped forward-backward pairs interleaved at their all-to-alls (strategy/pair_overlap)
+    (MOE, Plan(1, 2, 8, ep=4, schedule="dualpipe-v", virtual_stages=2, zero_stage=1)),
+    (MOE, Plan(2, 2, 4, ep=4, schedule="dualpipe", virtual_stages=2, sequence_parallel=True, recompute="full")),
     (WIDE, Plan(16, 1, 1, sequence_parallel=True)),  # TP across two nodes
     (WIDE, Plan(16, 1, 1, micro_batch_size=2, recompute="full")),
 ]

@@ -24,7 +24,8 @@ from .grad_sync import (STREAM_DP_RS, gather_parameters, last_compute, optimizer
                         zero3_gather, zero3_reduce)
 from .layer_emit import amax_reduction, column_backward, layer_backward, layer_forward, layer_weight_grad, tp_op
 from .mesh import DeviceMesh
-from .schedules import Action, StageMap, schedule_actions, splits_backward
+from .pair_overlap import interleave
+from .schedules import Action, StageMap, overlapped_pairs, schedule_actions, splits_backward
 from .sharding import grad_accumulation_bytes_per_param, linear_params
 from .stage_units import (activation_rules, chunk_layers, chunk_sizes, copy_sync_bytes,  # noqa: F401 (re-exported)
                           stage_layout, stage_param_counts, unit_params)
@@ -88,6 +89,10 @@ class _Emitter:
         self.zero3 = par.dp * par.cp > 1 and (par.zero_stage == 3 or (par.zero_stage == 2 and par.sharding in FSDP))
         self.plans: dict = {}  # virtual stage -> zero_impl.pass_fetches
         self.stamp = Stamper(ctx)  # layers emitted once per shape, then stamped out (``stamp``)
+        # DualPipe's overlapped forward-backward pairs: (virtual stage, micro-batch) of their forwards,
+        # and per rank the first task id of a pair whose B is still to come (``pair_overlap``)
+        self.pairs = overlapped_pairs(par.schedule, p, self.m, par.virtual_stages)
+        self.pair_open: dict[int, int] = {}
         # each unit's activation deltas per pass and its parameters on this rank (stage_units)
         self.mem = activation_rules(ctx.scn, split_w)
         ctx.layer_mem = self.mem.layers
@@ -132,7 +137,12 @@ class _Emitter:
             dep = self.sends.get((self._peer(r, src), src, mb, a.phase))
             if dep is None:
                 return False
+        start = len(self.ctx.builder)
         {"F": self._forward, "B": self._backward, "W": self._weight}[a.phase](r, vs, mb, dep)
+        if a.phase == "F" and (vs, mb) in self.pairs:
+            self.pair_open[r] = start  # DualPipe: this F and the B after it on r run as one pair
+        elif a.phase == "B" and r in self.pair_open:
+            interleave(self.ctx.builder, r, self.pair_open.pop(r), start)
         return True
 
     def _meta(self, vs: int, mb: int, phase: str, layer: int = -1) -> dict:

@@ -11,15 +11,16 @@ timeline; the closed forms (``ideal_bubble_fraction``) are test oracles.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from .actions import (PHASES, STAGE_MAPS, Action, P2P, StageMap, add_p2p, format_grid, max_in_flight,
                       virtual_stage)
+from .two_chunk import dualpipe, dualpipe_pairs, dualpipe_v, dualpipe_v_pairs, zero_bubble_v
 
 __all__ = ["PHASES", "STAGE_MAPS", "Action", "P2P", "StageMap", "add_p2p", "format_grid", "max_in_flight",
-           "virtual_stage", "Schedule", "SCHEDULES", "get", "schedule_actions", "splits_backward", "stage_map",
+           "virtual_stage", "Schedule", "SCHEDULES", "get", "schedule_actions", "overlapped_pairs", "splits_backward",
+           "stage_map",
            "ideal_bubble_fraction"]
 
 
@@ -139,134 +140,13 @@ def zero_bubble_h2(p: int, m: int, v: int = 1) -> list[list[Action]]:
     return out
 
 
-class _VRank:
-    """One rank's program over two chunks, written as tokens: "F0" / "F1" the next forward of
-    chunk 0 / 1; "B0" a full backward (B then its W); "I0" an input-gradient backward whose W is
-    queued; "W0" the next weight gradient of chunk 0; "W" the oldest queued W (first in first out).
-    ``stages``: the virtual stage of token chunk 0 and 1 (default the V map's, rank and 2p - 1 - rank);
-    ``first_mb``: the micro-batch each token chunk starts counting from (DualPipe's two streams)."""
-
-    def __init__(self, rank: int, p: int, stages: tuple[int, int] | None = None,
-                 first_mb: tuple[int, int] = (0, 0)) -> None:
-        self.stage = stages or (rank, 2 * p - 1 - rank)
-        self.nf, self.nb, self.nw = list(first_mb), list(first_mb), list(first_mb)
-        self.queued: deque[tuple[int, int]] = deque()
-        self.acts: list[Action] = []
-
-    def run(self, tokens: list[str]) -> None:
-        for tok in tokens:
-            if tok == "W":
-                if self.queued:
-                    s, i = self.queued.popleft()
-                    self.acts.append(Action(s, "W", i))
-                continue
-            c = int(tok[1])
-            s = self.stage[c]
-            if tok[0] == "F":
-                self.acts.append(Action(s, "F", self.nf[c]))
-                self.nf[c] += 1
-            elif tok[0] == "W":
-                self.acts.append(Action(s, "W", self.nw[c]))
-                self.nw[c] += 1
-            else:  # "B" full, "I" split
-                self.acts.append(Action(s, "B", self.nb[c]))
-                if tok[0] == "B":
-                    self.acts.append(Action(s, "W", self.nb[c]))
-                else:
-                    self.queued.append((s, self.nb[c]))
-                self.nb[c] += 1
-
-
-def zero_bubble_v(p: int, m: int, v: int = 2) -> list[list[Action]]:
-    """ZB-V (Qi et al. 2024, sec. 6; "Pipeline Parallelism with Controllable Memory", Qi et al. 2024,
-    V-ZB): two chunks per rank on the V stage map, backward split in B and W. Transcribed from
-    torch.distributed.pipelining ``ScheduleZBVZeroBubble._calculate_single_rank_operations`` (the
-    handcrafted schedule of the authors' repository): 2(p - r) - 1 chunk-0 forwards, r (F1, F0)
-    pairs, p - r (F1, B1, W1) triples, then (F0, B0, W0, F1, B1, W1) steps, and the drain with
-    each chunk's W deferred. Built for max(m, 2p - 1) micro-batches and the ones >= m dropped, as
-    torch does. Peak activation memory is 1F1B's (p micro-batches of a full stage), and with
-    T_F = T_B = T_W per chunk every rank runs back to back (zero bubble in the paper's sense).
-    """
-    count = max(2 * p - 1, m)
-    out = []
-    for r in range(p):
-        prog = _VRank(r, p)
-        prog.run(["F0"] * (2 * (p - r) - 1) + ["F1", "F0"] * r + ["F1", "I1", "W1"] * (p - r))
-        while prog.nf[1] < prog.nf[0] or prog.nf[0] < count:
-            prog.run(["F0"] * (prog.nf[0] < count) + ["I0", "W0", "F1", "I1", "W1"])
-        prog.run(["I0", "I1"] * r + ["I0", "W0"] * (p - r))
-        prog.run(["W1"] * (prog.nb[1] - prog.nw[1]) + ["W0"] * (prog.nb[0] - prog.nw[0]))
-        out.append([a for a in prog.acts if a.microbatch < m])
-    return out
-
-
-def _dualpipe_program(prog: _VRank, h: int, hr: int, m: int) -> None:
-    """The steps of ``DualPipeV.step`` / ``DualPipe.step`` (DeepSeek-AI DualPipe repository, steps 1-8:
-    nF0, nF0F1, nB1W1F1, nF0B1F1B0, nB1F1B0, nB1B0, nWB0, nW) for ``h`` ranks of the V (DualPipe: half
-    the ranks), the rank ``hr`` of it and ``m`` micro-batches per chunk, run on ``prog``."""
-    prog.run(["F0"] * 2 * (h - hr - 1) + ["F0", "F1"] * (hr + 1) + ["I1", "W", "F1"] * (h - hr - 1))  # steps 1-3
-    prog.run(["F0", "B1", "F1", "B0"] * (m - 2 * h + hr + 1) + ["B1", "F1", "B0"] * (h - hr - 1))  # steps 4-5
-    split = False
-    for i in range(hr + 1):  # step 6: from the middle on, the backwards are split
-        split = split or (i == (hr + 1) // 2 and hr % 2 == 1)
-        prog.run(["I1" if split else "B1"])
-        split = split or (i == (hr + 1) // 2 and hr % 2 == 0)
-        prog.run(["I0" if split else "B0"])
-    prog.run(["W", "I0"] * (h - hr - 1) + ["W"] * (hr + 1))  # steps 7-8
-
-
-def dualpipe_v(p: int, m: int, v: int = 2) -> list[list[Action]]:
-    """DualPipeV (DeepSeek-AI, DualPipe repository ``dualpipev.py``, the "cut-in-half" V-shape form
-    of DualPipe, DeepSeek-V3 technical report sec. 3.2.2): two chunks per rank on the V stage map,
-    transcribed step for step from ``DualPipeV.step`` (``_dualpipe_program``), needing m >= 2p.
-
-    A forward-backward pair that DualPipe overlaps (``_forward_backward_chunk``: the forward of one
-    micro-batch and the full backward of another, each one's all-to-all hidden behind the other's
-    compute) is written F then B then W adjacent: the simulator runs the pair's compute in that order
-    on the compute stream, the communication of each on its own stream. A full backward (zero-bubble
-    off) is B then W adjacent; a split one (``enable_zb``) queues its W, and each ``_weight_chunk``
-    runs the oldest queued W (``WeightGradStore``, first in first out).
-    """
-    out = []
-    for r in range(p):
-        prog = _VRank(r, p)
-        _dualpipe_program(prog, p, r, m)
-        out.append(prog.acts)
-    return out
-
-
-def dualpipe(p: int, m: int, v: int = 2) -> list[list[Action]]:
-    """DualPipe (DeepSeek-V3 technical report sec. 3.2.1, fig. 5; DeepSeek-AI DualPipe repository
-    ``dualpipe.py``): bidirectional, on the "dual" stage map (``StageMap``): rank r holds copy A's stage
-    r (virtual stage r) and copy B's stage p - 1 - r (virtual stage 2p - 1 - r). Micro-batches
-    0 .. m/2 - 1 enter copy A on rank 0, m/2 .. m - 1 enter copy B on rank p - 1 (``DualPipe.step``
-    scatters the first rank's inputs into m/2 chunks, the last rank's likewise). Needs an even p and an
-    even m >= 2p (its asserts).
-
-    Transcribed from ``DualPipe.step``: half_rank = min(r, p - 1 - r) runs the steps of DualPipeV's rank
-    half_rank on p/2 ranks with m/2 micro-batches per chunk (``_dualpipe_program``), its phase 0 being
-    the copy that enters on its side (``phase ^= is_in_second_half``): copy A for r < p/2, copy B for the
-    second half. The overlapped forward-backward pairs (``_forward_backward_chunk``) are written, and
-    simulated, as DualPipeV's: F then B then W, the pair's compute in sequence on the compute stream,
-    only the communication of each overlapping the other's compute.
-    """
-    h, half = p // 2, m // 2
-    out = []
-    for r in range(p):
-        a, b = (r, 0), (2 * p - 1 - r, half)  # copy A's stage r and copy B's stage p - 1 - r, first micro-batch
-        first, second = (a, b) if r < h else (b, a)
-        prog = _VRank(r, p, (first[0], second[0]), (first[1], second[1]))
-        _dualpipe_program(prog, h, min(r, p - 1 - r), half)
-        out.append(prog.acts)
-    return out
-
-
 @dataclass(frozen=True)
 class Schedule:
     """Everything the simulator needs to know about one schedule, in its one definition.
 
     ``chunks``: model chunks per rank, or 0 when the user chooses ``virtual_stages`` (>= 2).
-    ``overlaps_f_b``: adjacent (F, B) pairs are DualPipe's overlapped forward-backward chunks.
+    ``pairs(p, m, v)``: the (virtual stage, micro-batch) of every forward that opens one of DualPipe's
+    overlapped forward-backward pairs (that F and the B after it on its rank); None: no pairs.
     ``min_microbatches(p)``: the fewest micro-batches it runs; ``microbatches_multiple_of_p`` is
     Megatron-LM's rule for interleaving. ``bubble(p, m, v)``: idle / iteration time per rank with
     free communication and equal per-chunk work (T_F = T_B = T_W when the backward is split), the
@@ -279,7 +159,7 @@ class Schedule:
     stage_map: str = "loop"
     splits_backward: bool = False
     chunks: int = 1
-    overlaps_f_b: bool = False
+    pairs: Callable[[int, int, int], frozenset[tuple[int, int]]] | None = None
     min_microbatches: Callable[[int], int] = lambda p: 1
     microbatches_multiple_of_p: bool = False
     even: bool = False  # pp and the micro-batches even (DualPipe's two halves)
@@ -320,10 +200,10 @@ SCHEDULES: dict[str, Schedule] = {s.name: s for s in (
     Schedule("zb-v", zero_bubble_v, lambda p, m, v: (p - 1) / (6 * m + p - 1),
              stage_map="v", splits_backward=True, chunks=2),
     Schedule("dualpipe-v", dualpipe_v, lambda p, m, v: (p - 1) / (6 * m + p - 1),
-             stage_map="v", splits_backward=True, chunks=2, overlaps_f_b=True,
+             stage_map="v", splits_backward=True, chunks=2, pairs=dualpipe_v_pairs,
              min_microbatches=lambda p: 2 * p),
     Schedule("dualpipe", dualpipe, lambda p, m, v: (p / 2 - 1) / (3 * m + p / 2 - 1),
-             stage_map="dual", splits_backward=True, chunks=2, overlaps_f_b=True,
+             stage_map="dual", splits_backward=True, chunks=2, pairs=dualpipe_pairs,
              min_microbatches=lambda p: 2 * p, even=True),
 )}
 
@@ -341,6 +221,13 @@ def schedule_actions(name: str, num_stages: int, num_microbatches: int,
     s = get(name)
     s.check(num_stages, num_microbatches, virtual_stages)
     return s.build(num_stages, num_microbatches, virtual_stages)
+
+
+def overlapped_pairs(name: str, num_stages: int, num_microbatches: int,
+                     virtual_stages: int = 1) -> frozenset[tuple[int, int]]:
+    """(virtual stage, micro-batch) of every F that the schedule overlaps with the B after it."""
+    s = get(name)
+    return frozenset() if s.pairs is None else s.pairs(num_stages, num_microbatches, virtual_stages)
 
 
 def splits_backward(name: str) -> bool:
