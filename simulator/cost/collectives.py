@@ -235,7 +235,12 @@ def _pipeline_fill_s(topo: Topology, alg: str, size: float, shape: GroupShape, s
 
 def _bw_lower_bound(topo: Topology, op: str, group: tuple[int, ...], alg: str) -> float:
     """Seconds per byte no schedule of the phases can beat: each phase lasts at least as long as
-    its most loaded link needs to carry its bytes (cheap next to fluid-timing the flows)."""
+    its most loaded link needs to carry its bytes (cheap next to fluid-timing the flows). Per byte,
+    so one per (op, group, algorithm), whatever the size and protocol: memoised."""
+    return _memoised(topo, "bw_lower_bound", (op, group, alg), lambda: _link_bound(topo, op, group, alg))
+
+
+def _link_bound(topo: Topology, op: str, group: tuple[int, ...], alg: str) -> float:
     total = 0.0
     for ph in _phases(topo, op, group, alg):
         load: dict = {}
