@@ -19,6 +19,7 @@ from .model.presets import MODEL_PRESETS
 from .model.spec import MLP_KINDS, ModelSpec
 from .units import DTYPE_BYTES
 from .defaults import default_grad_dtype, default_sharding, default_virtual_stages, split_layers
+from .strategy.activation_memory import DEFAULT_RECOMPUTE_MODULES
 from .strategy.schedules import SCHEDULES
 from .scenario_checks import ScenarioError, check_reliability, validate
 from .reliability import ReliabilitySpec, parse_reliability
@@ -44,6 +45,8 @@ class ParallelSpec:
     schedule: str = "1f1b"
     virtual_stages: int = 1
     recompute: str = "none"
+    # Megatron-Core recompute_modules of recompute = "selective" (strategy/activation_memory.RECOMPUTE_MODULES)
+    recompute_modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True  # distributed optimizer / ZeRO all-gather overlapped with forward
     offload_optimizer: bool = False
@@ -219,6 +222,10 @@ def _fields_of(section: str, table: dict, cls) -> dict:
         kind = {"int": int, "float": float, "str": str, "bool": bool, "bool | None": bool}.get(str(t))
         if kind is not None:
             out[key] = _typed(section, key, value, kind)
+        elif key == "recompute_modules":
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ScenarioError(f"{section}.{key} must be a list of strings, got {value!r}")
+            out[key] = tuple(value)
         elif key == "layers_per_stage":
             if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool)
                                                       for v in value):
@@ -346,6 +353,9 @@ def _parallel(table: dict, model: ModelSpec, cluster: ClusterSpec, training: Tra
     if not vals.get("sharding"):
         vals["sharding"] = default_sharding(vals.get("zero_stage", 0))
     par = ParallelSpec(**vals)
+    if "recompute_modules" in vals and par.recompute != "selective":  # Megatron-Core reads them for selective only
+        raise ScenarioError(f"parallelism.recompute_modules = {list(par.recompute_modules)} needs recompute = "
+                            f"'selective', got {par.recompute!r}")
     if par.tp_comm_overlap and par.tp > 1 and not par.sequence_parallel:
         # Megatron-LM arguments.py: "Tensor parallel communication/GEMM overlap can happen only when
         # sequence parallelism is enabled"

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from .hardware.clusters import ClusterSpec
 from .model.fp8 import RECIPE_ARCHITECTURES
 from .model.spec import ModelSpec
+from .strategy.activation_memory import RECOMPUTE_MODULES
 from .strategy.schedules import SCHEDULES, StageMap
 from .strategy.zero_impl import IMPLEMENTATIONS
 
@@ -35,6 +36,7 @@ def validate(scn: Scenario) -> None:
     _check_fp8_recipe(c, t)
     _check_model_split(m, p, t)
     _check_batch_and_schedule(m, p, t)
+    _check_recompute_modules(m, p, t)
 
 
 def _check_fp8_recipe(c: ClusterSpec, t: TrainingSpec) -> None:
@@ -186,3 +188,32 @@ def check_reliability(r: ReliabilitySpec) -> None:
             raise ScenarioError(f"reliability.{key} must be >= 0, got {getattr(r, key)}")
     if not 0 <= r.straggler_probability <= 1:
         raise ScenarioError(f"reliability.straggler_probability must be in [0, 1], got {r.straggler_probability}")
+
+
+# Megatron-Core recompute_modules of architectures this simulator has no model of (GatedDeltaNet,
+# GatedDeltaProduct, hyper-connections): refused by name rather than accepted and ignored
+_UNMODELLED_RECOMPUTE = ("gdn_norm_out", "gdp_in_proj", "gdp_qkv", "mhc")
+
+
+def _check_recompute_modules(m: ModelSpec, p: ParallelSpec, t: TrainingSpec) -> None:
+    """Each selective-recompute module is one Megatron-Core has and this model runs, under the
+    conditions Megatron-Core's TransformerConfig.__post_init__ imposes (transformer_config.py)."""
+    mods = p.recompute_modules
+    for name in mods:
+        if name in _UNMODELLED_RECOMPUTE:
+            raise ScenarioError(f"parallelism.recompute_modules: {name!r} is not modelled (the simulator has no "
+                                f"such block); modelled: {', '.join(RECOMPUTE_MODULES)}")
+        if name not in RECOMPUTE_MODULES:
+            raise ScenarioError(f"parallelism.recompute_modules: {name!r} is unknown; known: "
+                                f"{', '.join(RECOMPUTE_MODULES)}")
+    if "mla_up_proj" in mods and not m.is_mla:  # "only supported with multi_latent_attention"
+        raise ScenarioError("parallelism.recompute_modules: 'mla_up_proj' needs an MLA model (model.kv_lora_rank "
+                            f"> 0), got kv_lora_rank = {m.kv_lora_rank}")
+    if "moe_act" in mods and not (m.is_moe and m.moe_grouped_gemm):  # "only supported with moe_grouped_gemm"
+        raise ScenarioError(f"parallelism.recompute_modules: 'moe_act' needs an MoE model with model.moe_grouped_gemm "
+                            f"= true (num_experts = {m.num_experts}, moe_grouped_gemm = {m.moe_grouped_gemm})")
+    bad = [x for x in ("moe_act", "layernorm") if x in mods]
+    if bad and t.dtype == "fp8" and t.fp8_recipe == "delayed":
+        # "Delayed scaling does not support moe_act and layernorm recompute for fp8."
+        raise ScenarioError(f"parallelism.recompute_modules: {bad[0]!r} is not supported with FP8 delayed scaling "
+                            "(training.fp8_recipe = 'delayed'), as in Megatron-Core")

@@ -96,6 +96,8 @@ def apply_plan(raw: dict, plan: Plan) -> dict:
     if len(par.get("layers_per_stage", ())) != plan.pp:
         par.pop("layers_per_stage", None)
     par.update({k: getattr(plan, k) for k in PLAN_KEYS})
+    if plan.recompute != "selective":  # the scenario's modules apply to its selective plans only
+        par.pop("recompute_modules", None)
     out["parallelism"] = par
     out["training"] = dict(out.get("training", {}), micro_batch_size=plan.micro_batch_size)
     return out

@@ -29,7 +29,8 @@ from ..model.opgraph import OpGraph, build_op_graph
 from ..scenario import Scenario
 from ..strategy.actions import Action
 from ..strategy.blocks import LayerBlocks, Work, build_blocks, layer_blocks
-from ..strategy.layer_emit import blocking_tp, recomputed_forward
+from ..strategy.layer_emit import blocking_tp
+from ..strategy.recompute import recomputed_forward
 from ..strategy.schedules import schedule_actions, splits_backward
 from ..strategy.sharding import grad_accumulation_bytes_per_param
 from ..strategy.stage_units import StageLayout, activation_rules, stage_layout, stage_param_counts
@@ -271,11 +272,13 @@ def _layer_times(scn: Scenario, cache: EstimateCache, b: LayerBlocks) -> tuple[f
     f_tp = sum(cache.tp_s(scn, op, overlap) for op, overlap in tp.forward())
     b_c = sum(seg_s(s, bpart) for s in segs)
     b_tp = sum(cache.tp_s(scn, op, overlap) for op, overlap in tp.backward())
-    again = recomputed_forward(par.recompute)  # the lowering's rule
-    if again == "layer":
+    again = recomputed_forward(par.recompute, par.recompute_modules, scn.model, b)  # the lowering's rule
+    if again.layer:
         b_c, b_tp = b_c + f_c, b_tp + f_tp
-    elif again == "core":
-        b_c += seg_s(b.attn_core, "F")
+    else:
+        b_c += sum(work(w) for w in again.works_without_experts() if w)
+        b_c += (seg_s(b.attn_core, "F") if again.core else 0.0) + (seg_s(b.experts, "F") if again.experts else 0.0)
+        b_tp += sum(cache.tp_s(scn, op, overlap) for op, overlap in again.collectives(tp))
     w_c = sum(seg_s(s, "W") for s in segs) if split else 0.0
     return f_c, f_tp, b_c, b_tp, w_c
 

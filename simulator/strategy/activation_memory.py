@@ -17,6 +17,12 @@ if TYPE_CHECKING:  # scenario imports strategy: a type-only import
     from ..scenario import Scenario
 
 RECOMPUTE_MODES = ("none", "selective", "full")
+# Megatron-Core's selective recompute (TransformerConfig.recompute_modules, megatron/core/transformer/
+# transformer_config.py; default ["core_attn"]): the submodules whose activations are recomputed. Each
+# drops the ActivationTerms tagged with it (``ActivationTerm.modules``) and re-runs their ops before
+# their backward (strategy/recompute.py).
+RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "moe_act", "layernorm", "mlp", "moe", "shared_experts")
+DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
 MASK_BYTES = 1  # dropout masks are stored as uint8 (Korthikanti et al. 2022, sec. 4.1)
 LOGITS_BYTES = DTYPE_BYTES["fp32"]  # Megatron-LM casts logits to fp32 for the vocab-parallel cross entropy
 
@@ -25,17 +31,35 @@ LOGITS_BYTES = DTYPE_BYTES["fp32"]  # Megatron-LM casts logits to fp32 for the v
 class ActivationTerm:
     """One tensor a layer keeps for its backward.
 
-    ``core``: part of the attention core (scores, softmax, attention dropout), which selective
-    recompute recomputes instead of storing. ``weight_grad``: needed by the weight-gradient GEMMs
-    (the W pass of zero-bubble schedules): a weight GEMM's input X, or its output gradient dY, which
-    the B pass creates and W consumes (Qi et al. 2024, sec. 2 and Table 1).
+    ``modules``: the selective-recompute modules (``RECOMPUTE_MODULES``) that do not keep it, as
+    Megatron-Core implements them (see ``activation_terms``); "core_attn" marks the attention core
+    (scores, softmax, attention dropout), which fused attention kernels never store either.
+    ``weight_grad``: needed by the weight-gradient GEMMs (the W pass of zero-bubble schedules): a
+    weight GEMM's input X, or its output gradient dY, which the B pass creates and W consumes (Qi et
+    al. 2024, sec. 2 and Table 1).
     """
 
     name: str
     bytes: float
-    core: bool = False
+    modules: tuple[str, ...] = ()
     weight_grad: bool = False
     stored_at_f: bool = True  # False: an output gradient allocated during B, kept until W
+
+    @property
+    def core(self) -> bool:
+        """Part of the attention core (Korthikanti et al. 2022's 5as/h term)."""
+        return "core_attn" in self.modules
+
+
+def standalone_norms(model: ModelSpec, moe_layer: bool) -> tuple[bool, bool]:
+    """(input norm, pre-MLP norm): whether Megatron-Core's Transformer Engine layer spec builds the
+    norm as a module of its own, whose output "layernorm" recompute discards (transformer_layer.py
+    recomputes them only ``if not isinstance(..., IdentityOp)``). gpt_layer_specs.py
+    get_gpt_layer_with_transformer_engine_submodules: the input norm is TENorm with MLA (its output
+    feeds the two down projections) and fused into linear_qkv (TELayerNormColumnParallelLinear,
+    input_layernorm = IdentityOp) otherwise; the pre-MLP norm is TENorm in MoE layers (router, shared
+    experts and dispatcher read it) and fused into the dense MLP's linear_fc1 otherwise."""
+    return model.is_mla, moe_layer
 
 
 def has_dropout(model: ModelSpec) -> bool:
@@ -91,24 +115,38 @@ def activation_terms(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool,
     whole sequence: (s/cp) x s scores per head.
     ``dense_mlp``: one of an MoE model's first dense layers (ModelSpec.moe_first_dense_layers), whose
     MLP is the dense ffn_hidden_size one.
+
+    Each term names the selective-recompute modules that do not keep it (``ActivationTerm.modules``;
+    Megatron-Core megatron/core/transformer/): "core_attn" the attention core's internals (attention.py
+    checkpoint_core_attention: a tensor_parallel.checkpoint that keeps its q, k, v inputs); "mla_up_proj"
+    the up-projected, RoPE-applied q, k, v (multi_latent_attention.py recompute_up_proj: a
+    CheckpointWithoutOutput over the up projections and RoPE whose outputs are discarded after the core
+    attention and recomputed in its backward; the latents, its inputs, stay); "moe_act" the experts'
+    activation output, fc2's input (moe/experts.py TEGroupedMLP activation_recompute); "layernorm" the
+    output of a norm that is a module of its own (``standalone_norms``; transformer_layer.py
+    input_layernorm_checkpoint / pre_mlp_norm_checkpoint); "mlp" a dense MLP's tensors after its input
+    (transformer_layer.py recompute_mlp, a checkpoint of the MLP module, whose TE linear_fc1 holds the
+    norm); "moe" the MoE layer's tensors after its input, the pre-MLP norm's output (moe/moe_layer.py
+    moe_layer_recompute); "shared_experts" the shared experts' tensors after their input (moe_layer.py
+    shared_experts_recompute).
     """
     _check(model, micro_batch_size, tp, cp, ep, dtype_bytes)
     d = dtype_bytes
     tokens = model.seq_length // cp * micro_batch_size
     h, r = model.hidden_size, tp if sp else 1
     drop = has_dropout(model)
-    terms = _attention_terms(model, micro_batch_size, tp, r, cp, d, drop)
+    terms = _attention_terms(model, micro_batch_size, tp, r, cp, d, drop, model.is_moe and not dense_mlp)
     if model.is_moe and not dense_mlp:
         terms += _moe_terms(model, d, tokens, tp, r, etp or tp, sp, ep)
     else:
-        terms += _mlp_terms("", d, tokens, h, model.ffn_hidden_size, tp, r, model.gated_mlp)
+        terms += _mlp_terms("", d, tokens, h, model.ffn_hidden_size, tp, r, model.gated_mlp, ("mlp",))
     if drop:
         terms.append(ActivationTerm("mlp_dropout_mask", MASK_BYTES * tokens * h / r))
     return terms
 
 
 def _attention_terms(model: ModelSpec, micro_batch_size: int, t: int, r: int, cp: int, d: int,
-                     drop: bool) -> list[ActivationTerm]:
+                     drop: bool, moe_layer: bool) -> list[ActivationTerm]:
     """The attention block's tensors and the MLP block's inputs (see ``activation_terms``)."""
     s_local = model.seq_length // cp
     tokens = s_local * micro_batch_size
@@ -119,13 +157,18 @@ def _attention_terms(model: ModelSpec, micro_batch_size: int, t: int, r: int, cp
     scores = heads * s_local * model.seq_length * micro_batch_size  # elements, per rank
 
     T = ActivationTerm
+    attn_norm, mlp_norm = standalone_norms(model, moe_layer)
+    # a dense MLP's norm is inside its checkpointed module (TE linear_fc1), see standalone_norms
+    fc1_in = ("layernorm",) if mlp_norm else () if moe_layer else ("mlp",)
+    up = ("mla_up_proj",) if model.is_mla else ()  # the attention's inputs: after MLA's up projections + RoPE
     terms = [
         T("attn_norm_input", d * tokens * h / r),  # the layer input: all full recompute keeps
-        T("qkv_input", d * tokens * h / r, weight_grad=True),  # norm output, X of the QKV GEMM
-        T("q", d * tokens * model.q_size / t),
-        T("k", d * tokens * kv_cols),
-        T("v", d * tokens * v_cols),
-        T("softmax_output", d * scores, core=True),
+        # norm output, X of the QKV GEMM (MLA: of the down projections)
+        T("qkv_input", d * tokens * h / r, ("layernorm",) if attn_norm else (), weight_grad=True),
+        T("q", d * tokens * model.q_size / t, up),
+        T("k", d * tokens * kv_cols, up),
+        T("v", d * tokens * v_cols, up),
+        T("softmax_output", d * scores, ("core_attn",)),
     ]
     if model.is_mla:
         # MLA (DeepSeek-V2 §2.1.2): the duplicated down projections' outputs (norm inputs) and the
@@ -137,13 +180,13 @@ def _attention_terms(model: ModelSpec, micro_batch_size: int, t: int, r: int, cp
                                                       + model.kv_lora_rank), weight_grad=True))
         terms.append(T("mla_q_latent", d * tokens * 2 * model.q_lora_rank, weight_grad=True))
     if drop:
-        terms += [T("attn_dropout_mask", MASK_BYTES * scores, core=True),
-                  T("attn_dropout_output", d * scores, core=True)]
+        terms += [T("attn_dropout_mask", MASK_BYTES * scores, ("core_attn",)),
+                  T("attn_dropout_output", d * scores, ("core_attn",))]
     terms += [T("proj_input", d * tokens * model.attn_out_size / t, weight_grad=True)]
     if drop:
         terms.append(T("attn_residual_dropout_mask", MASK_BYTES * tokens * h / r))
     terms += [T("mlp_norm_input", d * tokens * h / r),
-              T("fc1_input", d * tokens * h / r, weight_grad=True)]  # also the router's input
+              T("fc1_input", d * tokens * h / r, fc1_in, weight_grad=True)]  # also the router's input
     # Output gradients of the attention GEMMs, created by B and kept for W. A row-parallel GEMM's
     # output gradient is the full (s/cp) x b x h tensor on every TP rank (the backward of its
     # all-reduce, or of SP's reduce-scatter, is an identity / all-gather), so it is not divided.
@@ -160,30 +203,33 @@ def _moe_terms(model: ModelSpec, d: int, tokens: int, t: int, r: int, etp: int, 
     T = ActivationTerm
     h, gated = model.hidden_size, model.gated_mlp
     slots = tokens * model.moe_rank_slots_per_token(model.num_experts // ep)
-    terms = [T("router_logits", d * tokens * model.num_experts / r),
+    moe, act = ("moe",), ("moe_act",)  # the MoE layer's checkpoint; the experts' activation (fc2's input)
+    terms = [T("router_logits", d * tokens * model.num_experts / r, moe),
              T("router_logits_grad", d * tokens * model.num_experts / r, weight_grad=True, stored_at_f=False)]
     if etp != t and (sp or t == 1):  # folded expert TP: own tokens' slots x etp, over ffn/etp columns
-        expert = _mlp_terms("expert_", d, slots / t * etp, h, model.moe_ffn_hidden_size, etp, etp, gated)
+        expert = _mlp_terms("expert_", d, slots / t * etp, h, model.moe_ffn_hidden_size, etp, etp, gated, moe, act)
     else:
-        expert = _mlp_terms("expert_", d, slots, h, model.moe_ffn_hidden_size, t, r, gated)
+        expert = _mlp_terms("expert_", d, slots, h, model.moe_ffn_hidden_size, t, r, gated, moe, act)
     terms += expert
-    terms.append(T("expert_output", d * slots * h / r))  # kept to weight the combine by the router probs
+    terms.append(T("expert_output", d * slots * h / r, moe))  # kept to weight the combine by the router probs
     if model.moe_shared_expert_ffn_hidden_size:  # shared experts read fc1_input like a dense MLP
         terms += [x for x in _mlp_terms("shared_", d, tokens, h, model.moe_shared_expert_ffn_hidden_size,
-                                        t, r, gated) if x.name != "shared_fc1_input"]
+                                        t, r, gated, ("shared_experts",) + moe) if x.name != "shared_fc1_input"]
     return terms
 
 
-def _mlp_terms(prefix: str, d: int, tokens: float, h: int, f: int, t: int, r: int,
-               gated: bool) -> list[ActivationTerm]:
+def _mlp_terms(prefix: str, d: int, tokens: float, h: int, f: int, t: int, r: int, gated: bool,
+               inner: tuple[str, ...], act: tuple[str, ...] = ()) -> list[ActivationTerm]:
+    """An MLP's tensors; ``inner``: the recompute modules that keep none of them but its input (a
+    checkpoint of the MLP), ``act``: those that discard the activation output only."""
     T = ActivationTerm
     fc1_cols = (2 if gated else 1) * f  # SwiGLU: gate and up projections
     out = []
     if prefix:  # experts: the permuted token copies are the GEMM input (dense: fc1_input above)
-        out.append(T(prefix + "fc1_input", d * tokens * h / r, weight_grad=True))
+        out.append(T(prefix + "fc1_input", d * tokens * h / r, inner, weight_grad=True))
     out += [
-        T(prefix + "fc1_output", d * tokens * fc1_cols / t),  # GELU / SwiGLU input
-        T(prefix + "fc2_input", d * tokens * f / t, weight_grad=True),  # activation output
+        T(prefix + "fc1_output", d * tokens * fc1_cols / t, inner),  # GELU / SwiGLU input
+        T(prefix + "fc2_input", d * tokens * f / t, act + inner, weight_grad=True),  # activation output
         T(prefix + "fc1_output_grad", d * tokens * fc1_cols / t, weight_grad=True, stored_at_f=False),
         T(prefix + "fc2_output_grad", d * tokens * h, weight_grad=True, stored_at_f=False),
     ]
@@ -197,12 +243,14 @@ def _check_recompute(recompute: str) -> None:
 
 def layer_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool, cp: int,
                            recompute: str, dtype_bytes: int = 2, ep: int = 1, attention: str = "unfused",
-                           dense_mlp: bool = False, etp: int = 0) -> float:
+                           dense_mlp: bool = False, etp: int = 0,
+                           modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES) -> float:
     """Bytes one transformer layer keeps for one micro-batch on one rank until its backward.
 
     none: every forward tensor (Korthikanti et al. 2022: sbh(34 + 5as/h) unsharded, sbh(10 + 24/t +
-    5as/(ht)) with TP only, sbh/t (34 + 5as/h) with TP + SP, Table 2). selective: the attention core
-    is recomputed, the 5as^2b term is dropped (sec. 5: sbh(10 + 24/t), or 34 sbh/t with SP). full:
+    5as/(ht)) with TP only, sbh/t (34 + 5as/h) with TP + SP, Table 2). selective: the terms of the
+    recompute ``modules`` are dropped (``activation_terms``); with the default ["core_attn"] the
+    attention core, the 5as^2b term (sec. 5: sbh(10 + 24/t), or 34 sbh/t with SP). full:
     only the layer input is kept, 2sbh (2sbh/t with SP, where Megatron stores it sequence-split).
     attention = "flash": FlashAttention never stores the s x s scores, softmax output or dropout mask
     (it recomputes them blockwise in the backward, Dao et al. 2022 §3.1), so the core terms are
@@ -212,8 +260,10 @@ def layer_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp:
     terms = activation_terms(model, micro_batch_size, tp, sp, cp, dtype_bytes, ep, dense_mlp, etp)
     if recompute == "full":
         return next(x.bytes for x in terms if x.name == "attn_norm_input")
-    drop_core = recompute == "selective" or attention != "unfused"  # fused kernels keep no s^2 scores
-    return sum(x.bytes for x in terms if x.stored_at_f and not (drop_core and x.core))
+    dropped = set(modules) if recompute == "selective" else set()
+    if attention != "unfused":  # fused kernels keep no s^2 scores
+        dropped.add("core_attn")
+    return sum(x.bytes for x in terms if x.stored_at_f and not dropped.intersection(x.modules))
 
 
 def weight_grad_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool, cp: int,
@@ -226,7 +276,8 @@ def weight_grad_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool
 
 def layer_activation_split(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool, cp: int,
                            recompute: str, dtype_bytes: int = 2, ep: int = 1,
-                           attention: str = "unfused", dense_mlp: bool = False, etp: int = 0) -> tuple[float, float]:
+                           attention: str = "unfused", dense_mlp: bool = False, etp: int = 0,
+                           modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES) -> tuple[float, float]:
     """(freed at B, freed at W) for schedules that split the backward (zero-bubble).
 
     F allocates ``layer_activation_bytes``. B consumes what only the input gradient needs and
@@ -237,7 +288,7 @@ def layer_activation_split(model: ModelSpec, micro_batch_size: int, tp: int, sp:
     keep X and dY for W; the lowering applies a negative "freed" amount as an allocation at B.
     """
     total = layer_activation_bytes(model, micro_batch_size, tp, sp, cp, recompute, dtype_bytes, ep, attention,
-                                   dense_mlp, etp)
+                                   dense_mlp, etp, modules)
     at_w = weight_grad_bytes(model, micro_batch_size, tp, sp, cp, dtype_bytes, ep, dense_mlp, etp)
     return total - at_w, at_w
 
@@ -261,10 +312,10 @@ def layer_memory(scn: Scenario, split_backward: bool, dense_mlp: bool = False, r
     (``OpGraph.layer_ops``: an MoE model's first dense layers)."""
     m, par, tr = scn.model, scn.parallel, scn.training
     args = (m, tr.micro_batch_size, par.tp, par.sequence_parallel, par.cp)
-    kw: dict[str, Any] = {"dense_mlp": dense_mlp and m.is_moe, "etp": par.etp}  # dense_mlp: bool, etp: int
+    kw: dict[str, Any] = {"dense_mlp": dense_mlp and m.is_moe, "etp": par.etp, "modules": par.recompute_modules}
     d, att, ep = tr.dtype_bytes, tr.attention, par.ep
     stored = layer_activation_bytes(*args, par.recompute, d, ep, att, **kw)
-    transient = 0.0
+    transient = 0.0  # what the recompute re-materialises: stored without it less stored with it
     if par.recompute != "none" and recompute_workspace:
         transient = layer_activation_bytes(*args, "none", d, ep, att, **kw) - stored
     at_b, at_w = layer_activation_split(*args, par.recompute, d, ep, att, **kw) if split_backward else (stored, 0.0)

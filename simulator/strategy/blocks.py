@@ -8,7 +8,7 @@ distinct layer template, ``OpGraph.layer_ops``), which keeps lowering and costin
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ..model.opgraph import Op, OpGraph
 from ..tasks import OpWork
@@ -89,6 +89,17 @@ class LayerBlocks:
     core_steps: dict  # "F" | "B" | "BW" -> work of one of the cp ring steps
     layer_w: Work
     attn: Segment  # attn_pre + attn_core + attn_post as one segment (no CP exchange inside: cp = 1)
+    _picked: dict = field(default_factory=dict, compare=False, repr=False)  # forward_of's memo
+
+    def forward_of(self, ops: frozenset[str]) -> Work:
+        """The forward work of the layer's ops named in ``ops`` (with their FP8 quantization kernels,
+        named ``op.kernel``), in forward order: what a recompute of those ops runs. One tuple per name
+        set and layer template, since the cost model caches work by identity."""
+        work = self._picked.get(ops)
+        if work is None:
+            work = self._picked[ops] = tuple(w for s in self.segments() for w in s.fwd
+                                             if w.name.partition(".")[0] in ops)
+        return work
 
     def segments(self) -> tuple[Segment, ...]:
         """The layer's segments in forward order."""

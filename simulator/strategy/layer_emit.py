@@ -22,6 +22,7 @@ from ..model.fp8 import FP8_PRECISIONS
 from ..tasks import InternalError
 from .blocks import LayerBlocks, Segment, Work
 from .context import COMM_TP, COMPUTE, LowerCtx
+from .recompute import LayerRecompute, recomputed_forward
 
 if TYPE_CHECKING:  # scenario imports strategy: a type-only import
     from ..scenario import ParallelSpec
@@ -161,12 +162,15 @@ def _core(ctx: LowerCtx, rank: int, part: str, dep: int | None, name: str, meta:
     return last
 
 
-def _experts(ctx: LowerCtx, rank: int, part: str, dep: int, name: str, meta: dict, category: str) -> int:
+def _experts(ctx: LowerCtx, rank: int, part: str, dep: int, name: str, meta: dict, category: str,
+             again: tuple = ()) -> int:
     """The routed experts between the EP dispatch and combine all-to-alls (with MoE parallel folding,
-    the expert-TP all-gather and reduce-scatter inside them)."""
+    the expert-TP all-gather and reduce-scatter inside them). ``again``: (work, meta, pending bytes)
+    of a recompute run right before the experts' kernels ("moe_act", ``_rerun``)."""
     seg = _moe(ctx.layer_blocks(meta["layer"]).experts, meta["layer"])
     work = {"F": seg.fwd, "B": seg.bwd_b, "BW": seg.bwd}[part]
     if ctx.par.ep == 1:
+        dep = _one(_rerun(ctx, rank, dep, f"{name}.R.expert_act", *again), rank) if again else dep
         return ctx.compute(rank, f"{name}.experts", work, (dep,), category, **meta)
     group = ctx.group("ep", rank)
     size = a2a_bytes(ctx)
@@ -182,6 +186,7 @@ def _experts(ctx: LowerCtx, rank: int, part: str, dep: int, name: str, meta: dic
     if folded:  # Megatron-core alltoall dispatcher: the received tokens all-gathered over the expert-TP group
         a = ctx.comm(rank, "comm_ep", f"{name}.etp_all_gather", "all_gather", size * etp, ctx.group("etp", rank),
                      "ep", "comm_ep", (a,), **meta)
+    a = _one(_rerun(ctx, rank, a, f"{name}.R.expert_act", *again), rank) if again else a
     e = ctx.compute(rank, f"{name}.experts", work, (a,), category, **meta)
     if folded:
         e = ctx.comm(rank, "comm_ep", f"{name}.etp_reduce_scatter", "reduce_scatter", size * etp,
@@ -239,52 +244,88 @@ def layer_forward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, categor
     return _blocking(ctx, rank, x, f"{name}.mlp", tp.mlp_out, meta)
 
 
-def recomputed_forward(recompute: str) -> str:
-    """What a layer's backward runs again of its forward, per ``parallelism.recompute`` (one rule for
-    the lowering and the search estimate): "layer" (full: the whole forward, its blocking TP
-    collectives included, right before the backward; Chen et al. 2016, Megatron-LM's
-    --recompute-granularity full), "core" (selective: the attention core's forward right before its
-    backward, Korthikanti et al. 2022 §4.3), "" (none)."""
-    return {"full": "layer", "selective": "core"}.get(recompute, "")
+def _rerun(ctx: LowerCtx, rank: int, dep: int | None, name: str, work: Work, rmeta: dict, pending: list) -> int | None:
+    """A recompute task re-running ``work`` after ``dep`` (``dep`` when there is none); the layer's
+    first recompute task allocates its re-materialised bytes (``pending[0]``, then zeroed)."""
+    if not work:
+        return dep
+    _first(ctx, rank, pending)
+    return ctx.compute(rank, name, work, _d(dep), "recompute", **rmeta)
+
+
+def _first(ctx: LowerCtx, rank: int, pending: list) -> None:
+    """The next kernel (the layer's first recompute) allocates the bytes the recompute re-materialises."""
+    ctx.alloc_next(rank, pending[0])
+    pending[0] = 0.0
+
+
+def _mlp_rerun(ctx: LowerCtx, rank: int, x: int | None, name: str, rc: LayerRecompute, rmeta: dict,
+               pending: list) -> int | None:
+    """The recomputes before the MLP block's backward (``recompute.LayerRecompute``): the pre-MLP
+    norm, the dense MLP or the MoE layer with the block's blocking TP collectives, the shared experts."""
+    b = ctx.layer_blocks(rmeta["layer"])
+    x = _rerun(ctx, rank, x, f"{name}.mlp_norm", rc.mlp_norm, rmeta, pending)
+    if rc.mlp_tp:
+        tp = blocking_tp(ctx.par, b)
+        x = _blocking(ctx, rank, x, f"{name}.mlp", tp.mlp_in, rmeta)
+        x = _rerun(ctx, rank, x, f"{name}.mlp", rc.mlp_pre, rmeta, pending)
+        if rc.experts:
+            _first(ctx, rank, pending)
+            x = _experts(ctx, rank, "F", _one(x, rank), name, rmeta, "recompute")
+        x = _rerun(ctx, rank, x, f"{name}.mlp_out", rc.mlp_post, rmeta, pending)
+        x = _blocking(ctx, rank, x, f"{name}.mlp", tp.mlp_out, rmeta)
+    return _rerun(ctx, rank, x, f"{name}.shared_experts", rc.shared, rmeta, pending)
+
+
+def _one(x: int | None, rank: int) -> int:
+    if x is None:
+        raise InternalError(f"rank {rank}: an MoE recompute has no task to follow")
+    return x
 
 
 def layer_backward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, split_w: bool, recompute: str,
                    free_bytes: float = 0.0) -> int | None:
-    """Emit one layer's backward (input gradient only when ``split_w``), with its recompute first;
-    returns its last task, which releases ``free_bytes`` of activations. A recomputed layer's
-    re-materialised activations (``ctx.transient_bytes``) live from the recompute until
-    the layer's backward ends."""
+    """Emit one layer's backward (input gradient only when ``split_w``), each recompute
+    (``recompute.recomputed_forward``) right before the backward that needs it; returns its last
+    task, which releases ``free_bytes`` of activations and the recompute's re-materialised bytes
+    (``ctx.transient_bytes``), allocated by the layer's first recompute task."""
     b = ctx.layer_blocks(meta["layer"])
     part = "B" if split_w else "BW"
-    rmeta = {**meta, "phase": "R"}
-    again = recomputed_forward(recompute)
-    transient = ctx.transient_bytes(meta["layer"]) if again else 0.0
+    rmeta, rname = {**meta, "phase": "R"}, f"{name}.R"
+    rc = recomputed_forward(recompute, ctx.par.recompute_modules, ctx.scn.model, b)
+    transient = ctx.transient_bytes(meta["layer"]) if rc.any else 0.0
+    pending = [transient]
     x = ctx.join(rank, f"{name}.wait", deps, **meta)
-    if again == "layer":
-        ctx.alloc_next(rank, transient)
-        x = layer_forward(ctx, rank, _d(x), f"{name}.R", rmeta, "recompute")
+    if rc.layer:
+        _first(ctx, rank, pending)
+        x = layer_forward(ctx, rank, _d(x), rname, rmeta, "recompute")
+    x = _mlp_rerun(ctx, rank, x, rname, rc, rmeta, pending)
     tp = blocking_tp(ctx.par, b)
     x = _blocking(ctx, rank, x, f"{name}.mlp_grad", tp.mlp_grad, meta)  # conjugate of the MLP's exit
     if b.experts is not None:
         post = _moe(b.mlp_post, meta["layer"])
         x = ctx.compute(rank, f"{name}.mlp_out.grad", post.bwd_b if split_w else post.bwd, _d(x),
                         **meta)
-        x = _experts(ctx, rank, part, x, name, meta, "compute")
+        x = _experts(ctx, rank, part, x, name, meta, "compute", (rc.act, rmeta, pending))
     x = column_backward(ctx, rank, b.mlp_pre, x, f"{name}.mlp", meta, split_w,
                         site="" if b.experts is not None else "fc1")
+    x = _rerun(ctx, rank, x, f"{rname}.attn_norm", rc.attn_norm, rmeta, pending)
     x = _blocking(ctx, rank, x, f"{name}.attn_grad", tp.attn_grad, meta)
-    if ctx.par.cp == 1 and again != "core":
+    if ctx.par.cp == 1 and not rc.inside_attention:
         x = column_backward(ctx, rank, b.attn, x, f"{name}.attn", meta, split_w, free_bytes + transient, "qkv")
     else:
         x = ctx.compute(rank, f"{name}.attn_out.grad", b.attn_post.bwd_b if split_w else b.attn_post.bwd, (x,),
                         **meta)
-        if again == "core":
+        x = _rerun(ctx, rank, x, f"{rname}.up_proj", rc.up_proj, rmeta, pending)
+        if rc.core:
             # Korthikanti et al. 2022 §4.3: the attention core's forward (with its CP exchange) is
             # recomputed right before its backward
-            ctx.alloc_next(rank, transient)
-            x = _core(ctx, rank, "F", x, f"{name}.R", rmeta, "recompute")
+            _first(ctx, rank, pending)
+            x = _core(ctx, rank, "F", x, rname, rmeta, "recompute")
         x = _core(ctx, rank, part, x, name, meta, "compute")
         x = column_backward(ctx, rank, b.attn_pre, x, f"{name}.attn", meta, split_w, free_bytes + transient, "qkv")
+    if pending[0]:
+        raise InternalError(f"layer {meta['layer']}: {pending[0]} recomputed bytes but nothing re-run")
     return x
 
 

@@ -1,0 +1,121 @@
+"""What a layer's backward runs again of its forward: the whole layer (full recompute) or the ops of
+Megatron-Core's selective-recompute modules. One rule for the lowering (``layer_emit.layer_backward``
+emits the ops as tasks of category "recompute", phase R) and the search's time estimate
+(``explore/estimate._layer_times`` adds their seconds to the backward).
+
+Megatron-Core (megatron/core/transformer/, TransformerConfig.recompute_modules, default
+["core_attn"]) re-runs each module's forward right before the backward that needs it:
+
+- "core_attn" (attention.py checkpoint_core_attention, tensor_parallel.checkpoint): the attention
+  core, when the backward reaches it (Korthikanti et al. 2022 §4.3), with its CP exchange;
+- "mla_up_proj" (multi_latent_attention.py recompute_up_proj, CheckpointWithoutOutput): the q and
+  kv up projections (or q_proj without a q LoRA rank) and RoPE, from a gradient hook on the core
+  attention's output, i.e. after the output projection's backward and before the core's;
+- "moe_act" (moe/experts.py TEGroupedMLP activation_recompute, CheckpointWithoutOutput): the
+  experts' activation, from a hook on the fc2 output: after the combine's backward, before the
+  experts' backward;
+- "layernorm" (transformer_layer.py input_layernorm_checkpoint / pre_mlp_norm_checkpoint,
+  CheckpointWithoutOutput): a norm that is a module of its own (``activation_memory.standalone_norms``),
+  from a hook on its block's output: before the attention's (MLP's) backward;
+- "mlp" (transformer_layer.py recompute_mlp, dense layers only, tensor_parallel.checkpoint): the
+  dense MLP module (TE's linear_fc1 with the pre-MLP norm, the activation, linear_fc2) with its TP
+  collectives (SP all-gather of the input, reduce-scatter or all-reduce of the output), before the
+  MLP's backward;
+- "moe" (moe/moe_layer.py moe_layer_recompute, tensor_parallel.checkpoint): the MoE layer from the
+  pre-MLP norm's output on (router, permutation, EP dispatch, experts, combine, unpermutation,
+  shared experts) with the MLP block's TP collectives, before the MLP's backward;
+- "shared_experts" (moe_layer.py shared_experts_recompute, tensor_parallel.checkpoint): the shared
+  experts' GEMMs and activation, before their backward. Their own TP collectives are not re-run:
+  the layer model has none of its own for them (the MLP block's stand for them).
+
+Nested checkpoints run again as Megatron-Core's do: with "moe", the experts' activation ("moe_act")
+and the shared experts ("shared_experts") are re-run by the MoE recompute and once more before
+their own backward. The bytes the recompute re-materialises (``LayerMemory.transient``) are
+allocated by the layer's first recompute task and released when its backward ends.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+from ..model.spec import ModelSpec
+from .activation_memory import standalone_norms
+from .blocks import LayerBlocks, Work
+
+if TYPE_CHECKING:  # layer_emit imports this module: a type-only import
+    from .layer_emit import BlockingTP
+
+# the op graph's op names (model/opgraph.py) each module re-runs
+_UP_PROJ = frozenset({"q_up", "q_proj", "kv_up", "rope"})  # MLA's up projections and RoPE
+_DENSE_MLP = frozenset({"ln2", "fc1", "act", "fc2"})  # TE linear_fc1 holds the norm (layer spec)
+_ROUTER = frozenset({"router", "router_topk", "moe_permute"})
+_SHARED = frozenset({"shared_fc1", "shared_act", "shared_fc2"})
+_COMBINED = frozenset({"moe_unpermute"}) | _SHARED
+_LN1, _LN2, _ACT = frozenset({"ln1"}), frozenset({"ln2"}), frozenset({"expert_act"})
+
+
+class LayerRecompute(NamedTuple):
+    """The re-run forward of one layer kind (see the module doc), in backward order of emission.
+
+    ``layer``: the whole forward (full). ``mlp_norm``: the pre-MLP norm; ``mlp_pre`` / ``experts`` /
+    ``mlp_post``: the MLP block's forward, before, as and after the routed experts ("mlp": the dense
+    MLP in ``mlp_pre``; "moe": router and permutation, the experts between the EP all-to-alls, the
+    unpermutation and the shared experts), with the block's blocking TP collectives when ``mlp_tp``;
+    ``shared``: the shared experts; ``act``: the experts' activation; ``attn_norm``: the input norm;
+    ``up_proj``: MLA's up projections and RoPE; ``core``: the attention core."""
+
+    layer: bool = False
+    mlp_norm: Work = ()
+    mlp_pre: Work = ()
+    experts: bool = False
+    mlp_post: Work = ()
+    mlp_tp: bool = False
+    shared: Work = ()
+    act: Work = ()
+    attn_norm: Work = ()
+    up_proj: Work = ()
+    core: bool = False
+
+    @property
+    def any(self) -> bool:
+        """Whether anything is re-run."""
+        return self.layer or self.core or self.experts or any(self.works_without_experts())
+
+    @property
+    def inside_attention(self) -> bool:
+        """Whether something is re-run between the attention's output projection and its core, so the
+        attention's backward is emitted in its parts."""
+        return self.core or bool(self.up_proj)
+
+    def collectives(self, tp: BlockingTP) -> tuple[tuple, ...]:
+        """The blocking TP collectives re-run, (op, overlap site) as ``tp`` (the layer's) lists them."""
+        return tuple(c for c in (tp.mlp_in, tp.mlp_out) if c is not None) if self.mlp_tp else ()
+
+    def works_without_experts(self) -> tuple[Work, ...]:
+        """The re-run compute other than the experts' and the core's, in emission order."""
+        return (self.mlp_norm, self.mlp_pre, self.mlp_post, self.shared, self.act, self.attn_norm, self.up_proj)
+
+
+def recomputed_forward(recompute: str, modules: tuple[str, ...], model: ModelSpec, b: LayerBlocks) -> LayerRecompute:
+    """What the backward of a layer whose blocks are ``b`` runs again of its forward, for
+    ``parallelism.recompute`` and (when "selective") ``parallelism.recompute_modules``."""
+    if recompute == "full":  # Chen et al. 2016; Megatron-LM --recompute-granularity full
+        return LayerRecompute(layer=True)
+    if recompute != "selective":
+        return LayerRecompute()
+    moe_layer = b.experts is not None
+    attn_norm, mlp_norm = standalone_norms(model, moe_layer)
+    picked = lambda ops, on: b.forward_of(ops) if on else ()  # noqa: E731
+    moe = "moe" in modules and moe_layer
+    dense_mlp = "mlp" in modules and not moe_layer  # transformer_layer.py: recompute_mlp if not is_moe_layer
+    return LayerRecompute(
+        mlp_norm=picked(_LN2, "layernorm" in modules and mlp_norm),
+        mlp_pre=picked(_DENSE_MLP, dense_mlp) or picked(_ROUTER, moe),
+        experts=moe,
+        mlp_post=picked(_COMBINED, moe),
+        mlp_tp=moe or dense_mlp,
+        shared=picked(_SHARED, "shared_experts" in modules and moe_layer),
+        act=picked(_ACT, "moe_act" in modules and moe_layer),
+        attn_norm=picked(_LN1, "layernorm" in modules and attn_norm),
+        up_proj=picked(_UP_PROJ, "mla_up_proj" in modules and model.is_mla),
+        core="core_attn" in modules)
