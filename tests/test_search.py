@@ -32,7 +32,18 @@ MOE = {"model": {"num_layers": 4, "hidden_size": 512, "num_attention_heads": 8, 
 WIDE = {"model": {"num_layers": 2, "hidden_size": 1024, "num_attention_heads": 16, "vocab_size": 1024,
                   "seq_length": 512}, "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 2},
         "training": {"global_batch_size": 4}}
+# MLA and MoE with a shared expert and a first dense layer (DeepSeek-V3 in miniature), for recompute_modules
+MLA_MOE = {"model": {"num_layers": 4, "hidden_size": 512, "num_attention_heads": 8, "vocab_size": 1024,
+                     "seq_length": 512, "mlp": "swiglu", "num_experts": 4, "moe_top_k": 2, "moe_ffn_hidden_size": 256,
+                     "moe_shared_expert_ffn_hidden_size": 256, "moe_first_dense_layers": 1, "q_lora_rank": 128,
+                     "kv_lora_rank": 64, "head_dim": 96, "qk_rope_head_dim": 32, "v_head_dim": 64},
+           "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 2}, "training": {"global_batch_size": 32}}
 ALL = SearchSpace(prune_dominated=False, cp_min_block=False, even_chunks=False)
+
+
+def modules(*names: str) -> dict:
+    """MLA_MOE recomputing Megatron-Core's ``names`` (parallelism.recompute_modules)."""
+    return {**MLA_MOE, "parallelism": {"recompute_modules": list(names)}}
 
 
 def scn_of(raw: dict, plan: Plan):
@@ -121,6 +132,16 @@ PLANS = [
     (MOE, Plan(2, 2, 4, ep=4, schedule="dualpipe", virtual_stages=2, sequence_parallel=True, recompute="full")),
     (WIDE, Plan(16, 1, 1, sequence_parallel=True)),  # TP across two nodes
     (WIDE, Plan(16, 1, 1, micro_batch_size=2, recompute="full")),
+    # selective recompute modules: what each drops comes back from its recompute to the layer's backward end
+    (modules("mla_up_proj", "moe_act", "layernorm"), Plan(2, 2, 4, ep=2, sequence_parallel=True, zero_stage=1,
+                                                          recompute="selective")),
+    (modules("mlp", "moe", "shared_experts", "core_attn"), Plan(2, 2, 4, ep=4, sequence_parallel=True,
+                                                                recompute="selective")),
+    (modules("mla_up_proj", "moe_act", "layernorm", "shared_experts"),
+     Plan(2, 2, 4, ep=2, schedule="zero-bubble", sequence_parallel=True, recompute="selective")),
+    (modules("mla_up_proj", "core_attn", "moe"), Plan(2, 1, 4, cp=2, ep=4, sequence_parallel=True, recompute="selective")),
+    (modules("mla_up_proj", "moe_act"), Plan(1, 2, 8, ep=4, schedule="dualpipe-v", virtual_stages=2, zero_stage=1,
+                                             recompute="selective")),
 ]
 
 
