@@ -120,3 +120,25 @@ def test_bad_input_is_rejected():
         build_topology(replace(A100, nics_per_node=16))
     with pytest.raises(ValueError, match="topology"):
         build_topology(replace(A100, topology="torus"))
+
+
+def test_p2p_routes_cross_rails_through_the_receivers_rail_gpu_pxn():
+    # NCCL's P2P path (search.cc ncclTopoGetNetDev, P2P_PXN_LEVEL 2): GPU 1 of node 0 sends to GPU 3
+    # of node 1 through NVLink to GPU 3 of node 0, whose NIC is on the receiver's rail
+    topo = build_topology(replace(CLUSTER_PRESETS["dgx-h100"], num_nodes=2))
+    assert topo.p2p_route(1, 11) == (("gpu1", "nvs0"), ("nvs0", "gpu3")) + topo.route(3, 11)
+    assert SPINE not in {v for _, v in topo.p2p_route(1, 11)}
+    assert SPINE in {v for _, v in topo.route(1, 11)}  # the plain route leaves on its own rail
+    assert topo.p2p_route(3, 11) == topo.route(3, 11)  # same rail
+    assert topo.p2p_route(1, 3) == topo.route(1, 3)  # same node
+
+
+def test_an_all_to_all_across_rails_stays_off_an_oversubscribed_spine():
+    from simulator.cost.collectives import collective_time_s
+    from simulator.tasks import Collective
+    # 32 nodes fill a leaf's 32 node ports per rail: at 4:1 its spine uplinks carry a quarter of them;
+    # without PXN the cross-rail three quarters of the traffic would cross them (3.5x slower)
+    a2a = Collective("all_to_all", 2 ** 28, tuple(range(256)), "ep")
+    times = [collective_time_s(a2a, build_topology(replace(H100, num_nodes=32, oversubscription=o)))
+             for o in (1.0, 4.0)]
+    assert times[1] == pytest.approx(times[0], rel=1e-9)

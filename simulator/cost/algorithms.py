@@ -164,15 +164,21 @@ def hierarchical_phases(topo: Topology, shape: GroupShape) -> list[Phase]:
     return [p for p in phases if p.repeat > 0]
 
 
+def _p2p_flow(topo: Topology, src: int, dst: int, size: float) -> Flow:
+    """A point-to-point transfer on NCCL's P2P path (PXN across rails, ``Topology.p2p_route``)."""
+    return Flow(topo.p2p_route(src, dst), size)
+
+
 def direct_flows(topo: Topology, group: tuple[int, ...]) -> tuple[Flow, ...]:
+    """all_to_all: NCCL's grouped send/recv, one transfer per ordered pair of ranks."""
     n = len(group)
-    return tuple(_flow(topo, a, b, 1 / n) for a in group for b in group if a != b)
+    return tuple(_p2p_flow(topo, a, b, 1 / n) for a in group for b in group if a != b)
 
 
 def p2p_flows(topo: Topology, group: tuple[int, ...]) -> tuple[Flow, ...]:
     """send_recv: (src, dst) is one transfer; a longer group shifts by one around the group,
     every rank sending to the next (nccl-tests sendrecv_perf)."""
     if len(group) == 2:
-        return (_flow(topo, group[0], group[1], 1.0),)
+        return (_p2p_flow(topo, group[0], group[1], 1.0),)
     n = len(group)
-    return tuple(_flow(topo, group[i], group[(i + 1) % n], 1.0) for i in range(n))
+    return tuple(_p2p_flow(topo, group[i], group[(i + 1) % n], 1.0) for i in range(n))

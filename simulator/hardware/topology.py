@@ -155,6 +155,28 @@ class Topology:
         self._routes[key] = links
         return links
 
+    def p2p_route(self, src_rank: int, dst_rank: int) -> tuple[LinkId, ...]:
+        """Links of NCCL's point-to-point path (send/recv, and all-to-all, which NCCL runs as grouped
+        send/recv) between GPUs on different nodes: PXN. NCCL sends to a peer through the NIC its own
+        node attaches to the GPU with the peer's local index (the peer's rail), relaying over NVLink
+        through that GPU when it is not the sender (src/graph/search.cc ncclTopoGetNetDev,
+        NCCL_P2P_PXN_LEVEL = 2 "use PXN as much as possible", NCCL_PXN_DISABLE = 0), so a transfer
+        between rails leaves on the receiver's rail instead of crossing the spine. Same node or same
+        rail: ``route``."""
+        key = (src_rank, dst_rank, "p2p")
+        cached = self._routes.get(key)
+        if cached is not None:
+            return cached
+        a = self.node_of(src_rank)
+        g = self.cluster.gpus_per_node
+        if a == self.node_of(dst_rank) or self.rail_of(src_rank) == self.rail_of(dst_rank):
+            links = self.route(src_rank, dst_rank)
+        else:
+            proxy = a * g + self.local_of(dst_rank)
+            links = ((f"gpu{src_rank}", f"nvs{a}"), (f"nvs{a}", f"gpu{proxy}")) + self.route(proxy, dst_rank)
+        self._routes[key] = links
+        return links
+
     def translation_period_ranks(self) -> int:
         """Ranks in the smallest block of whole nodes whose NICs fill whole leaves: shifting a group by
         a multiple of it maps its links onto links of the same capacities (every leaf trunk is alike),
