@@ -188,3 +188,24 @@ def test_a_list_that_is_not_strings_is_refused():
                            "recompute_modules": "mla_up_proj"}, "training": {"global_batch_size": 8}}
     with pytest.raises(ScenarioError, match="recompute_modules must be a list of strings"):
         scenario_from_dict(raw)
+
+
+# ---- the DeepSeek-V3 recipe's setting -----------------------------------------------------------------
+def test_the_dsv3_row_and_scenario_recompute_mla_up_proj_as_the_recipe_launches_it():
+    """dgxc-benchmarking deepseek_v3/pretraining/launch.sh, GPU_TYPE h100: --recompute_modules mla_up_proj."""
+    from pathlib import Path
+
+    from simulator.explore.validate import DEFAULT_CSVS, read_rows, row_to_raw
+    from simulator.scenario import load_scenario
+
+    rows = read_rows(list(DEFAULT_CSVS))
+    (row,) = [r for r in rows if r["name"] == "dgxc-dsv3-671b-bf16-1024gpu"]
+    assert "launch.sh" in row["settings_from_source"] and "RM='mla_up_proj'" in row["settings_from_source"]
+    par = scenario_from_dict(row_to_raw(row)).parallel
+    assert (par.recompute, par.recompute_modules) == ("selective", ("mla_up_proj",))
+    assert [r["name"] for r in rows if r.get("recompute_modules")] == [row["name"]]  # that row only
+    raw = row_to_raw({**row, "recompute_modules": "mla_up_proj; moe_act"})  # a list: semicolon-separated
+    assert raw["parallelism"]["recompute_modules"] == ["mla_up_proj", "moe_act"]
+    root = Path(__file__).resolve().parents[1]
+    p = load_scenario(root / "scenarios" / "moe" / "deepseek-v3-1024xh100.toml").parallel
+    assert (p.recompute, p.recompute_modules) == ("selective", ("mla_up_proj",))

@@ -55,6 +55,8 @@ def row_to_raw(row: dict) -> dict:
     for k in ("sequence_parallel", "tp_comm_overlap"):
         if k in given:
             par[k] = BOOL.get(given[k].lower(), given[k])
+    if "recompute_modules" in given:  # Megatron-Core --recompute-modules, semicolon-separated
+        par["recompute_modules"] = [x.strip() for x in given["recompute_modules"].split(";") if x.strip()]
     training: dict = {k: _int(given, k) for k in ("global_batch_size", "micro_batch_size") if k in given}
     for k in ("dtype", "attention", "grad_dtype"):
         if k in given:
