@@ -45,20 +45,16 @@ class ActivationTerm:
     weight_grad: bool = False
     stored_at_f: bool = True  # False: an output gradient allocated during B, kept until W
 
-    @property
-    def core(self) -> bool:
-        """Part of the attention core (Korthikanti et al. 2022's 5as/h term)."""
-        return "core_attn" in self.modules
-
 
 def standalone_norms(model: ModelSpec, moe_layer: bool) -> tuple[bool, bool]:
     """(input norm, pre-MLP norm): whether Megatron-Core's Transformer Engine layer spec builds the
     norm as a module of its own, whose output "layernorm" recompute discards (transformer_layer.py
     recomputes them only ``if not isinstance(..., IdentityOp)``). gpt_layer_specs.py
     get_gpt_layer_with_transformer_engine_submodules: the input norm is TENorm with MLA (its output
-    feeds the two down projections) and fused into linear_qkv (TELayerNormColumnParallelLinear,
-    input_layernorm = IdentityOp) otherwise; the pre-MLP norm is TENorm in MoE layers (router, shared
-    experts and dispatcher read it) and fused into the dense MLP's linear_fc1 otherwise."""
+    feeds the two down projections; mla_down_proj_fusion, off by default, would fuse it) and fused
+    into linear_qkv (TELayerNormColumnParallelLinear, input_layernorm = IdentityOp) otherwise; the
+    pre-MLP norm is TENorm in MoE layers (router, shared experts and dispatcher read it) and fused
+    into the dense MLP's linear_fc1 otherwise."""
     return model.is_mla, moe_layer
 
 
