@@ -353,7 +353,7 @@ def _parallel(table: dict, model: ModelSpec, cluster: ClusterSpec, training: Tra
     if not vals.get("sharding"):
         vals["sharding"] = default_sharding(vals.get("zero_stage", 0))
     par = ParallelSpec(**vals)
-    if "recompute_modules" in vals and par.recompute != "selective":  # Megatron-Core reads them for selective only
+    if vals.get("recompute_modules") and par.recompute != "selective":  # Megatron-Core reads them for selective only
         raise ScenarioError(f"parallelism.recompute_modules = {list(par.recompute_modules)} needs recompute = "
                             f"'selective', got {par.recompute!r}")
     if par.tp_comm_overlap and par.tp > 1 and not par.sequence_parallel:

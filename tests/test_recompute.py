@@ -227,3 +227,13 @@ def test_the_deepseek_v3_recipe_fits_in_80_gb_only_with_its_mla_up_proj_recomput
                      with_time=False)
         peaks[modules] = (round(e.total_bytes / 2 ** 30, 1), e.fits)
     assert peaks == {'["mla_up_proj"]': (71.5, True), '["core_attn"]': (87.4, False)}
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_an_empty_list_goes_with_any_recompute(recompute):
+    """A scenario that names modules can be run without them: an empty list is no module, whatever the
+    granularity (a non-empty one needs "selective", as NeMo's set_recompute_configs asserts)."""
+    raw = {"model": dict(SHAPE), "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+           "parallelism": {"tp": 2, "dp": 4, "ep": 2, "sequence_parallel": True, "recompute": recompute,
+                           "recompute_modules": []}, "training": {"global_batch_size": 8}}
+    assert scenario_from_dict(raw).parallel.recompute_modules == ()
