@@ -89,3 +89,21 @@ def test_a_pair_runs_the_other_pass_while_its_all_to_all_is_in_flight():
 def test_dualpipe_v_exposes_less_all_to_all_than_zb_v():
     ep = {s: simulate(moe(s)).metrics["busiest_rank"]["time_breakdown_s"]["comm_ep"] for s in ("zb-v", "dualpipe-v")}
     assert ep["dualpipe-v"] < 0.75 * ep["zb-v"]
+
+
+def test_reorder_tail_sorts_only_the_ranks_tasks_since_the_given_id_stably():
+    from simulator.tasks import TaskGraphBuilder
+
+    b = TaskGraphBuilder()
+    early = b.add("early", "compute", 0, "compute", "compute")
+    f1 = b.add("f1", "compute", 0, "compute", "compute", (early,))
+    other = b.add("other", "compute", 1, "compute", "compute")
+    f2 = b.add("f2", "compute", 0, "compute", "compute", (f1,))
+    b1 = b.add("b1", "compute", 0, "compute", "compute")
+    b2 = b.add("b2", "compute", 0, "compute", "compute", (b1,))
+    key = {f1: (0, 0), f2: (1, 0), b1: (0, 1), b2: (1, 1)}
+    b.reorder_tail(0, f1, key.__getitem__)
+    assert b.stream_ids(0, "compute") == (early, f1, b1, f2, b2)  # F0 B0 F1 B1, "early" untouched
+    assert b.stream_ids(1, "compute") == (other,)  # another rank's stream untouched
+    g = b.build((0, 1), True)
+    g.validate()
