@@ -137,6 +137,8 @@ class _Emitter:
             dep = self.sends.get((self._peer(r, src), src, mb, a.phase))
             if dep is None:
                 return False
+        if r in self.pair_open and a.phase != "B":
+            raise InternalError(f"rank {r}: an overlapped pair's forward is followed by {a}, not by a backward")
         start = len(self.ctx.builder)
         {"F": self._forward, "B": self._backward, "W": self._weight}[a.phase](r, vs, mb, dep)
         if a.phase == "F" and (vs, mb) in self.pairs:
