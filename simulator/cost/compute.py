@@ -154,14 +154,6 @@ def k_efficiency(k: int, block_k: int, overhead_iters: float) -> float:
     return iters / (iters + overhead_iters)
 
 
-def wave_efficiency(m: int, n: int, num_sms: int) -> float:
-    """Fraction of the last wave that is busy: tiles / (waves · SMs) (NVIDIA GEMM guide, wave quantization)."""
-    tiles = math.ceil(m / GEMM_TILE_M) * math.ceil(n / GEMM_TILE_N)
-    waves = math.ceil(tiles / num_sms)
-    tile_eff = (m * n) / (math.ceil(m / GEMM_TILE_M) * GEMM_TILE_M * math.ceil(n / GEMM_TILE_N) * GEMM_TILE_N)
-    return tile_eff * tiles / (waves * num_sms)
-
-
 def split_k_candidates(m: int, n: int, k: int, num_sms: int, block_k: int) -> range:
     """Split-K factors tried for an (m, n) output: 1, and while it has fewer than SPLIT_K_WAVES waves
     of tiles, up to the factor that makes that many, never more splits than main-loop iterations."""
