@@ -107,3 +107,17 @@ def test_reorder_tail_sorts_only_the_ranks_tasks_since_the_given_id_stably():
     assert b.stream_ids(1, "compute") == (other,)  # another rank's stream untouched
     g = b.build((0, 1), True)
     g.validate()
+
+
+def test_one_stage_runs_1f1b_without_pairs_whatever_schedule_the_scenario_names():
+    """pp = 1 runs plain 1F1B (stage_units.stage_layout): DualPipeV's pairs do not apply, and the
+    lowered streams are 1F1B's (a pair there would run a backward before its own forward)."""
+    def streams(schedule: str, v: int):
+        raw = {"model": {"num_layers": 4, "hidden_size": 1024, "num_attention_heads": 8, "vocab_size": 1024,
+                         "seq_length": 1024, "mlp": "swiglu", "num_experts": 8, "moe_top_k": 2},
+               "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+               "parallelism": {"tp": 1, "pp": 1, "dp": 8, "ep": 8, "schedule": schedule, "virtual_stages": v},
+               "training": {"global_batch_size": 64, "micro_batch_size": 1}}
+        g = lower(scenario_from_dict(raw)).graph
+        return {k: [g.tasks[i].name for i in ids] for k, ids in g.streams.items()}
+    assert streams("dualpipe-v", 2) == streams("1f1b", 1)

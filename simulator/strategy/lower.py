@@ -89,15 +89,16 @@ class _Emitter:
         self.zero3 = par.dp * par.cp > 1 and (par.zero_stage == 3 or (par.zero_stage == 2 and par.sharding in FSDP))
         self.plans: dict = {}  # virtual stage -> zero_impl.pass_fetches
         self.stamp = Stamper(ctx)  # layers emitted once per shape, then stamped out (``stamp``)
-        # DualPipe's overlapped forward-backward pairs: (virtual stage, micro-batch) of their forwards,
-        # and per rank the first task id of a pair whose B is still to come (``pair_overlap``)
-        self.pairs = overlapped_pairs(par.schedule, p, self.m, par.virtual_stages)
-        self.pair_open: dict[int, int] = {}
         # each unit's activation deltas per pass and its parameters on this rank (stage_units)
         self.mem = activation_rules(ctx.scn, split_w)
         ctx.layer_mem = self.mem.layers
         g, layout = ctx.graph, stage_layout(par)
         self.layout = layout
+        # DualPipe's overlapped forward-backward pairs: (virtual stage, micro-batch) of their forwards in
+        # the schedule the layout runs (one stage runs 1F1B, whatever the scenario names), and per rank
+        # the first task id of a pair whose B is still to come (``pair_overlap``)
+        self.pairs = overlapped_pairs(layout.schedule, layout.p, self.m, layout.v)
+        self.pair_open: dict[int, int] = {}
         self.unit_params = unit_params(g, par, layout)
         self.tied_pp = ctx.scn.model.tie_embeddings and not layout.ends_together
         # DeepSpeed fetches per submodule: one (weight, bias) pair per op holding dense parameters
