@@ -123,7 +123,7 @@ def _dualpipe_v_ranks(p: int, m: int) -> list[_VRank]:
 
 def dualpipe_v_pairs(p: int, m: int, v: int = 2) -> frozenset[tuple[int, int]]:
     """(virtual stage, micro-batch) of every forward that opens an overlapped pair in DualPipeV."""
-    return frozenset(pair for prog in _dualpipe_v_ranks(p, m) for pair in prog.pairs)
+    return _pairs(_dualpipe_v_ranks(p, m))
 
 
 def dualpipe(p: int, m: int, v: int = 2) -> list[list[Action]]:
@@ -157,4 +157,10 @@ def _dualpipe_ranks(p: int, m: int) -> list[_VRank]:
 
 def dualpipe_pairs(p: int, m: int, v: int = 2) -> frozenset[tuple[int, int]]:
     """(virtual stage, micro-batch) of every forward that opens an overlapped pair in DualPipe."""
-    return frozenset(pair for prog in _dualpipe_ranks(p, m) for pair in prog.pairs)
+    return _pairs(_dualpipe_ranks(p, m))
+
+
+def _pairs(progs: list[_VRank]) -> frozenset[tuple[int, int]]:
+    """Every rank's overlapped pairs (``_VRank.pairs``), one set: a (virtual stage, micro-batch) names
+    one forward on one rank."""
+    return frozenset(pair for prog in progs for pair in prog.pairs)
