@@ -1,7 +1,7 @@
 """Hugging Face config.json import."""
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -262,15 +262,18 @@ def test_dropout_read_from_config():
 
 
 def test_deepseek_v3_config():
-    """deepseek-ai/DeepSeek-V3 config.json: the multi-token-prediction module is refused by name; the
-    main model is 671B (DeepSeek-V3 report §1; the Hugging Face checkpoint's 685B adds the 14B MTP
-    module) and matches the preset."""
+    """deepseek-ai/DeepSeek-V3 config.json: num_nextn_predict_layers = 1 is one MTP module; the main
+    model is 671B (DeepSeek-V3 report §1) and matches the preset; the Hugging Face checkpoint's 685B
+    (model card: "671B of the Main Model weights and 14B of the Multi-Token Prediction (MTP) Module
+    weights") stores the module with its own copies of the shared embedding and output head."""
     cfg = json.loads((DATA / "DeepSeek-V3" / "config.json").read_text())
-    with pytest.raises(ValueError, match="num_nextn_predict_layers = 1: multi-token-prediction"):
-        hf_config_to_fields(cfg)
-    spec = ModelSpec(**hf_config_to_fields(dict(cfg, num_nextn_predict_layers=0), "deepseek-v3"), seq_length=4096)
-    assert spec.num_params() == pytest.approx(671e9, rel=0.005)
-    assert without_name(spec) == without_name(MODEL_PRESETS["deepseek-v3"])
+    spec = ModelSpec(**hf_config_to_fields(cfg, "deepseek-v3"), seq_length=4096)
+    assert spec.mtp_layers == 1
+    copies = 2 * spec.vocab_size * spec.hidden_size
+    assert spec.num_params() + copies == pytest.approx(685e9, rel=0.005)
+    main = replace(spec, mtp_layers=0)
+    assert main.num_params() == pytest.approx(671e9, rel=0.005)
+    assert without_name(main) == without_name(MODEL_PRESETS["deepseek-v3"])
 
 
 def test_tied_small_qwen():
@@ -280,7 +283,7 @@ def test_tied_small_qwen():
 
 # keys that make a published config unrepresentable on purpose (refused by their own tests): set to the
 # representable value so that the unknown key is what gets refused
-NEUTRAL = {"DeepSeek-V3": {"num_nextn_predict_layers": 0}, "pythia-160m": {"use_parallel_residual": False}}
+NEUTRAL = {"pythia-160m": {"use_parallel_residual": False}}
 
 
 @pytest.mark.parametrize("folder", sorted(p.name for p in DATA.iterdir() if (p / "config.json").is_file()))
@@ -305,7 +308,8 @@ def test_forward_flops_are_two_per_published_active_weight(folder, active, looku
     from simulator.model.opgraph import build_op_graph
 
     cfg = dict(json.loads((DATA / folder / "config.json").read_text()), **NEUTRAL.get(folder, {}))
-    spec = ModelSpec(**hf_config_to_fields(cfg, folder), seq_length=4096)
+    # the published activated count is the main model's (DeepSeek-V3's MTP module excluded)
+    spec = replace(ModelSpec(**hf_config_to_fields(cfg, folder), seq_length=4096), mtp_layers=0)
     g = build_op_graph(spec, 1)
     core = sum(o.fwd_flops for i in range(spec.num_layers) for o in g.layer_ops(i) if o.kind == "attention")
     per_token = (g.fwd_flops() - core) / (2 * spec.seq_length)

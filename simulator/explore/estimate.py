@@ -68,7 +68,8 @@ class EstimateCache:
 
     def layout(self, scn: Scenario) -> StageLayout:
         """The plan's stage layout (``strategy.stage_units.stage_layout``)."""
-        return self._get(("layout", scn.parallel), lambda: stage_layout(scn.parallel))
+        return self._get(("layout", scn.parallel, scn.model.mtp_layers),
+                         lambda: stage_layout(scn.parallel, scn.model.mtp_layers))
 
     def actions(self, scn: Scenario) -> list[list[Action]]:
         lay = self.layout(scn)

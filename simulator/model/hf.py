@@ -197,14 +197,12 @@ def _moe(k: _Keys, ffn: int) -> dict:
     if mt in ("deepseek_v2", "deepseek_v3"):  # DeepseekV3MoE: routed experts + shared experts
         if k.int("moe_layer_freq", default=1) != 1:
             raise k.refuse("moe_layer_freq", "only every layer after the first dense ones sparse (1) is representable")
-        if k.int("num_nextn_predict_layers", default=0):
-            raise k.refuse("num_nextn_predict_layers", "multi-token-prediction modules are not modelled "
-                                                       "(set it to 0 to simulate the main model)")
         moe_ffn = k.int("moe_intermediate_size")
         return {"num_experts": k.int("n_routed_experts"), "moe_top_k": k.int("num_experts_per_tok"),
                 "ffn_hidden_size": ffn, "moe_ffn_hidden_size": moe_ffn,
                 "moe_shared_expert_ffn_hidden_size": k.int("n_shared_experts", default=0) * moe_ffn,
-                "moe_first_dense_layers": k.int("first_k_dense_replace", default=0)}
+                "moe_first_dense_layers": k.int("first_k_dense_replace", default=0),
+                "mtp_layers": k.int("num_nextn_predict_layers", default=0)}
     return {"ffn_hidden_size": ffn}
 
 

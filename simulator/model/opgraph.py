@@ -74,6 +74,7 @@ class OpGraph:
     # the same two with sliding-window attention (models with windowed layers only)
     windowed_layer: tuple[Op, ...] = ()
     windowed_dense_layer: tuple[Op, ...] = ()
+    mtp_layer: tuple[Op, ...] = ()  # one MTP module's layer (model.mtp_layers > 0): its inputs, then ``layer``
 
     @property
     def tokens(self) -> int:
@@ -91,7 +92,10 @@ class OpGraph:
 
     def layer_ops(self, index: int) -> tuple[Op, ...]:
         """The ops of layer ``index`` (0-based): the dense template for an MoE model's first dense
-        layers, the windowed one for a sliding-window layer."""
+        layers, the windowed one for a sliding-window layer, the MTP module's for the layers after
+        the main model's (``ModelSpec.total_layers``)."""
+        if index >= self.model.num_layers:
+            return self.mtp_layer
         dense = index < self.model.moe_first_dense_layers
         if self.model.is_windowed_layer(index):
             return self.windowed_dense_layer if dense else self.windowed_layer
@@ -100,7 +104,7 @@ class OpGraph:
     def layer_kinds(self) -> list[tuple[tuple[Op, ...], int]]:
         """(template, number of layers using it) over the distinct templates, in first-use order."""
         counts: dict = {}
-        for i in range(self.model.num_layers):
+        for i in range(self.model.total_layers):
             ops = self.layer_ops(i)
             n = counts.setdefault(id(ops), [ops, 0])
             n[1] += 1
@@ -315,19 +319,37 @@ def _embed_ops(m: ModelSpec, b: int, d: int) -> list[Op]:
                     (1 + 2 * tables) * d, m.embedding_params(), "vocab", d)]
 
 
+def _mtp_input_ops(m: ModelSpec, b: int, d: int) -> list[Op]:
+    """An MTP module's inputs (DeepSeek-V3 eq. 21): the next tokens' embedding (the shared table:
+    no weights of its own), RMSNorm of it and of the previous depth's hidden state, and the
+    projection of their concatenation (2h -> h, column-parallel as Megatron-core's eh_proj). In
+    the attention block: they run before the layer's own norm and share its TP communication."""
+    t, h = b * m.seq_length, m.hidden_size
+    return [_vector("mtp_embed", "embedding", "attn", t, h, 2 * d, 3 * d, 0, "vocab", d),
+            _norm("mtp_enorm", "attn", m, t, d), _norm("mtp_hnorm", "attn", m, t, d),
+            _gemm("mtp_eh_proj", "attn", t, h, 2 * h, 2 * h * h, "column", d)]
+
+
 def _head_ops(m: ModelSpec, b: int, d: int) -> list[Op]:
+    """The final norm, the LM head and the loss; then, per MTP module, its own norm, the shared head
+    again (no weights of its own) and its loss."""
+    ops = _output_ops(m, b, d, "", 0 if m.tie_embeddings else m.vocab_size * m.hidden_size)
+    for k in range(m.mtp_layers):
+        ops += _output_ops(m, b, d, f"mtp{k}_", 0)
+    return ops
+
+
+def _output_ops(m: ModelSpec, b: int, d: int, prefix: str, head_params: int) -> list[Op]:
     t, h, v = b * m.seq_length, m.hidden_size, m.vocab_size
-    fp32 = _dtype_bytes("fp32")
-    head_params = 0 if m.tie_embeddings else v * h  # tied: the weights live in "embed"
     return [
-        _norm("final_norm", "head", m, t, d),
-        _gemm("lm_head", "head", t, v, h, head_params, "vocab", d),
+        _norm(f"{prefix}final_norm", "head", m, t, d),
+        _gemm(f"{prefix}lm_head", "head", t, v, h, head_params, "vocab", d),
         # Megatron's vocab-parallel cross entropy (core/tensor_parallel/cross_entropy.py) runs as
         # separate fp32 passes over the logits: upcast (read 16-bit, write fp32), max, subtract the max
         # in place, exp in place, sum, divide in place (the softmax saved for backward):
         # (d + 4) + 4 + 8 + 8 + 4 + 8 = d + 32 bytes per logit. Backward: subtract the one-hot and
         # scale by the upstream gradient in place (8 + 8), cast back to the training dtype (4 + d).
-        _vector("loss", "loss", "head", t, v, d + 32, 20 + d, 0, "vocab", d),
+        _vector(f"{prefix}loss", "loss", "head", t, v, d + 32, 20 + d, 0, "vocab", d),
     ]
 
 
@@ -349,5 +371,9 @@ def build_op_graph(model: ModelSpec, micro_batch_size: int, dtype: str = "bf16",
             ops = tuple(_attention_ops(model, b, d, windowed) + _mlp_ops(model, b, d, dense=dense))
             kinds[dense, windowed] = fp8_layer(ops, fp8_recipe) if dtype == "fp8" else ops
     main = next(kinds[k] for k in ((False, False), (False, True), (True, False), (True, True)) if k in kinds)
+    mtp: tuple[Op, ...] = ()
+    if model.mtp_layers:
+        mtp = tuple(_mtp_input_ops(model, b, d) + _attention_ops(model, b, d) + _mlp_ops(model, b, d))
+        mtp = fp8_layer(mtp, fp8_recipe) if dtype == "fp8" else mtp
     return OpGraph(model, b, d, tuple(_embed_ops(model, b, d)), main, tuple(_head_ops(model, b, d)),
-                   kinds.get((True, False), ()), kinds.get((False, True), ()), kinds.get((True, True), ()))
+                   kinds.get((True, False), ()), kinds.get((False, True), ()), kinds.get((True, True), ()), mtp)

@@ -82,6 +82,12 @@ class ModelSpec:
     sliding_window_pattern: int = 0
     max_position_embeddings: int = 0  # rows of a learned position table; 0 -> seq_length
     dropout: bool | None = None  # residual and attention dropout (GPT-2/3 0.1); None -> GPT style
+    # Multi-token prediction (DeepSeek-V3 §2.2, Liu et al. 2024; Megatron-core mtp_num_layers;
+    # Hugging Face num_nextn_predict_layers): D sequential modules after the last layer, each
+    # RMSNorm(h) and RMSNorm(Emb(next token)) concatenated, projected 2h -> h, one transformer layer
+    # of the model's main kind, a norm and the shared output head with its own loss. Embedding and
+    # output head are shared with the main model; the modules run on the last pipeline stage.
+    mtp_layers: int = 0
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -120,7 +126,7 @@ class ModelSpec:
                 and self.head_dim == self.hidden_size // self.num_attention_heads):
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by "
                              f"num_attention_heads {self.num_attention_heads} (or set head_dim)")
-        for key in ("sliding_window", "sliding_window_pattern"):
+        for key in ("sliding_window", "sliding_window_pattern", "mtp_layers"):
             if getattr(self, key) < 0:
                 raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
         if self.sliding_window_pattern == 1:
@@ -198,6 +204,11 @@ class ModelSpec:
     @property
     def is_mla(self) -> bool:
         return self.kv_lora_rank > 0
+
+    @property
+    def total_layers(self) -> int:
+        """Transformer layers of the op graph: the main model's, then the MTP modules' (``mtp_layers``)."""
+        return self.num_layers + self.mtp_layers
 
     @property
     def num_moe_layers(self) -> int:
@@ -324,12 +335,19 @@ class ModelSpec:
         head = 0 if self.tie_embeddings else self.vocab_size * self.hidden_size
         return self.norm_params() + head
 
+    def mtp_module_params(self) -> int:
+        """One MTP module's own weights: two input norms, the 2h -> h projection, a main-kind layer and
+        the output norm (embedding and output head are the main model's)."""
+        return 3 * self.norm_params() + 2 * self.hidden_size ** 2 + self.params_per_layer()
+
     def num_params(self) -> int:
+        """Trained parameters: the main model plus its MTP modules (``mtp_module_params``)."""
         dense = self.moe_first_dense_layers * self.dense_layer_params()
         return (self.embedding_params() + (self.num_layers - self.moe_first_dense_layers)
-                * self.params_per_layer() + dense + self.head_params())
+                * self.params_per_layer() + dense + self.head_params()
+                + self.mtp_layers * self.mtp_module_params())
 
     def num_active_params(self) -> int:
         """Parameters touched per token (MoE: top_k of num_experts routed experts)."""
         inactive = (self.num_experts - self.moe_top_k) * self.expert_params() if self.is_moe else 0
-        return self.num_params() - self.num_moe_layers * inactive
+        return self.num_params() - (self.num_moe_layers + (self.mtp_layers if self.is_moe else 0)) * inactive

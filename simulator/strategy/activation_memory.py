@@ -322,8 +322,8 @@ def layer_memories(scn: Scenario, split_backward: bool, recompute_workspace: boo
     """``layer_memory`` of every layer index, by its kind (one object per kind)."""
     m = scn.model
     kinds = {dense: layer_memory(scn, split_backward, dense, recompute_workspace)
-             for dense in {i < m.moe_first_dense_layers for i in range(m.num_layers)}}
-    return tuple(kinds[i < m.moe_first_dense_layers] for i in range(m.num_layers))
+             for dense in {i < m.moe_first_dense_layers for i in range(m.total_layers)}}
+    return tuple(kinds[i < m.moe_first_dense_layers] for i in range(m.total_layers))  # MTP: the main kind
 
 
 def embedding_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool, cp: int,

@@ -144,7 +144,7 @@ def layer_blocks(graph: OpGraph, tp: int, sp: bool, cp: int, ep: int, grad_accum
     one kind share the same object (and so the same work tuples, which the cost model caches by id)."""
     built: dict = {}
     out = []
-    for i in range(graph.model.num_layers):
+    for i in range(graph.model.total_layers):
         ops = graph.layer_ops(i)
         if id(ops) not in built:
             built[id(ops)] = build_blocks(graph, tp, sp, cp, ep, grad_accum_bytes_per_param, etp, ops)

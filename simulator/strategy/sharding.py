@@ -289,7 +289,9 @@ def params_per_rank(graph: OpGraph, tp: int, ep: int, layers: int | tuple[int, .
     Tied embeddings: with pp > 1 Megatron allocates the word embedding on both the first and the
     last stage and all-reduces their gradients (Megatron-LM ``setup_embeddings_and_output_layer``,
     ``_allreduce_word_embedding_grads``), so a head stage without the embedding holds a copy of the
-    vocab-parallel word embedding; with one stage it is counted once."""
+    vocab-parallel word embedding; with one stage it is counted once. MTP modules read the shared
+    word embedding on the head's stage (Megatron-core GPTModel builds its embedding where
+    ``pre_process or mtp_process``): a copy there too."""
     for name, v in (("tp", tp), ("ep", ep)):
         if v < 1:
             raise ValueError(f"{name} must be >= 1, got {v}")
@@ -309,6 +311,6 @@ def params_per_rank(graph: OpGraph, tp: int, ep: int, layers: int | tuple[int, .
         dense += _embedding_params_per_rank(graph, tp)
     if has_head:
         dense += sum(_op_params_per_rank(op, tp, ep) for op in graph.head)
-        if m.tie_embeddings and not has_embed:
+        if (m.tie_embeddings or m.mtp_layers) and not has_embed:
             dense += ceil(m.vocab_size / tp) * m.hidden_size
     return {"dense": dense, "expert": expert}

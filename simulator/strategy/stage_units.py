@@ -49,16 +49,22 @@ def chunk_sizes(layers_per_stage: tuple[int, ...], v: int, smap: StageMap | None
     return tuple(sizes)
 
 
-def chunk_layers(layers_per_stage: tuple[int, ...], v: int,
-                 smap: StageMap | None = None) -> tuple[tuple[int, ...], ...]:
+def chunk_layers(layers_per_stage: tuple[int, ...], v: int, smap: StageMap | None = None,
+                 mtp_layers: int = 0) -> tuple[tuple[int, ...], ...]:
     """Global layer indices of every virtual stage, in virtual-stage order (see ``chunk_sizes``). A map
-    of two model copies ("dual") gives each copy's stage k the layers of pipeline stage k."""
+    of two model copies ("dual") gives each copy's stage k the layers of pipeline stage k. The
+    ``mtp_layers`` MTP modules (indices after the main layers) follow the last main layer, on the
+    virtual stage that holds the LM head: Megatron-core builds them in the last stage's post-process
+    part, outside num_layers_in_last_pipeline_stage."""
     if smap is not None and smap.copies > 1:
-        return chunk_layers(layers_per_stage, v // smap.copies) * smap.copies
+        return chunk_layers(layers_per_stage, v // smap.copies, None, mtp_layers) * smap.copies
     out, first = [], 0
     for n in chunk_sizes(layers_per_stage, v, smap):
         out.append(tuple(range(first, first + n)))
         first += n
+    smap, nv = smap or StageMap("loop", len(layers_per_stage)), len(out)
+    last = next(vs for vs in range(nv) if smap.next(vs, nv) is None)
+    out[last] += tuple(range(first, first + mtp_layers))
     return tuple(out)
 
 
@@ -111,12 +117,13 @@ class StageLayout:
         return self.p - 1 - stage if self.copies > 1 else None
 
 
-def stage_layout(par: ParallelSpec) -> StageLayout:
-    """The layout of a ``ParallelSpec``: schedule and chunks as the lowering runs them."""
+def stage_layout(par: ParallelSpec, mtp_layers: int = 0) -> StageLayout:
+    """The layout of a ``ParallelSpec`` (with a model's ``mtp_layers`` MTP modules): schedule and
+    chunks as the lowering runs them."""
     schedule, v = (par.schedule, par.virtual_stages) if par.pp > 1 else ("1f1b", 1)
     smap = stage_map(schedule, par.pp)
     per_stage = tuple(par.layers_per_stage) or (0,) * par.pp
-    return StageLayout(schedule, par.pp, v, smap, chunk_layers(per_stage, v, smap))
+    return StageLayout(schedule, par.pp, v, smap, chunk_layers(per_stage, v, smap, mtp_layers))
 
 
 # ---- parameters ------------------------------------------------------------------------------------
@@ -137,7 +144,7 @@ def unit_params(graph: OpGraph, par: ParallelSpec, layout: StageLayout) -> UnitP
     tp, ep = par.tp, par.ep
     kinds: dict = {}
     layers = []
-    for i in range(graph.model.num_layers):
+    for i in range(graph.model.total_layers):
         ops = graph.layer_ops(i)
         if id(ops) not in kinds:
             c = params_per_rank(graph, tp, ep, (i,), False, False, par.etp)
@@ -186,7 +193,7 @@ def copy_sync_bytes(par: ParallelSpec, layout: StageLayout, counts: dict, grad_d
 def rank_param_counts(model: ModelSpec, par: ParallelSpec, stage: int) -> dict:
     """``stage_param_counts`` from a model and a ``ParallelSpec`` (parameters do not depend on the
     micro-batch or the dtype: the op graph is built at 1 and bf16)."""
-    return stage_param_counts(build_op_graph(model, 1, "bf16"), par, stage_layout(par), stage)
+    return stage_param_counts(build_op_graph(model, 1, "bf16"), par, stage_layout(par, model.mtp_layers), stage)
 
 
 # ---- activation deltas ---------------------------------------------------------------------------
@@ -246,7 +253,7 @@ def activation_rules(scn: Scenario, split_backward: bool | None = None, recomput
     """The rules of a scenario's plan (``split_backward``: default, whether its schedule splits it)."""
     m, par, tr = scn.model, scn.parallel, scn.training
     if split_backward is None:
-        split_backward = splits_backward(stage_layout(par).schedule)
+        split_backward = splits_backward(stage_layout(par, m.mtp_layers).schedule)
     args = (m, tr.micro_batch_size, par.tp, par.sequence_parallel, par.cp, tr.dtype_bytes)
     return ActivationRules(layer_memories(scn, split_backward, recompute_workspace),
                            embedding_activation_bytes(*args), head_activation_bytes(*args))
