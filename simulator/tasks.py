@@ -7,6 +7,8 @@ of its task list; every other ordering constraint is an explicit dependency (DES
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -181,6 +183,12 @@ class TaskGraphBuilder:
     def last_on(self, rank: int, stream: str) -> int | None:
         ids = self._streams.get((rank, stream))
         return ids[-1] if ids else None
+
+    def last_before(self, rank: int, stream: str, tid: int) -> int | None:
+        """The last task of (rank, stream) created before id ``tid``."""
+        ids = self._streams.get((rank, stream), [])
+        k = bisect_left(ids, tid) if ids and ids[-1] >= tid else len(ids)
+        return ids[k - 1] if k else None
 
     def set_mem(self, tid: int, mem_delta_bytes: float) -> None:
         """Attach a memory allocation (+) or release (-) to an already appended task."""

@@ -38,6 +38,7 @@ MLA_MOE = {"model": {"num_layers": 4, "hidden_size": 512, "num_attention_heads":
                      "moe_shared_expert_ffn_hidden_size": 256, "moe_first_dense_layers": 1, "q_lora_rank": 128,
                      "kv_lora_rank": 64, "head_dim": 96, "qk_rope_head_dim": 32, "v_head_dim": 64},
            "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 2}, "training": {"global_batch_size": 32}}
+MTP = {**MLA_MOE, "model": {**MLA_MOE["model"], "mtp_layers": 1}}
 ALL = SearchSpace(prune_dominated=False, cp_min_block=False, even_chunks=False)
 
 
@@ -142,6 +143,15 @@ PLANS = [
     (modules("mla_up_proj", "core_attn", "moe"), Plan(2, 1, 4, cp=2, ep=4, sequence_parallel=True, recompute="selective")),
     (modules("mla_up_proj", "moe_act"), Plan(1, 2, 8, ep=4, schedule="dualpipe-v", virtual_stages=2, zero_stage=1,
                                              recompute="selective")),
+    # multi-token prediction: the MTP module's layer after the last main layer, on the head's stage
+    (MTP, Plan(2, 2, 4, ep=2, sequence_parallel=True, zero_stage=1)),
+    # uneven chunks under DualPipeV with ZeRO-3: a paired backward's first gather follows what ran
+    # before the pair, not its interleaved forward (it deadlocked when it waited on the forward's end)
+    ({**MLA_MOE, "model": {**MLA_MOE["model"], "num_layers": 5}},
+     Plan(1, 2, 8, ep=4, schedule="dualpipe-v", virtual_stages=2, zero_stage=3)),
+    (MTP, Plan(1, 2, 8, ep=4, schedule="dualpipe-v", virtual_stages=2, zero_stage=3, recompute="full")),
+    (MTP, Plan(2, 2, 4, ep=2, schedule="interleaved-1f1b", virtual_stages=2, sequence_parallel=True,
+               recompute="selective")),
 ]
 
 

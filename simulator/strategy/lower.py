@@ -206,8 +206,13 @@ class _Emitter:
         issued: dict = {}
         expert_done: set = set()
         fsdp2 = self.ctx.par.sharding == "fsdp2"
+        builder = self.ctx.builder
         for i, unit in enumerate(units):
-            before = self.ctx.builder.last_on(r, "compute")
+            before = builder.last_on(r, "compute")
+            if phase == "B" and r in self.pair_open and before is not None and builder.task(before).phase == "F":
+                # a paired backward shares nothing with its forward (pair_overlap): its first fetch
+                # follows what ran before the pair, not the forward it is interleaved with
+                before = builder.last_before(r, "compute", self.pair_open[r])
             for j in (i, i + 1):
                 for k in first.get(j, ()):
                     if k in issued or (j > i and not fetches[k].prefetch):
