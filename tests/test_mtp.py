@@ -69,3 +69,16 @@ def test_lowering_runs_the_module_on_the_last_stage_with_its_all_to_alls_and_an_
 def test_a_negative_depth_is_refused_by_name():
     with pytest.raises(ValueError, match="mtp_layers"):
         replace(MOE, mtp_layers=-1).check()
+
+
+def test_deepspeed_fetches_each_layer_by_its_own_submodules():
+    """DeepSpeed ZeRO-3 gathers per submodule: a dense first layer and an MTP module (its 2h -> h
+    projection) are fetched by their own templates' sizes, not the main layer's."""
+    from simulator.strategy.sharding import layer_submodules
+
+    h = 512
+    m = replace(MOE, hidden_size=h, mtp_layers=1)
+    subs = layer_submodules(build_op_graph(m, 1), 1, 1)
+    assert len(subs) == 5 and subs[1] == subs[3]
+    assert subs[0] != subs[1]  # the dense first layer's MLP
+    assert sum(subs[4]) - sum(subs[1]) == 2 * h * h  # the projection; its norms stay persistent

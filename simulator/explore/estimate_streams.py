@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 
 from ..scenario import Scenario
 from ..strategy.mesh import DeviceMesh
-from ..strategy.sharding import linear_params
+from ..strategy.sharding import layer_submodules
 from ..strategy.stage_units import copy_sync_bytes, stage_param_counts, unit_params
-from ..strategy.zero_impl import FSDP, chunk_fetches, hsdp_groups, list_all_gather_host_work, submodule_params
+from ..strategy.zero_impl import FSDP, chunk_fetches, hsdp_groups, list_all_gather_host_work
 
 if TYPE_CHECKING:
     from .estimate import EstimateCache, RankProfile
@@ -77,7 +77,7 @@ def stage_fetches(scn: Scenario, stage: int, cache: "EstimateCache | None" = Non
         cache = EstimateCache()
     par, graph, layout = scn.parallel, cache.graph(scn), cache.layout(scn)
     params = unit_params(graph, par, layout)
-    subs = submodule_params(linear_params(graph, par.tp, par.ep))
+    subs = layer_submodules(graph, par.tp, par.ep)
     out: list = []
     for vs in layout.held(stage):
         units = [str(u) for u in layout.units(vs)]

@@ -26,11 +26,11 @@ from .layer_emit import amax_reduction, column_backward, layer_backward, layer_f
 from .mesh import DeviceMesh
 from .pair_overlap import interleave
 from .schedules import Action, StageMap, overlapped_pairs, schedule_actions, splits_backward
-from .sharding import grad_accumulation_bytes_per_param, linear_params
+from .sharding import grad_accumulation_bytes_per_param, layer_submodules
 from .stage_units import (activation_rules, chunk_layers, chunk_sizes, copy_sync_bytes,  # noqa: F401 (re-exported)
                           stage_layout, stage_param_counts, unit_params)
 from .stamp import Stamper
-from .zero_impl import DEEPSPEED, FSDP, FSDP2_COPY_PASSES, chunk_fetches, submodule_params
+from .zero_impl import DEEPSPEED, FSDP, FSDP2_COPY_PASSES, chunk_fetches
 
 if TYPE_CHECKING:  # scenario imports strategy: a type-only import
     from ..scenario import Scenario
@@ -102,7 +102,7 @@ class _Emitter:
         self.unit_params = unit_params(g, par, layout)
         self.tied_pp = ctx.scn.model.tie_embeddings and not layout.ends_together
         # DeepSpeed fetches per submodule: one (weight, bias) pair per op holding dense parameters
-        self.layer_subs = submodule_params(linear_params(g, par.tp, par.ep))
+        self.layer_subs = layer_submodules(g, par.tp, par.ep)
 
     # ---- driver ------------------------------------------------------------------------------
     def run(self) -> None:

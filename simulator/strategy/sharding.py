@@ -28,6 +28,7 @@ from math import ceil, prod
 
 from ..model.opgraph import TP_SPLITS, Op, OpGraph, attention_bytes, gemm_bytes, gemm_flops
 from ..tasks import OpWork, gemm_grad_shapes
+from .zero_impl import submodule_params
 
 BACKWARD_PARTS = ("B", "W", "BW")
 
@@ -258,6 +259,19 @@ def linear_params(graph: OpGraph, tp: int, ep: int, ops: tuple[Op, ...] | None =
         else:
             out.append((p, 0))
     return out
+
+
+def layer_submodules(graph: OpGraph, tp: int, ep: int) -> tuple[list[float], ...]:
+    """DeepSpeed's submodule sizes (``zero_impl.submodule_params`` of ``linear_params``) of every layer
+    by global index, each from its own template (dense first layers, an MTP module's projection)."""
+    kinds: dict = {}
+    out = []
+    for i in range(graph.model.total_layers):
+        ops = graph.layer_ops(i)
+        if id(ops) not in kinds:
+            kinds[id(ops)] = submodule_params(linear_params(graph, tp, ep, ops))
+        out.append(kinds[id(ops)])
+    return tuple(out)
 
 
 def _embedding_params_per_rank(graph: OpGraph, tp: int) -> int:
