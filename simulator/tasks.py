@@ -187,7 +187,7 @@ class TaskGraphBuilder:
     def last_before(self, rank: int, stream: str, tid: int) -> int | None:
         """The last task of (rank, stream) created before id ``tid``."""
         ids = self._streams.get((rank, stream), [])
-        k = bisect_left(ids, tid) if ids and ids[-1] >= tid else len(ids)
+        k = bisect_left(ids, tid)
         return ids[k - 1] if k else None
 
     def set_mem(self, tid: int, mem_delta_bytes: float) -> None:

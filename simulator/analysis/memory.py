@@ -14,8 +14,8 @@ from ..model.spec import ModelSpec
 from ..scenario import Scenario
 from ..strategy.schedules import schedule_actions
 from ..strategy.sharding import params_per_rank
-from ..strategy.stage_units import (activation_rules, rank_param_counts, stage_layout,  # noqa: F401 (re-exported)
-                                   stage_param_counts)
+from ..strategy.stage_units import (activation_rules, rank_param_counts, scenario_layout,  # noqa: F401
+                                   stage_layout, stage_param_counts)  # (stage_layout re-exported)
 from ..tasks import InternalError
 from ..trace import Trace, TraceEvent
 from ..units import DTYPE_BYTES, MiB
@@ -149,7 +149,7 @@ def static_buffers(scn: Scenario, counts: dict, trace_has_buffers: bool = False)
     ZeRO-2/3 reduce bucket and the ZeRO-3 gathered layers, unless the trace carries buffer deltas (the gathers themselves)."""
     par, tr = scn.parallel, scn.training
     groups = sum(1 for size in (par.tp, par.cp, par.pp, par.dp * par.cp, par.ep) if size > 1)
-    groups += par.pp > 1 and stage_layout(par, scn.model.mtp_layers).copies > 1  # DualPipe's pair summing the copies' gradients
+    groups += par.pp > 1 and scenario_layout(scn).copies > 1  # DualPipe's pair summing the copies' gradients
     out = {"cuda_context": float(CUDA_CONTEXT_BYTES),
            "nccl": float(groups * NCCL_CHANNELS * NCCL_CHANNEL_BUFFER_BYTES)}
     params = counts.get("dense", 0) + counts.get("expert", 0)
@@ -240,7 +240,7 @@ def schedule_trace(scn: Scenario, stages: list[int] | None = None, recompute_wor
     stored activations alone, the quantity of Korthikanti et al.'s formulas). Rank id = stage. It has
     the schedule's order but no timing, so ``memory_report`` on it is a fast estimate (the accuracy
     benchmark); the simulated trace is the reference."""
-    layout = stage_layout(scn.parallel, scn.model.mtp_layers)  # one stage runs plain 1F1B, as the lowering does
+    layout = scenario_layout(scn)  # one stage runs plain 1F1B, as the lowering does
     p = layout.p
     rules = activation_rules(scn, recompute_workspace=recompute_workspace)
     rows = schedule_actions(layout.schedule, p, scn.num_microbatches, layout.v)
@@ -259,7 +259,7 @@ def schedule_trace(scn: Scenario, stages: list[int] | None = None, recompute_wor
 
 def estimate_memory(scn: Scenario) -> MemoryReport:
     """``memory_report`` of every pipeline stage on ``schedule_trace``: no simulation needed."""
-    par, layout = scn.parallel, stage_layout(scn.parallel, scn.model.mtp_layers)
+    par, layout = scn.parallel, scenario_layout(scn)
     graph = build_op_graph(scn.model, 1, "bf16")  # parameters depend on neither micro-batch nor dtype
     stage_params = {s: stage_param_counts(graph, par, layout, s) for s in range(par.pp)}
     return memory_report(scn, stage_params, schedule_trace(scn))

@@ -33,7 +33,7 @@ from ..strategy.layer_emit import blocking_tp
 from ..strategy.recompute import recomputed_forward
 from ..strategy.schedules import schedule_actions, splits_backward
 from ..strategy.sharding import grad_accumulation_bytes_per_param
-from ..strategy.stage_units import StageLayout, activation_rules, stage_layout, stage_param_counts
+from ..strategy.stage_units import StageLayout, activation_rules, scenario_layout, stage_param_counts
 from ..tasks import Collective, Task
 from ..units import DTYPE_BYTES
 from .estimate_streams import ds2021_host_s, dp_stream_s, pp_stream_s
@@ -67,9 +67,8 @@ class EstimateCache:
         return self._memo[key]
 
     def layout(self, scn: Scenario) -> StageLayout:
-        """The plan's stage layout (``strategy.stage_units.stage_layout``)."""
-        return self._get(("layout", scn.parallel, scn.model.mtp_layers),
-                         lambda: stage_layout(scn.parallel, scn.model.mtp_layers))
+        """The plan's stage layout (``strategy.stage_units.scenario_layout``)."""
+        return self._get(("layout", scn.parallel, scn.model.mtp_layers), lambda: scenario_layout(scn))
 
     def actions(self, scn: Scenario) -> list[list[Action]]:
         lay = self.layout(scn)

@@ -28,7 +28,7 @@ from .pair_overlap import interleave
 from .schedules import Action, StageMap, overlapped_pairs, schedule_actions, splits_backward
 from .sharding import grad_accumulation_bytes_per_param, layer_submodules
 from .stage_units import (activation_rules, chunk_layers, chunk_sizes, copy_sync_bytes,  # noqa: F401 (re-exported)
-                          stage_layout, stage_param_counts, unit_params)
+                          scenario_layout, stage_layout, stage_param_counts, unit_params)
 from .stamp import Stamper
 from .zero_impl import DEEPSPEED, FSDP, FSDP2_COPY_PASSES, chunk_fetches
 
@@ -53,7 +53,7 @@ def lower(scn: Scenario, full: bool = False) -> LoweredPlan:
     blocks = build_blocks(graph, par.tp, par.sequence_parallel, par.cp, par.ep, acc, par.etp)
     per_layer = layer_blocks(graph, par.tp, par.sequence_parallel, par.cp, par.ep, acc, par.etp)
     ctx = LowerCtx(scn, mesh, graph, blocks, full, layers=per_layer)
-    layout = stage_layout(par, model.mtp_layers)  # schedule, stage map and layers of every virtual stage (stage_units)
+    layout = scenario_layout(scn)  # schedule, stage map and layers of every virtual stage (stage_units)
     schedule, v, smap, layers = layout.schedule, layout.v, layout.smap, layout.chunks
     actions = schedule_actions(schedule, par.pp, scn.num_microbatches, v)
     ranks = tuple(range(mesh.size)) if full else mesh.representatives
@@ -92,7 +92,7 @@ class _Emitter:
         # each unit's activation deltas per pass and its parameters on this rank (stage_units)
         self.mem = activation_rules(ctx.scn, split_w)
         ctx.layer_mem = self.mem.layers
-        g, layout = ctx.graph, stage_layout(par, ctx.scn.model.mtp_layers)
+        g, layout = ctx.graph, scenario_layout(ctx.scn)
         self.layout = layout
         # DualPipe's overlapped forward-backward pairs: (virtual stage, micro-batch) of their forwards in
         # the schedule the layout runs (one stage runs 1F1B, whatever the scenario names), and per rank

@@ -126,6 +126,11 @@ def stage_layout(par: ParallelSpec, mtp_layers: int = 0) -> StageLayout:
     return StageLayout(schedule, par.pp, v, smap, chunk_layers(per_stage, v, smap, mtp_layers))
 
 
+def scenario_layout(scn: Scenario) -> StageLayout:
+    """``stage_layout`` of a scenario: its parallelism with its model's MTP modules."""
+    return stage_layout(scn.parallel, scn.model.mtp_layers)
+
+
 # ---- parameters ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class UnitParams:
@@ -253,7 +258,7 @@ def activation_rules(scn: Scenario, split_backward: bool | None = None, recomput
     """The rules of a scenario's plan (``split_backward``: default, whether its schedule splits it)."""
     m, par, tr = scn.model, scn.parallel, scn.training
     if split_backward is None:
-        split_backward = splits_backward(stage_layout(par, m.mtp_layers).schedule)
+        split_backward = splits_backward(scenario_layout(scn).schedule)
     args = (m, tr.micro_batch_size, par.tp, par.sequence_parallel, par.cp, tr.dtype_bytes)
     return ActivationRules(layer_memories(scn, split_backward, recompute_workspace),
                            embedding_activation_bytes(*args), head_activation_bytes(*args))
