@@ -212,6 +212,10 @@ def _check_recompute_modules(m: ModelSpec, p: ParallelSpec, t: TrainingSpec) -> 
     if "moe_act" in mods and not (m.is_moe and m.moe_grouped_gemm):  # "only supported with moe_grouped_gemm"
         raise ScenarioError(f"parallelism.recompute_modules: 'moe_act' needs an MoE model with model.moe_grouped_gemm "
                             f"= true (num_experts = {m.num_experts}, moe_grouped_gemm = {m.moe_grouped_gemm})")
+    if "mlp" in mods and m.parallel_attn_mlp:  # recompute_mlp checkpoints a sequential layer's MLP module
+        raise ScenarioError("parallelism.recompute_modules: 'mlp' (Megatron-Core's recompute_mlp, the MLP module "
+                            "with its TP collectives) has no counterpart in a parallel block "
+                            "(model.parallel_attn_mlp = true), whose one TP reduction sums both branches")
     bad = [x for x in ("moe_act", "layernorm") if x in mods]
     if bad and t.dtype == "fp8" and t.fp8_recipe == "delayed":
         # "Delayed scaling does not support moe_act and layernorm recompute for fp8."

@@ -39,6 +39,8 @@ def test_run_json_prints_exactly_one_value_and_writes_results(tmp_path):
     (["run", SMALL, "--set", "parallelism.tp=3"], "parallelism"),
     (["run", SMALL, "--set", "bogus"], "--set 'bogus'"),
     (["run", SMALL, "--set", "training.global_batch_size=-1"], "training.global_batch_size must be positive"),
+    (["run", SMALL, "--set", "model.parallel_norms=3", "--set", "model.parallel_attn_mlp=true"],
+     "model.parallel_norms must be 1"),
     (["run"], "arguments"),
     (["collective", "--cluster", "dgx-z", "--op", "all_reduce"], "dgx-z"),
 ])

@@ -235,3 +235,29 @@ def test_moe_and_mla_rejections(kw, message):
     with pytest.raises(ValueError) as err:
         ModelSpec("t", **{**base, **kw}).check()
     assert message in str(err.value)
+
+
+def test_parallel_block_params_differ_only_by_its_norms():
+    """A parallel attention + MLP block holds the sequential block's weights; GPT-J's shared ln_1 is one
+    norm per layer, GPT-NeoX's two norms (input_layernorm, post_attention_layernorm) are two."""
+    seq = ModelSpec("gpt", num_layers=4, hidden_size=256, num_attention_heads=8, vocab_size=1000, seq_length=64)
+    shared = ModelSpec("gptj", num_layers=4, hidden_size=256, num_attention_heads=8, vocab_size=1000, seq_length=64,
+                       parallel_attn_mlp=True)
+    neox = ModelSpec("neox", num_layers=4, hidden_size=256, num_attention_heads=8, vocab_size=1000, seq_length=64,
+                     parallel_attn_mlp=True, parallel_norms=2)
+    assert (seq.norms_per_layer, shared.norms_per_layer, neox.norms_per_layer) == (2, 1, 2)
+    assert neox.num_params() == seq.num_params()
+    assert seq.num_params() - shared.num_params() == 4 * seq.norm_params()
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(parallel_attn_mlp=True, parallel_norms=0), "parallel_norms must be 1 (one shared norm, GPT-J) or 2"),
+    (dict(parallel_norms=2), "parallel_norms = 2 needs parallel_attn_mlp = true"),
+    (dict(parallel_attn_mlp=True, num_experts=4, moe_top_k=2), "parallel_attn_mlp with num_experts > 1"),
+    (dict(parallel_attn_mlp=True, kv_lora_rank=32, qk_rope_head_dim=8), "parallel_attn_mlp with kv_lora_rank > 0"),
+    (dict(parallel_attn_mlp=True, sandwich_norm=True), "parallel_attn_mlp with sandwich_norm"),
+])
+def test_parallel_block_rejections(kw, message):
+    spec = ModelSpec("x", num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=100, seq_length=16, **kw)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        spec.check()

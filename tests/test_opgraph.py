@@ -299,3 +299,51 @@ def test_moe_forward_gemm_flops_are_two_per_active_weight(name):
     assert per_token == pytest.approx(m.num_active_params() - lookup, rel=1e-3)
     if name == "gpt-oss-120b":
         assert per_token == pytest.approx(5.13e9, rel=0.005)
+
+
+# ---- parallel attention + MLP blocks (GPT-J, GPT-NeoX) ----------------------------------------------------
+def parallel(model: ModelSpec, norms: int) -> ModelSpec:
+    from dataclasses import replace
+    return replace(model, parallel_attn_mlp=True, parallel_norms=norms)
+
+
+def test_parallel_block_ops():
+    """GPT-J: one shared norm feeds QKV and fc1; GPT-NeoX: a second norm of the layer input feeds fc1; both
+    end with the sum of the two branches' partial outputs and one residual add."""
+    seq = [o.name for o in build_op_graph(SMALL_GPT, 1).layer]
+    assert seq == ["ln1", "qkv", "attn_core", "attn_out", "attn_residual", "ln2", "fc1", "act", "fc2", "mlp_residual"]
+    assert [o.name for o in build_op_graph(parallel(SMALL_GPT, 1), 1).layer] == [
+        "ln1", "qkv", "attn_core", "attn_out", "fc1", "act", "fc2", "attn_mlp_sum", "residual"]
+    assert [o.name for o in build_op_graph(parallel(SMALL_LLAMA, 2), 1).layer] == [
+        "ln1", "qkv", "rope", "attn_core", "attn_out", "ln2", "fc1", "act", "fc2", "attn_mlp_sum", "residual"]
+
+
+@pytest.mark.parametrize("model", [SMALL_GPT, SMALL_LLAMA], ids=["gpt", "llama"])
+@pytest.mark.parametrize("norms", [1, 2])
+def test_parallel_block_runs_the_sequential_gemms(model, norms):
+    """Same GEMMs and attention core, so the same FLOPs forward and backward; parameters less one norm per
+    layer with a shared norm."""
+    seq, par = build_op_graph(model, 2), build_op_graph(parallel(model, norms), 2)
+    gemms = lambda g: [(o.name, o.shape, o.fwd_flops, o.bwd_input_flops, o.bwd_weight_flops, o.params)  # noqa: E731
+                       for o in g.layer if o.kind in ("gemm", "attention")]
+    assert gemms(par) == gemms(seq)
+    assert (par.fwd_flops(), par.bwd_flops()) == (seq.fwd_flops(), seq.bwd_flops())
+    assert seq.num_params() - par.num_params() == (2 - norms) * model.num_layers * model.norm_params()
+    assert par.num_params() == parallel(model, norms).num_params()
+
+
+@pytest.mark.parametrize("model", [SMALL_GPT, SMALL_LLAMA], ids=["dropout", "no-dropout"])
+def test_parallel_block_end_bytes(model):
+    """The branches' sum reads both partial outputs and writes one (full on every TP rank: tp_split
+    "none"), with a uint8 mask per branch under dropout; the residual add reads x and the sum. Backward:
+    dropout's masked products, and the sums of gradients of tensors read twice (a shared norm's output
+    for QKV and fc1; the layer input for its norms and the residual)."""
+    t, h, d = model.seq_length, model.hidden_size, 2
+    drop = model.dropout
+    for norms in (1, 2):
+        layer = build_op_graph(parallel(model, norms), 1).layer
+        branch, res = op(layer, "attn_mlp_sum"), op(layer, "residual")
+        assert (branch.tp_split, res.tp_split) == ("none", "sequence")
+        assert branch.fwd_bytes == t * h * (3 * d + 2 * drop)
+        assert branch.bwd_bytes == t * h * (3 * d * (norms == 1) + 2 * (2 * d + 1) * drop)
+        assert (res.fwd_bytes, res.bwd_bytes) == (t * h * 3 * d, t * h * 3 * d * norms)

@@ -68,6 +68,14 @@ def test_default_virtual_stages_rule():
     ({"parallelism": {"ep": 2}}, "ep = 2 does not divide model.num_experts = 1"),
     ({"parallelism": {"offload_optimizer": True}}, "offload_optimizer needs zero_stage >= 1"),
     ({"parallelism": {"layers_per_stage": [6, 6]}}, "layers_per_stage = [6, 6] must have pp = 16"),
+    ({"model": {"parallel_attn_mlp": "yes"}}, "model.parallel_attn_mlp must be bool, got 'yes'"),
+    ({"model": {"parallel_attn_mlp": True, "parallel_norms": 3}},
+     "model.parallel_norms must be 1 (one shared norm, GPT-J) or 2 (GPT-NeoX), got 3"),
+    ({"model": {"parallel_norms": 2}}, "model.parallel_norms = 2 needs parallel_attn_mlp = true"),
+    ({"model": {"parallel_attn_mlp": True, "num_experts": 8, "moe_top_k": 2}},
+     "model.parallel_attn_mlp with num_experts > 1 is not modelled"),
+    ({"model": {"parallel_attn_mlp": True}, "parallelism": {"recompute": "selective", "recompute_modules": ["mlp"]}},
+     "recompute_modules: 'mlp' (Megatron-Core's recompute_mlp"),
 ])
 def test_rejections_name_key_and_numbers(sections, message):
     with pytest.raises(ScenarioError) as err:

@@ -5,7 +5,8 @@ tensor parallelism divides it; ``strategy/sharding`` turns an op into one rank's
 of one kind are identical, so the graph holds one template per layer kind (MoE or dense MLP: an
 MoE model's first dense layers; global or sliding-window attention, as Gemma 2 / GPT-OSS alternate
 them, ``ModelSpec.is_windowed_layer``) plus the embedding and head ops; ``OpGraph.layer_ops(i)``
-names the template of layer i, the one rule the lowering and the estimators follow.
+names the template of layer i, the one rule the lowering and the estimators follow. A parallel block
+(GPT-J, GPT-NeoX) holds the same GEMMs; only its norms and its end (``_parallel_exit``) differ.
 
 FLOP convention (Narayanan et al. 2021 eq. 3; Korthikanti et al. 2022 §5; PaLM App. B MFU):
 only matrix multiplications count. A GEMM of (m, n, k) costs 2·m·n·k forward and twice that
@@ -218,7 +219,8 @@ def _attention_ops(m: ModelSpec, b: int, d: int, windowed: bool = False) -> list
     ops.append(_gemm("attn_out", "attn", t, h, o, o * h + (h if m.bias else 0), "row", d))
     if m.sandwich_norm:
         ops.append(_norm("post_attn_norm", "attn", m, t, d))
-    ops.append(_residual("attn_residual", "attn", m, t, d))
+    if not m.parallel_attn_mlp:  # a parallel block adds both branches at its end (_parallel_exit)
+        ops.append(_residual("attn_residual", "attn", m, t, d))
     return ops
 
 
@@ -263,7 +265,7 @@ def _mlp_ops(m: ModelSpec, b: int, d: int, dense: bool = False) -> list[Op]:
     the routed experts and the shared experts, which Megatron-core's MoELayer adds after the routed
     ones (moe_shared_expert_overlap off)."""
     h, t = m.hidden_size, b * m.seq_length
-    ops = [_norm("ln2", "mlp", m, t, d)]
+    ops = [_norm("ln2", "mlp", m, t, d)] if m.norms_per_layer != 1 else []  # a parallel block's shared norm: ln1
     if not m.is_moe or dense:
         ops += _dense_mlp(m, t, m.ffn_hidden_size, d)
     else:
@@ -305,8 +307,28 @@ def _mlp_ops(m: ModelSpec, b: int, d: int, dense: bool = False) -> list[Op]:
             ops += _dense_mlp(m, t, m.moe_shared_expert_ffn_hidden_size, d, "shared_")
     if m.sandwich_norm:
         ops.append(_norm("post_mlp_norm", "mlp", m, t, d))
+    if m.parallel_attn_mlp:
+        return ops + _parallel_exit(m, t, d)
     ops.append(_residual("mlp_residual", "mlp", m, t, d))
     return ops
+
+
+def _parallel_exit(m: ModelSpec, t: int, d: int) -> list[Op]:
+    """A parallel block's end (``ModelSpec.parallel_attn_mlp``): the attention's and the MLP's partial
+    outputs summed before the block's one TP reduction (GPT-NeoX megatron/model/transformer.py:
+    ``residual + self.reduce(output)``; mesh-transformer-jax layers.py ``g_psum(attn_out + dense_out)``),
+    a full tensor on every TP rank ("none"), then the residual add over the rank's tokens. Forward: read
+    both, write the sum (with dropout a uint8 mask per branch, GPT-NeoX's bias_dropout); the residual
+    reads x and the sum, writes the output. Backward: a branch's gradient is the output's (dropout: dy
+    times its mask); autograd sums the gradients of tensors read twice: one shared norm's output (QKV's
+    and fc1's inputs, before their one collective) and the layer input (norm, residual); with two
+    norms the input's three (two norms, residual)."""
+    shared = m.parallel_norms == 1
+    drop_fwd, drop_bwd = (2 * _MASK_BYTES, 2 * (2 * d + _MASK_BYTES)) if m.dropout else (0, 0)
+    return [_vector("attn_mlp_sum", "elementwise", "mlp", t, m.hidden_size, 3 * d + drop_fwd,
+                    3 * d * shared + drop_bwd, 0, "none", d),
+            _vector("residual", "elementwise", "mlp", t, m.hidden_size, 3 * d, 3 * d * (2 - shared), 0,
+                    "sequence", d)]
 
 
 def _embed_ops(m: ModelSpec, b: int, d: int) -> list[Op]:

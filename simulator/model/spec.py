@@ -88,6 +88,12 @@ class ModelSpec:
     # of the model's main kind, a norm and the shared output head with its own loss. Embedding and
     # output head are shared with the main model; the modules run on the last pipeline stage.
     mtp_layers: int = 0
+    # Parallel attention + MLP blocks (GPT-J, Wang & Komatsuzaki 2021; GPT-NeoX-20B, Black et al. 2022
+    # §2.1; PaLM, Chowdhery et al. 2022 §2): x + attn(norm(x)) + mlp(norm'(x)), both branches read the
+    # layer input. ``parallel_norms``: 1, one norm shared by the two branches (GPT-J's ln_1, PaLM), or 2,
+    # one per branch (GPT-NeoX's input_layernorm and post_attention_layernorm, both applied to x).
+    parallel_attn_mlp: bool = False
+    parallel_norms: int = 1
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -129,6 +135,7 @@ class ModelSpec:
         for key in ("sliding_window", "sliding_window_pattern", "mtp_layers"):
             if getattr(self, key) < 0:
                 raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
+        self._check_parallel()
         if self.sliding_window_pattern == 1:
             raise ValueError("sliding_window_pattern 1 makes every layer global: set sliding_window = 0")
         if self.position_embedding == "learned" and self.seq_length > self.max_position_embeddings:
@@ -149,6 +156,18 @@ class ModelSpec:
         if self.is_mla and self.num_kv_heads != self.num_attention_heads:
             raise ValueError(f"MLA (kv_lora_rank {self.kv_lora_rank}) up-projects K and V per head: "
                              f"num_kv_heads {self.num_kv_heads} must equal num_attention_heads {self.num_attention_heads}")
+
+    def _check_parallel(self) -> None:
+        if self.parallel_norms not in (1, 2):
+            raise ValueError(f"parallel_norms must be 1 (one shared norm, GPT-J) or 2 (GPT-NeoX), got "
+                             f"{self.parallel_norms}")
+        if self.parallel_norms != 1 and not self.parallel_attn_mlp:
+            raise ValueError(f"parallel_norms = {self.parallel_norms} needs parallel_attn_mlp = true")
+        unmodelled = [k for k, on in (("num_experts > 1", self.is_moe), ("kv_lora_rank > 0 (MLA)", self.is_mla),
+                                      ("sandwich_norm", self.sandwich_norm)) if on]
+        if self.parallel_attn_mlp and unmodelled:
+            raise ValueError(f"parallel_attn_mlp with {unmodelled[0]} is not modelled (no published model "
+                             f"has both)")
 
     def _check_moe(self) -> None:
         if self.moe_capacity_factor < 0:
@@ -229,7 +248,7 @@ class ModelSpec:
 
     @property
     def norms_per_layer(self) -> int:
-        return 4 if self.sandwich_norm else 2
+        return 4 if self.sandwich_norm else self.parallel_norms if self.parallel_attn_mlp else 2
 
     def qk_norm_params(self) -> int:
         """One norm of head_dim shared by all query heads, one by all key heads (Qwen3RMSNorm)."""
