@@ -191,3 +191,46 @@ def test_mla_keeps_the_compressed_kv_of_deepseek_v2_table1():
     # with TP 8 the latents stay whole on every rank (duplicated down projections), K and V split
     tp8 = {t.name: t.bytes for t in activation_terms(v2, 1, 8, False, 1, 2)}
     assert tp8["mla_kv_latent"] == terms["mla_kv_latent"] and tp8["k"] == terms["k"] / 8
+
+
+# --- parallel attention + MLP blocks (GPT-J, GPT-NeoX) ---------------------------------------------
+# Both norms read the layer input, kept once (attn_norm_input); fc1 reads the second norm's output
+# (GPT-NeoX: 2sbh) or the shared norm's, already kept as QKV's input (GPT-J: nothing more); the two
+# branches' dropout masks cover their partial outputs before the block's one reduction, full tensors on
+# every TP rank (sbh each, not divided by SP). Against Korthikanti's 10 outside the TP region (sbh(10 +
+# 24/t + 5as/(ht)) with TP only): GPT-NeoX 6/r + 2, GPT-J 4/r + 2 (r = t with SP, 1 without).
+
+@pytest.mark.parametrize("norms,sp,recompute,per_sbh", [
+    (2, False, "none", 8 + 24 / T + ATT / T),
+    (2, True, "none", (30 + ATT) / T + 2),
+    (2, True, "selective", 30 / T + 2),
+    (1, False, "none", 6 + 24 / T + ATT / T),
+    (1, True, "none", (28 + ATT) / T + 2),
+    (1, False, "selective", 6 + 24 / T),
+    (1, True, "full", 2 / T),  # the layer input, as a sequential block
+])
+def test_parallel_block_gpt3_shapes_closed_form(norms, sp, recompute, per_sbh):
+    model = replace(GPT3, parallel_attn_mlp=True, parallel_norms=norms)
+    assert layer_activation_bytes(model, B, T, sp, 1, recompute) == pytest.approx(SBH * per_sbh, rel=1e-12)
+
+
+@pytest.mark.parametrize("norms,outside", [(2, 6), (1, 4)])
+def test_parallel_block_without_dropout_keeps_its_norm_inputs_and_outputs_once(norms, outside):
+    """No dropout (GPT-J, Pythia, GPT-NeoX-20B train without): outside the TP region the layer input and
+    the norms' outputs, 2sbh each: 6 with two norms, 4 with one, against the sequential block's 8."""
+    model = _model(mlp="gelu", dropout=False)
+    seq = layer_activation_bytes(model, B, 4, True, 1, "selective")
+    par = layer_activation_bytes(replace(model, parallel_attn_mlp=True, parallel_norms=norms), B, 4, True, 1,
+                                 "selective")
+    sbh = S // 4 * B * 1024  # seq_length 512 = S / 4
+    assert seq - par == pytest.approx((8 - outside) * sbh / 4)
+    names = {x.name for x in activation_terms(replace(model, parallel_attn_mlp=True, parallel_norms=norms),
+                                              B, 4, True, 1)}
+    assert "mlp_norm_input" not in names and ("fc1_input" in names) == (norms == 2)
+
+
+@pytest.mark.parametrize("norms,per_sbh", [(2, 32), (1, 30)])
+def test_parallel_block_w_pass(norms, per_sbh):
+    """Qi et al. 2024 Table 1's 32sbh, less fc1's input with a shared norm (QKV's input serves both)."""
+    model = replace(GPT3, parallel_attn_mlp=True, parallel_norms=norms)
+    assert weight_grad_bytes(model, B, 1, False, 1) == pytest.approx(per_sbh * SBH)

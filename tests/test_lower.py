@@ -333,3 +333,84 @@ def test_the_optimizer_step_reads_the_gradients_for_the_clipping_norm_then_runs_
     assert (norm.name, adam.name) == ("grad_norm", "adam")
     shard = norm.shape[0]
     assert norm.bytes == shard * 4 and adam.bytes == shard * (ADAM_STATE_RW_BYTES + 4)  # fp32 main grads
+
+
+# ---- parallel attention + MLP blocks (GPT-J, GPT-NeoX) ----------------------------------------------
+def _layer_tp(model, phase, **par):
+    g = lower(scn(model, batch=2, tp=2, **par)).graph
+    return [(t.comm.op, t.stream) for t in comms(g, axis="tp", phase=phase) if t.layer == 1 and t.microbatch == 0]
+
+
+GPTJ = {**GPT, "parallel_attn_mlp": True}  # one shared norm
+NEOX = {**GPT, "parallel_attn_mlp": True, "parallel_norms": 2}
+AR, AG, RS, BLOCK, ASYNC = "all_reduce", "all_gather", "reduce_scatter", "compute", "comm_tp"
+
+
+@pytest.mark.parametrize("model, sp, fwd, bwd", [
+    # sequential (Shoeybi et al. 2019; Korthikanti et al. 2022 Fig. 5): f and g around each block
+    (GPT, False, [(AR, BLOCK)] * 2, [(AR, ASYNC)] * 2),
+    (GPT, True, [(AG, BLOCK), (RS, BLOCK)] * 2, [(AG, BLOCK), (AG, ASYNC), (RS, ASYNC)] * 2),
+    # shared norm (mesh-transformer-jax layers.py: one f_psum before the norm, one g_psum after both
+    # branches): every collective of the layer halves, forward and backward
+    (GPTJ, False, [(AR, BLOCK)], [(AR, ASYNC)]),
+    (GPTJ, True, [(AG, BLOCK), (RS, BLOCK)], [(AG, BLOCK), (AG, ASYNC), (RS, ASYNC)]),
+    # two norms (GPT-NeoX transformer.py with gpt_j_residual: one reduction of both branches; each
+    # ColumnParallelLinear keeps its own f, mpu/layers.py): the exit and its conjugate halve, each norm's
+    # output still enters the TP region by itself
+    (NEOX, False, [(AR, BLOCK)], [(AR, ASYNC)] * 2),
+    (NEOX, True, [(AG, BLOCK), (AG, BLOCK), (RS, BLOCK)], [(AG, BLOCK)] + [(AG, ASYNC), (RS, ASYNC)] * 2),
+], ids=["seq", "seq-sp", "gptj", "gptj-sp", "neox", "neox-sp"])
+def test_parallel_block_tp_collectives_per_layer(model, sp, fwd, bwd):
+    assert _layer_tp(model, "F", sequence_parallel=sp) == fwd
+    assert sorted(_layer_tp(model, "B", sequence_parallel=sp)) == sorted(bwd)
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_shared_norm_backward_overlaps_both_weight_gradients_with_its_one_input_gradient_collective(sp):
+    """GPT-J: fc1's input gradient joins QKV's, so the MLP's backward (no collective of its own) ends with
+    fc1's input-gradient GEMM and fc1's weight gradient runs with QKV's while their one all-reduce (SP:
+    reduce-scatter) is in flight, after the one re-gather of the shared norm's sequence-sharded output."""
+    g = lower(scn(GPTJ, batch=2, tp=2, sequence_parallel=sp)).graph
+    tasks = [t for t in g.tasks if t.layer == 1 and t.microbatch == 0 and t.phase == "B" and t.rank == 0]
+    names = [t.name.split(".", 2)[-1] for t in tasks]
+    regather = ["attn.input_all_gather"] if sp else []
+    assert names == ["mlp_grad.all_gather"] * sp + ["mlp.grad"] + regather + [
+        "attn.grad", f"attn.grad.{RS if sp else AR}", "attn.wgrad", "attn.grad_post"]
+    mlp, wgrad = tasks[sp], tasks[-2]
+    assert [w.name for w in mlp.work][-1] == "fc1" and [w.name for w in wgrad.work] == ["qkv", "fc1"]
+    red = tasks[-3]
+    assert red.stream == ASYNC and red.id not in wgrad.deps and red.id in tasks[-1].deps
+    seq = lower(scn(GPT, batch=2, tp=2, sequence_parallel=sp)).graph
+    flops = lambda graph: sum(w.flops for t in graph.tasks if t.work and t.layer == 1 and t.phase == "B"  # noqa: E731
+                              for w in t.work)
+    assert flops(g) == flops(seq)  # fc1's B in the MLP's task, its W with QKV's: nothing lost
+
+
+@pytest.mark.parametrize("model", [GPTJ, NEOX], ids=["gptj", "neox"])
+def test_parallel_block_zero_bubble_regathers_each_norm_output_once(model):
+    g = lower(scn(model, batch=4, tp=2, pp=2, sequence_parallel=True, schedule="zero-bubble")).graph
+    regather = [t for t in comms(g, AG, "tp", "W") if t.layer == 1 and t.microbatch == 0]
+    assert len(regather) == model.get("parallel_norms", 1)
+
+
+@pytest.mark.parametrize("par", [
+    {"tp": 2, "pp": 2, "dp": 2, "sequence_parallel": True, "recompute": "full", "schedule": "zero-bubble"},
+    {"tp": 2, "pp": 2, "cp": 2, "recompute": "selective", "zero_stage": 3, "dp": 2},
+], ids=["sp-full-zb", "cp-sel-zero3"])
+@pytest.mark.parametrize("model", [GPTJ, NEOX], ids=["gptj", "neox"])
+def test_parallel_block_graph_is_valid_and_activation_memory_balances(model, par):
+    g = lower(scn(model, batch=8, **par)).graph
+    g.validate()
+    for r in g.ranks:
+        deltas = [t.mem_delta_bytes for t in g.tasks if t.rank == r and t.mem_delta_bytes]
+        assert deltas and sum(deltas) == pytest.approx(0.0, abs=1e-6 * max(map(abs, deltas)))
+
+
+def test_parallel_block_runs_the_sequential_block_flops():
+    """The same GEMMs and attention core: per-layer forward and backward FLOPs of the lowered graph equal
+    the sequential block's, recompute included."""
+    def flops(model, **par):
+        g = lower(scn(model, batch=2, tp=2, sequence_parallel=True, recompute="full", **par)).graph
+        return Counter({ph: sum(w.flops for t in g.tasks if t.work and t.layer >= 0 and t.phase == ph for w in t.work)
+                        for ph in ("F", "B", "R")})
+    assert flops(GPTJ) == flops(NEOX) == flops(GPT)

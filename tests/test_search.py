@@ -39,6 +39,9 @@ MLA_MOE = {"model": {"num_layers": 4, "hidden_size": 512, "num_attention_heads":
                      "kv_lora_rank": 64, "head_dim": 96, "qk_rope_head_dim": 32, "v_head_dim": 64},
            "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 2}, "training": {"global_batch_size": 32}}
 MTP = {**MLA_MOE, "model": {**MLA_MOE["model"], "mtp_layers": 1}}
+# parallel attention + MLP blocks: GPT-J's one shared norm, GPT-NeoX's two
+GPTJ = {**TINY, "model": {**TINY["model"], "parallel_attn_mlp": True}}
+NEOX = {**TINY, "model": {**TINY["model"], "parallel_attn_mlp": True, "parallel_norms": 2}}
 ALL = SearchSpace(prune_dominated=False, cp_min_block=False, even_chunks=False)
 
 
@@ -152,6 +155,15 @@ PLANS = [
     (MTP, Plan(1, 2, 8, ep=4, schedule="dualpipe-v", virtual_stages=2, zero_stage=3, recompute="full")),
     (MTP, Plan(2, 2, 4, ep=2, schedule="interleaved-1f1b", virtual_stages=2, sequence_parallel=True,
                recompute="selective")),
+    # parallel blocks: one TP reduction per layer, one (GPT-J) or two (GPT-NeoX) entries
+    (GPTJ, Plan(2, 2, 2, micro_batch_size=2, schedule="interleaved-1f1b", virtual_stages=2, zero_stage=1,
+                sequence_parallel=True)),
+    (GPTJ, Plan(2, 4, 1, schedule="zero-bubble", recompute="full", sequence_parallel=True)),
+    (GPTJ, Plan(8, 1, 1, sequence_parallel=True, micro_batch_size=4)),
+    (GPTJ, Plan(2, 2, 2, schedule="dualpipe-v", virtual_stages=2, recompute="selective")),
+    (NEOX, Plan(2, 2, 2, schedule="zero-bubble", recompute="selective", sequence_parallel=True)),
+    (NEOX, Plan(2, 1, 2, cp=2, zero_stage=3, micro_batch_size=2)),
+    (NEOX, Plan(4, 2, 1, micro_batch_size=2, recompute="full")),
 ]
 
 
@@ -269,8 +281,10 @@ def _csv(path):
 
 
 @pytest.mark.parametrize("raw,plan", [(MEDIUM, Plan(4, 2, 1, micro_batch_size=8, sequence_parallel=True)),
-                                      (MOE, Plan(2, 2, 4, ep=2, sequence_parallel=True, zero_stage=1))],
-                         ids=["dense", "moe"])
+                                      (MOE, Plan(2, 2, 4, ep=2, sequence_parallel=True, zero_stage=1)),
+                                      ({**MEDIUM, "model": {**MEDIUM["model"], "parallel_attn_mlp": True}},
+                                       Plan(4, 2, 1, micro_batch_size=8, sequence_parallel=True))],
+                         ids=["dense", "moe", "parallel-block"])
 def test_estimate_with_tp_overlap_stays_a_bound_below_the_unoverlapped_one(raw, plan):
     def scn(overlap):
         raw2 = apply_plan(raw, plan)

@@ -136,8 +136,8 @@ def activation_terms(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool,
         terms += _moe_terms(model, d, tokens, tp, r, etp or tp, sp, ep)
     else:
         terms += _mlp_terms("", d, tokens, h, model.ffn_hidden_size, tp, r, model.gated_mlp, ("mlp",))
-    if drop:
-        terms.append(ActivationTerm("mlp_dropout_mask", MASK_BYTES * tokens * h / r))
+    if drop:  # a parallel block's MLP branch: before the reduction (_mlp_input_terms)
+        terms.append(ActivationTerm("mlp_dropout_mask", MASK_BYTES * tokens * h / (1 if model.parallel_attn_mlp else r)))
     return terms
 
 
@@ -179,16 +179,30 @@ def _attention_terms(model: ModelSpec, micro_batch_size: int, t: int, r: int, cp
         terms += [T("attn_dropout_mask", MASK_BYTES * scores, ("core_attn",)),
                   T("attn_dropout_output", d * scores, ("core_attn",))]
     terms += [T("proj_input", d * tokens * model.attn_out_size / t, weight_grad=True)]
-    if drop:
-        terms.append(T("attn_residual_dropout_mask", MASK_BYTES * tokens * h / r))
-    terms += [T("mlp_norm_input", d * tokens * h / r),
-              T("fc1_input", d * tokens * h / r, fc1_in, weight_grad=True)]  # also the router's input
+    terms += _mlp_input_terms(model, d, tokens, r, drop, fc1_in)
     # Output gradients of the attention GEMMs, created by B and kept for W. A row-parallel GEMM's
     # output gradient is the full (s/cp) x b x h tensor on every TP rank (the backward of its
     # all-reduce, or of SP's reduce-scatter, is an identity / all-gather), so it is not divided.
     terms += [T("qkv_output_grad", d * tokens * (model.q_size / t + 2 * kv_cols), weight_grad=True, stored_at_f=False),
               T("proj_output_grad", d * tokens * h, weight_grad=True, stored_at_f=False)]
     return terms
+
+
+def _mlp_input_terms(model: ModelSpec, d: int, tokens: int, r: int, drop: bool,
+                     fc1_in: tuple[str, ...]) -> list[ActivationTerm]:
+    """The tensors between the attention and the MLP. A sequential block keeps the attention's residual
+    dropout mask, the residual stream after it (the pre-MLP norm's input) and the norm's output, fc1's
+    (and the router's) input. In a parallel block (``ModelSpec.parallel_attn_mlp``) both norms read the
+    layer input, kept once as attn_norm_input; fc1 reads the second norm's output (GPT-NeoX) or the
+    shared norm's, kept once as qkv_input (GPT-J); the attention branch's dropout mask covers its
+    partial output before the block's one reduction, a full tensor on every TP rank (GPT-NeoX)."""
+    T, h, parallel = ActivationTerm, model.hidden_size, model.parallel_attn_mlp
+    out = [T("attn_residual_dropout_mask", MASK_BYTES * tokens * h / (1 if parallel else r))] if drop else []
+    if not parallel:
+        out.append(T("mlp_norm_input", d * tokens * h / r))
+    if model.norms_per_layer != 1:
+        out.append(T("fc1_input", d * tokens * h / r, fc1_in, weight_grad=True))
+    return out
 
 
 def _moe_terms(model: ModelSpec, d: int, tokens: int, t: int, r: int, etp: int, sp: bool,

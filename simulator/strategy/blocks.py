@@ -74,7 +74,8 @@ class LayerBlocks:
     ``core_steps``: the attention core divided into the cp ring-attention steps (forward, B, B+W),
     ``layer_w``: every weight-gradient GEMM of the layer (zero-bubble's W pass). ``attn`` fuses the
     three attention segments into one task where nothing communicates between them (cp = 1), which
-    keeps the task graph of large runs small.
+    keeps the task graph of large runs small. ``parallel_norms``: a parallel attention + MLP block's
+    norms (``ModelSpec.parallel_norms``), 0 for a sequential block.
     """
 
     attn_pre: Segment
@@ -89,6 +90,7 @@ class LayerBlocks:
     core_steps: dict  # "F" | "B" | "BW" -> work of one of the cp ring steps
     layer_w: Work
     attn: Segment  # attn_pre + attn_core + attn_post as one segment (no CP exchange inside: cp = 1)
+    parallel_norms: int = 0
     _picked: dict = field(default_factory=dict, compare=False, repr=False)  # forward_of's memo
 
     def forward_of(self, ops: frozenset[str]) -> Work:
@@ -100,6 +102,33 @@ class LayerBlocks:
             work = self._picked[ops] = tuple(w for s in self.segments() for w in s.fwd
                                              if w.name.partition(".")[0] in ops)
         return work
+
+    @property
+    def shared_input(self) -> bool:
+        """A parallel block with one shared norm: QKV and fc1 read one tensor, which enters the TP
+        region once (mesh-transformer-jax layers.py: one ``f_psum`` before the norm, one ``g_psum``
+        after both branches): one SP all-gather forward, one input-gradient collective backward."""
+        return self.parallel_norms == 1
+
+    def mlp_input_grad(self, split_w: bool) -> Work:
+        """A shared-input block's MLP backward without fc1's weight gradient, which waits for the
+        attention's (``entry_wgrad``); with ``split_w`` its B part."""
+        pre = self.mlp_pre
+        return pre.bwd_b if split_w else self._memo("mlp_grad", lambda: pre.bwd_pre + pre.bwd_post)
+
+    def entry_wgrad(self, seg: Segment) -> Work:
+        """The weight gradients overlapped with the input-gradient collective of ``seg`` (the attention's
+        column-parallel segment): its own, and with a shared input fc1's too, whose input is the same
+        gathered tensor."""
+        if not self.shared_input:
+            return seg.bwd_wgrad
+        return self._memo(("wgrad", seg.name), lambda: seg.bwd_wgrad + self.mlp_pre.bwd_wgrad)
+
+    def _memo(self, key, build) -> Work:
+        """One tuple per key and layer template, since the cost model caches work by identity."""
+        if key not in self._picked:
+            self._picked[key] = build()
+        return self._picked[key]
 
     def segments(self) -> tuple[Segment, ...]:
         """The layer's segments in forward order."""
@@ -135,7 +164,8 @@ def build_blocks(graph: OpGraph, tp: int, sp: bool, cp: int, ep: int,
         embed=seg("embed", graph.embed), head=seg("head", graph.head),
         core_flops_fwd=sum(w.flops for w in core.fwd),
         core_steps={"F": split_work(core.fwd, cp), "B": split_work(core.bwd_b, cp), "BW": split_work(core.bwd, cp)},
-        layer_w=tuple(w for s in segs for w in s.bwd_w), attn=seg("attn", attn))
+        layer_w=tuple(w for s in segs for w in s.bwd_w), attn=seg("attn", attn),
+        parallel_norms=graph.model.parallel_norms if graph.model.parallel_attn_mlp else 0)
 
 
 def layer_blocks(graph: OpGraph, tp: int, sp: bool, cp: int, ep: int, grad_accum_bytes_per_param: float = 0.0,

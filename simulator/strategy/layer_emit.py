@@ -11,7 +11,8 @@ LinearWithGradAccumulationAndAsyncCommunication.backward). CP splits the attenti
 overlapped with the K/V P2P exchange (Liu et al. 2023, ring attention) or gathers K/V first (Llama 3,
 Dubey et al. 2024 §3.3.2; Transformer Engine's AttnFuncWithCPAndKVAllGather re-gathers K/V in the
 backward and reduce-scatters dK/dV). EP brackets the experts with the dispatch and combine
-all-to-alls (Lepikhin et al. 2020, GShard), forward and backward.
+all-to-alls (Lepikhin et al. 2020, GShard), forward and backward. A parallel attention + MLP block
+(``LayerBlocks.parallel_norms``) reduces the sum of both branches once at its end (``blocking_tp``).
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ class BlockingTP(NamedTuple):
     lowering (``layer_forward``/``layer_backward``) and the search estimator (explore/estimate)."""
 
     attn_in: tuple | None
-    attn_out: tuple
+    attn_out: tuple | None
     mlp_in: tuple | None
     mlp_out: tuple
     mlp_grad: tuple | None
@@ -107,16 +108,25 @@ class BlockingTP(NamedTuple):
 
 
 def blocking_tp(par: ParallelSpec, b: LayerBlocks) -> BlockingTP:
-    """The blocking TP collectives of a layer whose blocks are ``b`` (strategy/blocks.LayerBlocks)."""
-    sp, moe = par.sequence_parallel, b.experts is not None
+    """The blocking TP collectives of a layer whose blocks are ``b`` (strategy/blocks.LayerBlocks).
+
+    A parallel block sums the attention's and the MLP's partial outputs and reduces them once at its
+    end (GPT-NeoX megatron/model/transformer.py ParallelTransformerLayer with gpt_j_residual: both
+    built with ``parallel_output``, then ``self.reduce``, an all-reduce or with SP a reduce-scatter;
+    mesh-transformer-jax layers.py TransformerLayerShard: ``g_psum(attn_out + dense_out)``): no exit
+    after the attention, and no conjugate of it backward (the attention's output gradient is the
+    block's, gathered once). Each norm's output enters the TP region by its own all-gather under SP, as
+    GPT-NeoX's ColumnParallelLinear gathers its input (megatron/mpu/layers.py): two with GPT-NeoX's two
+    norms, one with a shared norm (``LayerBlocks.shared_input``)."""
+    sp, moe, parallel = par.sequence_parallel, b.experts is not None, b.parallel_norms > 0
     exit_op = "reduce_scatter" if sp else "all_reduce"
     return BlockingTP(
         ("all_gather", overlap_site(par, "qkv_fprop", b.attn_pre.fwd)) if sp else None,
-        (exit_op, overlap_site(par, "proj_fprop", b.attn_post.fwd)),
-        ("all_gather", overlap_site(par, "fc1_fprop", b.mlp_pre.fwd, moe=moe)) if sp else None,
+        None if parallel else (exit_op, overlap_site(par, "proj_fprop", b.attn_post.fwd)),
+        ("all_gather", overlap_site(par, "fc1_fprop", b.mlp_pre.fwd, moe=moe)) if sp and not b.shared_input else None,
         (exit_op, overlap_site(par, "fc2_fprop", b.mlp_pre.fwd, last=True, moe=moe)),
         ("all_gather", overlap_site(par, "fc2_dgrad", b.mlp_pre.bwd_b, moe=moe)) if sp else None,
-        ("all_gather", overlap_site(par, "proj_dgrad", b.attn_post.bwd_b)) if sp else None)
+        ("all_gather", overlap_site(par, "proj_dgrad", b.attn_post.bwd_b)) if sp and not parallel else None)
 
 
 def bulk_site(par: ParallelSpec, gemm: str, kind: str) -> tuple:
@@ -195,26 +205,28 @@ def _experts(ctx: LowerCtx, rank: int, part: str, dep: int, name: str, meta: dic
 
 
 def column_backward(ctx: LowerCtx, rank: int, seg: Segment, dep: int | None, name: str, meta: dict,
-                    split_w: bool, free_bytes: float = 0.0, site: str = "") -> int | None:
+                    split_w: bool, free_bytes: float = 0.0, site: str = "", wgrad: Work | None = None) -> int | None:
     """Backward of a segment that opens with a column-parallel GEMM, with the asynchronous TP
     collective of its input gradient overlapped with the weight-gradient GEMM (see module doc).
     Its last task releases ``free_bytes`` of activations. ``site``: "qkv" or "fc1", the GEMM's
-    userbuffers bulk sites under tp_comm_overlap (bulk_site)."""
+    userbuffers bulk sites under tp_comm_overlap (bulk_site). ``wgrad``: the weight gradients overlapped
+    with the collective (``LayerBlocks.entry_wgrad``; default the segment's own)."""
     free: dict[str, Any] = {"mem_delta_bytes": -free_bytes} if free_bytes else {}
+    wgrad = seg.bwd_wgrad if wgrad is None else wgrad
     if ctx.par.tp == 1:
         return ctx.compute(rank, f"{name}.grad", seg.bwd_b if split_w else seg.bwd, _d(dep), **meta, **free)
     sp = ctx.par.sequence_parallel
     op = "reduce_scatter" if sp else "all_reduce"
     size = ctx.full_activation_bytes()
     gather = None
-    if sp and not split_w and seg.bwd_wgrad:
+    if sp and not split_w and wgrad:
         gather = ctx.tp_collective(rank, f"{name}.input_all_gather", "all_gather", size, _d(dep), COMM_TP,
                                    bulk_site(ctx.par, site, "dgrad"), **meta)
     x: int | None = ctx.compute(rank, f"{name}.grad", seg.bwd_b_pre if split_w else seg.bwd_pre, _d(dep), **meta)
     red = ctx.tp_collective(rank, f"{name}.grad.{op}", op, size, (x,), COMM_TP, bulk_site(ctx.par, site, "wgrad"),
                             **meta)
-    if not split_w and seg.bwd_wgrad:
-        x = ctx.compute(rank, f"{name}.wgrad", seg.bwd_wgrad, (x,) + _d(gather), **meta)
+    if not split_w and wgrad:
+        x = ctx.compute(rank, f"{name}.wgrad", wgrad, (x,) + _d(gather), **meta)
     post = seg.bwd_b_post if split_w else seg.bwd_post
     if post:
         return ctx.compute(rank, f"{name}.grad_post", post, (x, red), **meta, **free)
@@ -307,12 +319,16 @@ def layer_backward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, split_
         x = ctx.compute(rank, f"{name}.mlp_out.grad", post.bwd_b if split_w else post.bwd, _d(x),
                         **meta)
         x = _experts(ctx, rank, part, x, name, meta, "compute", (rc.act, rmeta, pending))
-    x = column_backward(ctx, rank, b.mlp_pre, x, f"{name}.mlp", meta, split_w,
-                        site="" if b.experts is not None else "fc1")
+    if b.shared_input:  # fc1's input gradient joins QKV's: one collective, after the attention's backward
+        x = ctx.compute(rank, f"{name}.mlp.grad", b.mlp_input_grad(split_w), _d(x), **meta)
+    else:
+        x = column_backward(ctx, rank, b.mlp_pre, x, f"{name}.mlp", meta, split_w,
+                            site="" if b.experts is not None else "fc1")
     x = _rerun(ctx, rank, x, f"{rname}.attn_norm", rc.attn_norm, rmeta, pending)
     x = _blocking(ctx, rank, x, f"{name}.attn_grad", tp.attn_grad, meta)
     if ctx.par.cp == 1 and not rc.inside_attention:
-        x = column_backward(ctx, rank, b.attn, x, f"{name}.attn", meta, split_w, free_bytes + transient, "qkv")
+        x = column_backward(ctx, rank, b.attn, x, f"{name}.attn", meta, split_w, free_bytes + transient, "qkv",
+                            b.entry_wgrad(b.attn))
     else:
         x = ctx.compute(rank, f"{name}.attn_out.grad", b.attn_post.bwd_b if split_w else b.attn_post.bwd, (x,),
                         **meta)
@@ -323,7 +339,8 @@ def layer_backward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, split_
             _first(ctx, rank, pending)
             x = _core(ctx, rank, "F", x, rname, rmeta, "recompute")
         x = _core(ctx, rank, part, x, name, meta, "compute")
-        x = column_backward(ctx, rank, b.attn_pre, x, f"{name}.attn", meta, split_w, free_bytes + transient, "qkv")
+        x = column_backward(ctx, rank, b.attn_pre, x, f"{name}.attn", meta, split_w, free_bytes + transient, "qkv",
+                            b.entry_wgrad(b.attn_pre))
     if pending[0]:
         raise InternalError(f"layer {meta['layer']}: {pending[0]} recomputed bytes but nothing re-run")
     return x
@@ -333,15 +350,15 @@ def layer_weight_grad(ctx: LowerCtx, rank: int, deps: tuple, name: str, meta: di
                       free_bytes: float = 0.0) -> int:
     """Zero-bubble W after ``deps`` (at most one task): every weight-gradient GEMM of the layer (Qi
     et al. 2024 §2), releasing ``free_bytes`` of activations. With SP the column-parallel GEMMs'
-    sequence-sharded inputs are all-gathered again first, as in B+W."""
+    sequence-sharded inputs are all-gathered again first, as in B+W (one with a shared input)."""
     after = tuple(d for d in deps if d is not None)
     deps = after
+    b = ctx.layer_blocks(meta["layer"])
     if ctx.par.sequence_parallel and ctx.par.tp > 1:
         size = ctx.full_activation_bytes()
         deps += tuple(ctx.tp_collective(rank, f"{name}.{blk}.input_all_gather", "all_gather", size, after,
-                                        COMM_TP, **meta) for blk in ("mlp", "attn"))
-    return ctx.compute(rank, f"{name}.W", ctx.layer_blocks(meta["layer"]).layer_w, deps, mem_delta_bytes=-free_bytes,
-                       **meta)
+                                        COMM_TP, **meta) for blk in (("attn",) if b.shared_input else ("mlp", "attn")))
+    return ctx.compute(rank, f"{name}.W", b.layer_w, deps, mem_delta_bytes=-free_bytes, **meta)
 
 
 # Transformer Engine's FP8 scaling tensors per GEMM (module/base.py init_fp8_meta_tensors:
