@@ -87,15 +87,45 @@ def test_gpt2_keys():
 
 
 def test_gpt_neox_keys():
-    """Pythia trains with parallel attention + MLP blocks, which the simulator does not model: refused
-    by name; the same config with sequential blocks imports (same parameters)."""
-    with pytest.raises(ValueError, match="use_parallel_residual = true"):
-        hf_config_to_fields(NEOX, "pythia-160m")
-    spec = ModelSpec(**hf_config_to_fields(dict(NEOX, use_parallel_residual=False), "pythia-160m"),
-                     seq_length=2048)
+    """Pythia trains with parallel attention + MLP blocks, two norms both applied to the layer input
+    (GPTNeoXLayer with use_parallel_residual, its default); use_parallel_residual = false gives the
+    sequential block with the same parameters."""
+    spec = ModelSpec(**hf_config_to_fields(NEOX, "pythia-160m"), seq_length=2048)
     assert (spec.mlp, spec.norm, spec.position_embedding, spec.tie_embeddings, spec.bias) == (
         "gelu", "layernorm", "rope", False, True)
+    assert (spec.parallel_attn_mlp, spec.parallel_norms, spec.norms_per_layer) == (True, 2, 2)
     assert spec.num_params() == 162_322_944  # pythia-160m, as counted by transformers
+    default = dict(NEOX)
+    default.pop("use_parallel_residual")  # GPTNeoXConfig's default: parallel
+    assert hf_config_to_fields(default)["parallel_attn_mlp"] is True
+    sequential = ModelSpec(**hf_config_to_fields(dict(NEOX, use_parallel_residual=False)), seq_length=2048)
+    assert (sequential.parallel_attn_mlp, sequential.parallel_norms) == (False, 1)
+    assert sequential.num_params() == spec.num_params()
+
+
+def test_gptj_keys():
+    """EleutherAI/gpt-j-6b: a parallel block with one shared ln_1 (GPTJBlock), bias-free q/k/v, biased
+    MLP, untied LM head, rotary over the first rotary_dim = 64 of each 256-wide head, n_inner null = 4h."""
+    spec = spec_of("gpt-j-6b", seq_length=2048)
+    assert (spec.parallel_attn_mlp, spec.parallel_norms, spec.norms_per_layer) == (True, 1, 1)
+    assert (spec.num_layers, spec.hidden_size, spec.num_attention_heads, spec.head_dim, spec.ffn_hidden_size) == (
+        28, 4096, 16, 256, 16384)
+    assert (spec.bias, spec.qkv_bias, spec.tie_embeddings, spec.position_embedding, spec.dropout) == (
+        True, False, False, "rope", False)
+    # one norm per layer: the sequential block of the same shapes has one more
+    assert replace(spec, parallel_attn_mlp=False).num_params() - spec.num_params() == 28 * 2 * 4096
+
+
+@pytest.mark.parametrize("change, key", [
+    ({"rotary": False}, "config.json rotary = false"),
+    ({"rotary_dim": 512}, "config.json rotary_dim = 512: must be at most the head dimension 256"),
+    ({"activation_function": "relu"}, 'config.json activation_function = "relu"'),
+])
+def test_gptj_unrepresentable_keys_refused_by_name(change, key):
+    cfg = dict(json.loads((DATA / "gpt-j-6b" / "config.json").read_text()), **change)
+    with pytest.raises(ValueError) as err:
+        hf_config_to_fields(cfg)
+    assert key in str(err.value) and "\n" not in str(err.value)
 
 
 def test_file_stem_names_non_config_files(tmp_path):
@@ -179,6 +209,10 @@ def spec_of(folder: str, seq_length: int = 4096) -> ModelSpec:
     ("gpt-oss-120b", 116.83e9, "OpenAI gpt-oss model card (2025), Table 1: 116.83B total"),
     ("gpt-oss-20b", 20.91e9, "OpenAI gpt-oss model card (2025), Table 1: 20.91B total"),
     ("gpt2", 124e6, "Radford et al. 2019 / Hugging Face openai-community/gpt2: 124M params"),
+    # parallel attention + MLP blocks
+    ("gpt-neox-20b", 20_554_567_680, "EleutherAI/gpt-neox-20b model card: n_parameters 20554567680 "
+                                     "(Black et al. 2022, GPT-NeoX-20B: 20B)"),
+    ("gpt-j-6b", 6_053_381_344, "EleutherAI/gpt-j-6b model card: n_parameters 6053381344"),
 ])
 def test_published_configs_param_counts(folder, published, source):
     spec = spec_of(folder, seq_length=1024 if folder == "gpt2" else 4096)
@@ -282,8 +316,8 @@ def test_tied_small_qwen():
 
 
 # keys that make a published config unrepresentable on purpose (refused by their own tests): set to the
-# representable value so that the unknown key is what gets refused
-NEUTRAL = {"pythia-160m": {"use_parallel_residual": False}}
+# representable value so that the unknown key is what gets refused (none today: every config imports)
+NEUTRAL: dict = {}
 
 
 @pytest.mark.parametrize("folder", sorted(p.name for p in DATA.iterdir() if (p / "config.json").is_file()))

@@ -1,16 +1,19 @@
 """Hugging Face ``config.json`` import: the ModelSpec field values of a checkpoint's configuration
 (llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma2, gemma3, phi3, nemotron, gpt_oss,
-deepseek_v2/v3, gpt2, gpt_neox); every key that could change the trained model is read or refused by name.
+deepseek_v2/v3, gpt2, gpt_neox, gptj); every key that could change the trained model is read or refused by name.
 
 Key names and per-architecture defaults follow the transformers configuration and modeling classes
 (LlamaConfig ... GptOssConfig). The training sequence length is not in a config.json
 (max_position_embeddings is the context limit): the scenario sets ``model.seq_length``. Keys in
 ``_NO_WORK_KEYS`` change neither shapes nor kernels of training; keys neither read nor listed there
 are refused, so an unknown architecture detail is never silently dropped. Approximations, each
-below 0.01 % of parameters or of one kernel's bytes: partial rotary embeddings (the rope kernel is
-charged over whole heads), Gemma 2's logit soft-capping (a tanh inside the attention kernel and over
-the logits), GPT-OSS's attention sinks (one scalar per head), DeepSeek-V3's router score-correction
-bias (one scalar per expert).
+below 0.01 % of parameters or of one kernel's bytes: Gemma 2's logit soft-capping (a tanh inside the
+attention kernel and over the logits), GPT-OSS's attention sinks (one scalar per head), DeepSeek-V3's
+router score-correction bias (one scalar per expert), GPT-J's bias-free attention output projection
+(counted with the MLP's biases: h per layer) and its LM head's bias (V, not counted). Partial rotary
+embeddings (GPT-NeoX rotary_pct, GPT-J rotary_dim) rotate part of each head; the rope kernel is
+charged over whole heads, which the implementations write back whole (transformers' GPTNeoX and GPTJ
+attention and mesh-transformer-jax concatenate the rotated and the passed-through parts).
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ _DECODERS = {
     "gpt_oss": (True, "rmsnorm", False), "deepseek_v2": (True, "rmsnorm", False),
     "deepseek_v3": (True, "rmsnorm", False),
 }
-_MODEL_TYPES = tuple(_DECODERS) + ("gpt2", "gpt_neox")
+_GPT_TYPES = ("gpt2", "gpt_neox", "gptj")
+_MODEL_TYPES = tuple(_DECODERS) + _GPT_TYPES
 _ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                   "MixtralForCausalLM": "mixtral", "Qwen2ForCausalLM": "qwen2",
                   "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe",
@@ -39,14 +43,16 @@ _ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                   "Gemma3ForCausalLM": "gemma3_text", "NemotronForCausalLM": "nemotron",
                   "GptOssForCausalLM": "gpt_oss", "DeepseekV2ForCausalLM": "deepseek_v2",
                   "DeepseekV3ForCausalLM": "deepseek_v3", "GPT2LMHeadModel": "gpt2",
-                  "GPTNeoXForCausalLM": "gpt_neox"}
+                  "GPTNeoXForCausalLM": "gpt_neox", "GPTJForCausalLM": "gptj"}
 # hidden_act -> MLP kind, for gated and plain MLPs (transformers ACT2FN names)
 _ACTIVATIONS = {True: {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu",
                        "gelu_pytorch_tanh": "geglu", "gelu_new": "geglu"},
                 False: {"relu2": "squared-relu", "gelu": "gelu", "gelu_new": "gelu",
                         "gelu_fast": "gelu", "gelu_pytorch_tanh": "gelu"}}
-# Residual / attention / embedding dropout probabilities (GPT2Config, GPTNeoXConfig, LlamaConfig).
-_DROPOUT_KEYS = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout", "hidden_dropout")
+# Residual / attention / embedding dropout probabilities (GPT2Config, GPTJConfig, GPTNeoXConfig,
+# LlamaConfig; GPT-NeoX-20B's config.json of 2022 names them as BERT does: *_dropout_prob).
+_DROPOUT_KEYS = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout", "hidden_dropout",
+                 "attention_probs_dropout_prob", "hidden_dropout_prob")
 # Keys that change neither a shape nor the work of a training step.
 _NO_WORK_KEYS = {
     # identity, tokenizer ids, serialisation, inference-time caching
@@ -62,6 +68,8 @@ _NO_WORK_KEYS = {
     "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping", "swiglu_limit",
     "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn",
     "pretraining_tp", "layer_norm_type", "use_bfloat16",
+    # transformers' activation checkpointing switch (GPT-J's config.json): the scenario's recompute decides
+    "gradient_checkpointing",
     # partial rotary embeddings: only the rope kernel's bytes, charged over whole heads
     "rotary_pct", "partial_rotary_factor",
     # MoE router numerics and its auxiliary loss (E scalars per token); DeepSeek's group-limited
@@ -245,35 +253,49 @@ def _decoder_fields(k: _Keys) -> dict:
 
 def _gpt_fields(k: _Keys) -> dict:
     mt = k.model_type
-    if mt == "gpt_neox" and k.get("use_parallel_residual", default=True):
-        raise k.refuse("use_parallel_residual", "parallel attention + MLP blocks (one TP all-reduce per "
-                                                "layer) are not modelled")
     if mt == "gpt_neox" and not k.get("attention_bias", default=True):
         raise k.refuse("attention_bias", "GPT-NeoX without attention biases is not representable")
-    heads = k.int("num_attention_heads", "n_head")
+    heads, hidden = k.int("num_attention_heads", "n_head"), k.int("hidden_size", "n_embd")
     act = str(k.get("activation_function", "hidden_act", default="gelu_new"))
     if act not in _ACTIVATIONS[False] or _ACTIVATIONS[False][act] != "gelu":
-        raise k.refuse("activation_function" if mt == "gpt2" else "hidden_act",
+        raise k.refuse("hidden_act" if mt == "gpt_neox" else "activation_function",
                        "only GELU variants are supported")
     fields = {
-        "num_layers": k.int("num_hidden_layers", "n_layer"), "hidden_size": k.int("hidden_size", "n_embd"),
+        "num_layers": k.int("num_hidden_layers", "n_layer"), "hidden_size": hidden,
         "num_attention_heads": heads, "num_kv_heads": heads, "vocab_size": k.int("vocab_size"),
         "mlp": "gelu", "norm": "layernorm", "bias": True, "dropout": _dropout(k),
-        # n_inner = None in GPT2Config means 4 * n_embd: 0 selects ModelSpec's 4·h default
-        "ffn_hidden_size": k.int("n_inner", default=0) if mt == "gpt2" else k.int("intermediate_size"),
+        # n_inner = None in GPT2Config / GPTJConfig means 4 * n_embd: 0 selects ModelSpec's 4·h default
+        "ffn_hidden_size": k.int("intermediate_size") if mt == "gpt_neox" else k.int("n_inner", default=0),
     }
     if mt == "gpt2":  # GPT-2 always ties its LM head to wte and learns an n_positions x h table
         fields.update(position_embedding="learned", tie_embeddings=True,
                       max_position_embeddings=k.int("n_positions", "max_position_embeddings"))
-    else:  # GPT-NeoX: rotary, separate embed_out (GPTNeoXConfig tie_word_embeddings=False)
+    else:  # GPT-NeoX, GPT-J: rotary, separate LM head (GPTNeoXConfig, GPTJConfig tie_word_embeddings=False)
         fields.update(position_embedding="rope", tie_embeddings=bool(k.get("tie_word_embeddings", default=False)))
+        fields.update(_parallel_block(k, hidden // max(heads, 1)))
     return fields
+
+
+def _parallel_block(k: _Keys, head_dim: int) -> dict:
+    """GPT-NeoX: parallel blocks unless use_parallel_residual is false (GPTNeoXConfig default true), two
+    norms both applied to the layer input (GPTNeoXLayer input_layernorm, post_attention_layernorm).
+    GPT-J: always parallel, one shared ln_1 (GPTJBlock), bias-free q/k/v projections; rotary over the
+    first rotary_dim dimensions of each head (None: all), as transformers' GPTJAttention applies it."""
+    if k.model_type == "gpt_neox":
+        parallel = bool(k.get("use_parallel_residual", default=True))
+        return {"parallel_attn_mlp": parallel, "parallel_norms": 2 if parallel else 1}
+    if not k.get("rotary", default=True):
+        raise k.refuse("rotary", "transformers' GPT-J always applies rotary embeddings")
+    if not 0 <= k.int("rotary_dim", default=0) <= head_dim:
+        raise k.refuse("rotary_dim", f"must be at most the head dimension {head_dim}")
+    k.get("n_positions", default=0)  # the context limit (rotary: no position table), as max_position_embeddings
+    return {"parallel_attn_mlp": True, "parallel_norms": 1, "qkv_bias": False}
 
 
 def hf_config_to_fields(cfg: dict, name: str = "hf-model") -> dict:
     """ModelSpec keyword arguments (all but seq_length) from a parsed config.json."""
     k = _Keys(cfg, _model_type(cfg))
-    fields = _gpt_fields(k) if k.model_type in ("gpt2", "gpt_neox") else _decoder_fields(k)
+    fields = _gpt_fields(k) if k.model_type in _GPT_TYPES else _decoder_fields(k)
     if fields["num_kv_heads"] == 0 or fields["hidden_size"] == 0 or fields["num_attention_heads"] == 0:
         raise ValueError(f"config.json: hidden_size {fields['hidden_size']}, num_attention_heads "
                          f"{fields['num_attention_heads']}, num_key_value_heads {fields['num_kv_heads']} "
