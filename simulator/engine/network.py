@@ -23,6 +23,7 @@ import itertools
 from typing import Any, Generator, Mapping
 
 import simpy
+from simpy.events import NORMAL
 
 from ..cost.fairshare import REL_EPS
 from ..cost.plan import CommPlan, CommStep
@@ -57,28 +58,51 @@ class FlowNetwork:
         self._links = LinkIndex(capacity_Bps)
         self.flows_started = 0
 
-    def run(self, plan: CommPlan) -> Generator[simpy.Event, Any, float]:
+    def run(self, plan: CommPlan, start_s: float | None = None) -> Generator[simpy.Event, Any, float]:
         """Execute ``plan``: ``elapsed_s = yield from net.run(plan)`` returns when its last step
         ends, with the seconds it took (compare with the uncontended time for contention).
+        ``start_s``: when the transfer starts, if later than now (a stream's lazy clock); the wait
+        and the first step's latency then elapse as one event, at the float time the two timeouts
+        in turn would reach (one event fewer per transfer).
 
         A step repeated r times runs once with r x latency and r x bytes: exact alone, and
         the fluid limit of r identical steps under contention. ``plan.concurrent`` plans start with
         it and the run waits for them too."""
         env = self.env
-        begin = env.now
+        pending_s = None  # a time the process must reach before its next step starts
+        if start_s is not None and start_s > env.now:
+            if plan.concurrent:
+                yield env.timeout(start_s - env.now)
+            else:
+                pending_s = env.now + (start_s - env.now)  # where Timeout(start_s - now) lands
+        begin = env.now if pending_s is None else pending_s
         others = [env.process(self.run(p)) for p in plan.concurrent]
         for step in plan.steps:
             latency = step.latency_s * step.repeat
-            if latency > 0:
+            if pending_s is not None:
+                yield self._at(pending_s + latency if latency > 0 else pending_s)
+                pending_s = None
+            elif latency > 0:
                 yield env.timeout(latency)
             shape = self._shape(step)
             if shape.starts:
                 done = env.event()
                 self._start(shape, step.repeat, done)
                 yield done
+        if pending_s is not None:
+            yield self._at(pending_s)
         if others:
             yield env.all_of(others)
         return env.now - begin
+
+    def _at(self, t_s: float) -> simpy.Event:
+        """A timeout that fires at the absolute time ``t_s`` (>= now), scheduled as simpy's
+        ``Environment.schedule`` would (its queue entry: time, priority, event id, event)."""
+        env = self.env
+        ev = simpy.Event(env)
+        ev._ok, ev._value = True, None
+        heapq.heappush(env._queue, (t_s, NORMAL, next(env._eid), ev))
+        return ev
 
     def _shape(self, step: CommStep) -> Shape:
         shape = self._shapes.get(id(step))
@@ -149,12 +173,20 @@ class FlowNetwork:
         del sub.cohorts[c]
         if not sub.cohorts:
             self._live.discard(sub)
-            sub.spans.append((sub.since, now))
+            sub.span_starts.append(sub.since)
+            sub.span_ends.append(now)
 
     def _component(self, seeds: list[Subset]) -> list[Cohort]:
         """The live cohorts connected through shared links to the ``seeds`` subsets (live or just
         ended), ordered by subset key."""
         live = self._live
+        if len(seeds) == 1:  # the usual case: one transfer started or ended alone on its links
+            seed = seeds[0]
+            first = self._overlaps(seed) & live
+            if not first:
+                return []
+            if len(first) == 1 and seed in first:
+                return list(seed.cohorts)
         comp: dict[Subset, None] = {}
         for s in seeds:
             comp.update(dict.fromkeys(self._overlaps(s) & live))
@@ -261,7 +293,9 @@ class FlowNetwork:
         sent: dict = {}
         spans: dict = {}
         for sub in self._subsets:
-            mine = sub.spans + [(sub.since, now)] if sub.cohorts else sub.spans
+            mine = list(zip(sub.span_starts, sub.span_ends))
+            if sub.cohorts:
+                mine.append((sub.since, now))
             for link, w in sub.weight_on().items():
                 sent[link] = sent.get(link, 0.0) + sub.sent * w
                 spans.setdefault(link, []).extend(mine)

@@ -85,6 +85,19 @@ class Clocks:
             ev = self.waiters[i] = self.env.event()
         return ev
 
+    def first_of(self, ids: list[int]) -> simpy.Event:
+        """An event that fires when the first of tasks ``ids`` (none finished yet) finishes: what
+        ``env.any_of`` gives, scheduled at the same point of the event queue, without a Condition's
+        bookkeeping (the callbacks left on the later events find it triggered and do nothing)."""
+        wake = self.env.event()
+
+        def trigger(_ev: simpy.Event) -> None:
+            if not wake.triggered:
+                wake.succeed()
+        for i in ids:
+            self.event(i).callbacks.append(trigger)
+        return wake
+
 
 class Transfers:
     """Tasks whose time depends on concurrent traffic: each runs its CommPlan through the flow
@@ -98,9 +111,7 @@ class Transfers:
     def run(self, t: Task, begin: float) -> Generator[simpy.Event, Any, float]:
         """Process body: wait until ``begin``, run the transfer; returns its end time."""
         env = self.env
-        if begin > env.now:
-            yield env.timeout(begin - env.now)
-        elapsed = yield from self.net.run(self.cost.comm_plan(t))
+        elapsed = yield from self.net.run(self.cost.comm_plan(t), begin)
         extra = elapsed - self.cost.isolated_s(t)
         if extra > 1e-12 * max(elapsed, 1.0):
             self.contention[t.category] = self.contention.get(t.category, 0.0) + extra
@@ -205,8 +216,7 @@ def static_lanes(clocks: Clocks, deps: list[tuple[int, ...]], durations: list, r
             if not blocked:
                 raise InternalError(_cycle_message(tasks, end, rank, lanes, pos))
             # every lane waits on another process's task: wake on the first
-            yield clocks.event(blocked[0]) if len(blocked) == 1 else \
-                env.any_of([clocks.event(d) for d in blocked])
+            yield clocks.event(blocked[0]) if len(blocked) == 1 else clocks.first_of(blocked)
 
 
 def _cycle_message(tasks: tuple[Task, ...], end: list, rank: int, lanes: list, pos: list[int]) -> str:
