@@ -14,9 +14,8 @@ backward, split equally into the input gradient ("B" of zero-bubble, Qi et al. 2
 weight gradient ("W"). The attention core counts QK^T and AV over the FULL s x s score matrix,
 4·b·s²·h forward, although the mask is causal: this is how those papers count, so MFU computed
 from this graph matches theirs. Vector ops (norms, activations, residuals, softmax, loss,
-embedding lookup) carry zero FLOPs and are costed by their bytes (they are memory-bound).
-With these rules a GPT layer costs 24·b·s·h² + 4·b·s²·h forward and the model
-24·b·s·l·h²·(1 + s/(6h)) + 2·b·s·h·V (Narayanan eq. 3 divided by 4, no recompute).
+embedding lookup) carry zero FLOPs and are costed by their bytes (memory-bound). A GPT layer costs
+24·b·s·h² + 4·b·s²·h forward, the model 24·b·s·l·h²·(1 + s/(6h)) + 2·b·s·h·V (Narayanan eq. 3 / 4).
 
 Bytes are the compulsory HBM traffic of each kernel (each operand read once, each result written
 once), dtype-sized; bias vectors and norm weights (n elements against m·n activations) and
