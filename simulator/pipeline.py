@@ -26,6 +26,7 @@ from .hardware.topology import Topology, build_topology
 from .model.opgraph import build_op_graph
 from .scenario import Scenario
 from .strategy.lower import LoweredPlan, lower
+from .strategy.sharding import imbalance_excess_flops
 from .tasks import InternalError, Task, TaskGraph
 
 
@@ -52,6 +53,15 @@ def model_flops_per_iteration(scn: Scenario) -> float:
     for GPT this is Korthikanti et al. 2022 eq. 7 / Narayanan eq. 3 without the recompute term."""
     g = build_op_graph(scn.model, scn.training.micro_batch_size, scn.training.dtype)
     return (g.fwd_flops() + g.bwd_flops()) * scn.training.global_batch_size / scn.training.micro_batch_size
+
+
+def _imbalance_excess_flops(scn: Scenario, graph: TaskGraph) -> float:
+    """FLOPs the simulated ranks count beyond the mean EP rank's under routing imbalance (each stands
+    for the busiest, which sets the pace): not hardware work of the cluster, left out of HFU."""
+    if not scn.model.is_moe or scn.model.moe_load_imbalance == 1.0:
+        return 0.0
+    ops = build_op_graph(scn.model, scn.training.micro_batch_size, scn.training.dtype)
+    return imbalance_excess_flops(graph.tasks, ops, scn.parallel.ep)
 
 
 class PerCollective:
@@ -134,7 +144,7 @@ def _simulate(scn: Scenario, full: bool, topo: Topology) -> RunResult:
     busy_breakdown = breakdown if busiest == rank else exposed_breakdown(trace, busiest, 0.0, sim.makespan_s)
     # symmetric mode: each simulated rank stands for the dp·cp·tp ranks of its stage
     replicas = 1 if full else scn.parallel.dp * scn.parallel.cp * scn.parallel.tp
-    hw_flops = trace.total_flops() * replicas
+    hw_flops = (trace.total_flops() - _imbalance_excess_flops(scn, plan.graph)) * replicas
     mem = memory_report(scn, plan.stage_params, trace)
     stretch_s = _stretch_s(plan.graph, base, durations, busiest) if durations is not base else 0.0
     step = StepTimes(sim.makespan_s, model_flops_per_iteration(scn), hw_flops, breakdown, busiest, busy_breakdown,

@@ -1,6 +1,7 @@
 """MoE of today in the lowering: MoE parallel folding (etp), dense first layers and windowed layers lowered
 by their own templates, routing imbalance, capacity, grouped vs per-expert GEMMs, the two dispatchers."""
 
+import math
 from collections import Counter
 
 import pytest
@@ -166,3 +167,30 @@ def test_router_scores_and_top_k_are_a_kernel_of_their_own():
     g = build_op_graph(scn().model, 1)
     (topk,) = [o for o in g.layer if o.name == "router_topk"]
     assert topk.shape == (256, 4) and topk.fwd_bytes == 2 * 2 * 256 * 4 and topk.tp_split == "sequence"
+
+
+def test_imbalance_slows_the_step_but_adds_no_hardware_flops():
+    # dropless routing: the cluster computes T·k slots whatever their spread; every EP rank is lowered
+    # as the busiest (it sets the pace), and HFU counts the mean rank's expert FLOPs, not its own
+    from simulator.pipeline import simulate
+
+    def run(imbalance):
+        s = scn(dict(MOE, num_experts=8, moe_load_imbalance=imbalance), dp=4, ep=4, batch=4)
+        m = simulate(s).metrics
+        return m["iteration_time_s"], m["hfu"] * m["iteration_time_s"]
+
+    (t1, hw1), (t15, hw15) = run(1.0), run(1.5)
+    assert t15 > t1
+    assert hw15 == pytest.approx(hw1, rel=1e-9)
+
+
+def test_expert_mean_share_closed_form():
+    from simulator.strategy.sharding import expert_mean_share
+    g = build_op_graph(scn(dict(MOE, num_experts=8, moe_load_imbalance=1.5)).model, 1, "bf16")
+    (fc1,) = [op for op in g.layer if op.name == "expert_fc1"]
+    # 2 experts per rank on EP 4: the busiest rank computes (1.5 + 6.5/7) / 2 of the mean rank's 512
+    # slots (256 tokens x top-2), in whole rows; one expert per rank on EP 8: 1.5x
+    assert fc1.shape[0] == 512
+    assert expert_mean_share(fc1, 4) == 512 / math.ceil(512 * (1.5 + 6.5 / 7) / 2 - 1e-9)
+    assert expert_mean_share(fc1, 8) == pytest.approx(1 / 1.5)
+    assert all(expert_mean_share(op, 4) == 1.0 for op in g.layer if op.tp_split != "expert")

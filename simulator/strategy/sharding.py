@@ -23,11 +23,12 @@ Shapes that do not divide raise ValueError naming the op and the numbers.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from math import ceil, prod
 
 from ..model.opgraph import TP_SPLITS, Op, OpGraph, attention_bytes, gemm_bytes, gemm_flops
-from ..tasks import OpWork, gemm_grad_shapes
+from ..tasks import OpWork, Task, gemm_grad_shapes
 from .zero_impl import submodule_params
 
 BACKWARD_PARTS = ("B", "W", "BW")
@@ -147,6 +148,34 @@ def expert_parts(op: Op, ep: int) -> list[Op]:
     else:
         fractions, experts = [busy / n] + [other / n] * (n - 1), ep  # ep experts over ep ranks: one each
     return [_scaled_rows(op, f, experts) for f in fractions]
+
+
+def expert_mean_share(op: Op, ep: int) -> float:
+    """Token slots the mean EP rank's experts compute over those of the rank ``expert_parts`` lowers
+    (the busiest): every rank is lowered as the busiest (the slowest sets the pace), so its expert
+    FLOPs overstate the cluster's by the inverse of this. 1.0 for balanced routing and non-expert ops."""
+    if op.tp_split != "expert":
+        return 1.0
+    busy, other = op.expert_load
+    busiest_rows = sum(part.shape[0] for part in expert_parts(op, ep))  # whole rows, as lowered
+    return (busy + (op.experts - 1) * other) / op.experts * op.shape[0] / busiest_rows
+
+
+def imbalance_excess_flops(tasks: Sequence[Task], graph: OpGraph, ep: int) -> float:
+    """FLOPs the ``tasks`` count beyond what their ranks compute on average because every EP rank is
+    lowered as the busiest (``expert_mean_share``): subtracted from the hardware FLOPs (HFU)."""
+    shares = {op.name: expert_mean_share(op, ep) for op in graph.layer + graph.mtp_layer}
+    shares = {name: share for name, share in shares.items() if share != 1.0}
+    if not shares:
+        return 0.0
+    per_work: dict[int, float] = {}
+    excess = 0.0
+    for t in tasks:
+        x = per_work.get(id(t.work))
+        if x is None:
+            x = per_work[id(t.work)] = sum(w.flops * (1.0 - shares[w.name]) for w in t.work if w.name in shares)
+        excess += x
+    return excess
 
 
 def _scaled_rows(op: Op, fraction: float, experts: int) -> Op:
