@@ -374,3 +374,31 @@ def test_a_large_all_to_all_beside_a_ring_matches_the_per_flow_network():
     assert alone - step.latency_s == pytest.approx(fluid, rel=1e-12)
     assert alone == pytest.approx(_ends(_PerFlowNetwork, [(0.0, a2a)], topo.capacity_Bps)[0], rel=1e-12)
     assert ("leaf0.0", "spine") in nets[0]._bypass.free
+
+
+def test_a_start_time_given_to_run_lands_where_a_timeout_then_the_latency_would():
+    # run(plan, start_s) folds the wait for start_s and the first step's latency into one event; the
+    # float times must be those of the two timeouts in turn (engine results stay byte-identical)
+    rng = random.Random(7)
+    for _ in range(200):
+        now, start = rng.uniform(0, 1e3), rng.uniform(0, 1e3)
+        start = max(start, now) + rng.choice([0.0, rng.uniform(0, 1e-3)])
+        plan = CommPlan("t", (CommStep(rng.uniform(0, 1e-5), (Flow(("a",), rng.uniform(1, 1e3)),)),
+                              CommStep(rng.uniform(0, 1e-5), (Flow(("b",), rng.uniform(1, 1e3)),))))
+        out = {}
+        for folded in (False, True):
+            env = simpy.Environment()
+            net = FlowNetwork(env, CAP)
+
+            def proc(folded=folded):
+                yield env.timeout(now)
+                if folded:
+                    elapsed = yield from net.run(plan, start)
+                else:
+                    if start > env.now:
+                        yield env.timeout(start - env.now)
+                    elapsed = yield from net.run(plan)
+                out[folded] = (env.now, elapsed)
+            env.process(proc())
+            env.run()
+        assert out[True] == out[False]
