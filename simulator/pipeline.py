@@ -20,8 +20,8 @@ from .analysis.metrics import Metrics, StepTimes, busiest_rank, critical_rank, e
 from .cost.model import CostModel
 from .cost.plan import CommPlan
 from .cost.siblings import fast_mode_cost
-from .engine.sim import SimResult, TaskCost, per_shape, simulate_graph, task_durations
-from .engine.sm_contention import stretched_durations
+from .engine.sim import SimResult, TaskCost, simulate_graph, task_durations
+from .engine.sm_contention import static_times, stretched_durations
 from .hardware.topology import Topology, build_topology
 from .model.opgraph import build_op_graph
 from .scenario import Scenario
@@ -155,19 +155,26 @@ def _simulate(scn: Scenario, full: bool, topo: Topology) -> RunResult:
 
 def _contended_durations(graph: TaskGraph, per_collective: PerCollective, cost: CostModel,
                          durations: list[float | None]) -> list[float | None]:
-    """``durations`` with each compute task stretched by the SMs the collectives beside it hold
-    (engine/sm_contention). The overlaps come from a first run of the step in which every transfer
-    takes its time alone (all tasks static: no network process, a fraction of a full run's cost);
-    the caller's run, with these durations, is the one reported."""
+    """``durations`` (one per task shape, ``task_durations(by_shape=True)``) with each compute task
+    stretched by the SMs the collectives beside it hold (engine/sm_contention). The overlaps come
+    from a first run of the step in which every transfer takes its time alone (all tasks static: no
+    network, timed without the engine, ``static_times``); the caller's run, with these durations, is
+    the one reported."""
+    shapes = graph.shapes or range(len(graph.tasks))
+    one = dict(zip(shapes, graph.tasks))  # a task of every shape
     # a collective on a stream that runs compute is in program order with that compute: never beside it
-    compute_streams = {t.stream for t in graph.tasks if t.kind == "compute"}
-    ctas = per_shape(graph, lambda t: 0 if t.stream in compute_streams else cost.kernel_ctas(t))
-    if not any(ctas):
+    compute_streams = {t.stream for t in one.values() if t.kind == "compute"}
+    ctas_of = {k: 0 if t.stream in compute_streams else cost.kernel_ctas(t) for k, t in one.items()}
+    if not any(ctas_of.values()):
         return durations
-    alone = per_shape(graph, lambda t: per_collective.isolated_s(t) if t.kind == "comm" else 0.0)
-    static = [a if d is None else d for d, a in zip(durations, alone)]
-    first = simulate_graph(graph, per_collective, durations=static)
-    stretched = stretched_durations(graph.tasks, first.start_s, first.end_s, durations, ctas,
+    static_of = {k: per_collective.isolated_s(t) if d is None else d
+                 for k, t in one.items() for d in (durations[t.id],)}
+    static: list = list(map(static_of.__getitem__, shapes))  # floats only
+    times = static_times(graph, static)
+    if times is None:
+        first = simulate_graph(graph, per_collective, durations=static)
+        times = first.start_s, first.end_s
+    stretched = stretched_durations(graph, *times, durations, list(map(ctas_of.__getitem__, shapes)),
                                     cost.contention_ratio)
     return durations if stretched is None else stretched
 

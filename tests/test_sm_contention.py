@@ -14,7 +14,7 @@ from simulator.hardware.topology import build_topology
 from simulator.cost.algorithms import group_shape
 from simulator.pipeline import simulate
 from simulator.scenario import ScenarioError, scenario_from_dict
-from simulator.tasks import Collective, OpWork, Task
+from simulator.tasks import Collective, OpWork, Task, TaskGraph
 
 H100 = CLUSTER_PRESETS["dgx-h100"]
 A100 = CLUSTER_PRESETS["dgx-a100-80gb"]
@@ -71,20 +71,74 @@ def _task(i, kind, stream, rank=0):
     return Task(i, f"t{i}", kind, rank, stream, "compute" if kind == "compute" else "comm_dp")
 
 
+def _graph(tasks, shapes=()):
+    streams: dict = {}
+    for t in tasks:
+        streams.setdefault((t.rank, t.stream), []).append(t.id)
+    return TaskGraph(tuple(tasks), {k: tuple(v) for k, v in streams.items()}, tuple(sorted({t.rank for t in tasks})),
+                     False, {}, tuple(shapes))
+
+
 def test_stretch_is_the_overlap_times_the_slowdown():
     # compute 0 runs [0, 2], compute 1 [2, 3]; a 24-CTA collective runs [1, 2.5] beside them
     tasks = [_task(0, "compute", "compute"), _task(1, "compute", "compute"), _task(2, "comm", "comm")]
     start, end, dur = [0.0, 2.0, 1.0], [2.0, 3.0, 2.5], [2.0, 1.0, None]
-    out = stretched_durations(tasks, start, end, dur, [0, 0, 24], lambda t, sms: 1.5 if sms == 24 else 9.0)
+    out = stretched_durations(_graph(tasks), start, end, dur, [0, 0, 24], lambda t, sms: 1.5 if sms == 24 else 9.0)
     assert out == [2.0 + 1.0 * 0.5, 1.0 + 0.5 * 0.5, None]
     # two collectives at once hold the sum of their CTAs
     tasks.append(_task(3, "comm", "comm2"))
-    out = stretched_durations(tasks, start + [1.5], end + [2.0], dur + [None], [0, 0, 24, 8],
+    out = stretched_durations(_graph(tasks), start + [1.5], end + [2.0], dur + [None], [0, 0, 24, 8],
                               lambda t, sms: {24: 1.5, 32: 2.0}[sms])
     assert out[0] == pytest.approx(2.0 + 0.5 * 0.5 + 0.5 * 1.0)
     # another rank's collective leaves rank 0 alone; no overlap at all: nothing changes
     other = [_task(0, "compute", "compute"), _task(1, "comm", "comm", rank=1)]
-    assert stretched_durations(other, [0.0, 0.0], [1.0, 1.0], [1.0, None], [0, 24], lambda t, s: 2.0) is None
+    assert stretched_durations(_graph(other), [0.0, 0.0], [1.0, 1.0], [1.0, None], [0, 24], lambda t, s: 2.0) is None
+
+
+def test_the_ratio_is_asked_once_per_shape_and_level():
+    # compute 0 and 1 share a shape (one work): one question for both, each stretched by its overlap
+    tasks = [_task(0, "compute", "compute"), _task(1, "compute", "compute"), _task(2, "comm", "comm")]
+    asked = []
+
+    def ratio(t, sms):
+        asked.append((t.id, sms))
+        return 1.5
+    out = stretched_durations(_graph(tasks, (0, 0, 2)), [0.0, 2.0, 1.0], [2.0, 3.0, 2.5], [2.0, 1.0, None],
+                              [0, 0, 24], ratio)
+    assert out == [2.0 + 1.0 * 0.5, 1.0 + 0.5 * 0.5, None] and asked == [(0, 24)]
+
+
+def test_static_times_equal_the_engines_first_run():
+    """The first run of the SM-contention model without simpy: the engine's start and end of every
+    task, exactly, with the tied embedding's barrier (two simulated ranks), a DualPipe plan's
+    re-ordered streams (a MoE DualPipe pair), and full mode (a barrier per collective)."""
+    from simulator.cost.model import CostModel
+    from simulator.engine.sim import simulate_graph, task_durations
+    from simulator.engine.sm_contention import static_times
+    from simulator.strategy.lower import lower
+
+    base = {"model": {"preset": "gpt3-1.3b", "num_layers": 8}, "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 2},
+            "training": {"global_batch_size": 16}}
+    plans = [({"tp": 2, "pp": 4, "dp": 2}, False), ({"tp": 2, "pp": 4, "dp": 2, "schedule": "dualpipe-v"}, False),
+             ({"tp": 2, "pp": 2, "dp": 4, "schedule": "dualpipe"}, False), ({"tp": 2, "pp": 2, "dp": 4}, True),
+             ({}, False), ({}, True)]
+    moe_pairs = scenario_from_dict({
+        "model": {"num_layers": 4, "hidden_size": 1024, "num_attention_heads": 8, "vocab_size": 1024, "seq_length": 1024,
+                  "mlp": "swiglu", "num_experts": 16, "moe_top_k": 4},
+        "cluster": {"preset": "dgx-h100", "num_nodes": 4},
+        "parallelism": {"tp": 1, "pp": 2, "dp": 16, "ep": 16, "schedule": "dualpipe-v", "virtual_stages": 2},
+        "training": {"global_batch_size": 128}})
+    for par, full in plans:
+        scn = scenario_from_dict({**base, "parallelism": par}) if par else moe_pairs
+        topo = build_topology(scn.cluster)
+        cost = CostModel(scn, topo)
+        graph = lower(scn, full).graph
+        dur = [cost.isolated_s(t) if d is None else d for t, d in zip(graph.tasks, task_durations(graph, cost))]
+        run = simulate_graph(graph, cost, durations=dur)
+        if not par:  # the pairs' streams are re-ordered: ids no longer rise along them
+            assert any(a > b for ids in graph.streams.values() for a, b in zip(ids, ids[1:]))
+        assert static_times(graph, dur) == (run.start_s, run.end_s), (par, full)
+    assert static_times(graph, [float("inf")] * len(graph)) is None
 
 
 def _dp_over_nodes(sm_contention: bool | None = None):

@@ -12,47 +12,185 @@ correction, not a fixed point (first order in the slowdown, which the tests boun
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from itertools import chain, compress
+from math import isfinite
 from operator import itemgetter
 
 import numpy as np
 
-from ..tasks import Task
+from ..tasks import Task, TaskGraph
+
+_INF = float("inf")
 
 
-def stretched_durations(tasks: Sequence[Task], start_s: Sequence[float], end_s: Sequence[float],
+def static_times(graph: TaskGraph, durations: Sequence[float]) -> tuple[list[float], list[float]] | None:
+    """(start, end) of every task when every duration is static: what ``engine/sim.simulate_graph``
+    gives for these ``durations`` (the first run, which has no network), without simpy. Each task
+    starts at the latest of the end of the task before it on its stream and its dependencies' ends,
+    the same max and sum of the same floats as the engine's clocks; the copies of a collective run on
+    several simulated ranks (a barrier) start together at the latest of their arrivals. One sweep in
+    id order times every task whose inputs come before it (dependencies always do, stream order does
+    but on a re-ordered DualPipe stream); an unknown time is +inf there, barrier copies are held at
+    +inf, and what is left is settled stream by stream. None when the engine itself must run: a
+    duration that is not finite, barrier copies of unequal durations, or a cycle (the engine reports it)."""
+    tasks = graph.tasks
+    n = len(tasks)
+    prev = [n] * n  # the task before on the stream; n: none (end[n] = 0.0)
+    placed = 0
+    for ids in graph.streams.values():
+        placed += len(ids)
+        deque(map(prev.__setitem__, ids[1:], ids[:-1]), 0)
+    barriers = _barriers(tasks)
+    if placed != n or not isfinite(sum(durations)) or any(len({durations[i] for i in m}) > 1 for m in barriers):
+        return None
+    dur = list(durations)
+    for members in barriers:
+        for i in members:
+            dur[i] = _INF
+    start, end = [_INF] * n, [_INF] * n + [0.0]
+    _sweep(prev, map(itemgetter(6), tasks), dur, start, end)  # Task.deps
+    if _INF in end and not _settle(graph.streams.values(), tasks, durations, barriers, start, end):
+        return None
+    del end[n]
+    return start, end
+
+
+def _sweep(prev: list[int], deps: Iterable[tuple[int, ...]], dur: list[float], start: list[float],
+           end: list[float]) -> None:
+    """``static_times``'s sweep: every task in id order (most tasks wait for one task)."""
+    i = 0
+    for p, ds, d_s in zip(prev, deps, dur):
+        s = end[p]
+        if len(ds) == 1:
+            e = end[ds[0]]
+            if e > s:
+                s = e
+        else:
+            for d in ds:
+                e = end[d]
+                if e > s:
+                    s = e
+        start[i] = s
+        end[i] = s + d_s
+        i += 1
+
+
+def _settle(lanes: Iterable[tuple[int, ...]], tasks: Sequence[Task], durations: Sequence[float],
+            barriers: list[list[int]], start: list[float], end: list[float]) -> bool:
+    """Time the tasks the sweep left at +inf, a suffix of each stream, as the engine's list scheduler
+    does: every stream advances while its next task's dependencies are known; a barrier copy waits
+    for the others, and all end together once the last has arrived. False on a cycle."""
+    todo: list[tuple[int, ...]] = []
+    pos: list[int] = []
+    for ids in lanes:
+        k = len(ids)
+        while k and end[ids[k - 1]] == _INF:
+            k -= 1
+        if k < len(ids):
+            todo.append(ids)
+            pos.append(k)
+    group = {i: m for m in barriers for i in m}
+    arrived: set[int] = set()
+    while todo:
+        progressed = False
+        for j, ids in enumerate(todo):
+            k = pos[j]
+            while k < len(ids):
+                i = ids[k]
+                if end[i] < _INF:  # a barrier copy the last arrival has settled
+                    k += 1
+                    continue
+                s = end[ids[k - 1]] if k else 0.0
+                for d in tasks[i][6]:
+                    e = end[d]
+                    if e > s:
+                        s = e
+                if s == _INF:
+                    break
+                start[i] = s
+                members = group.get(i)
+                if members is None:
+                    end[i] = s + durations[i]
+                elif i not in arrived:
+                    arrived.add(i)
+                    if not arrived.issuperset(members):
+                        break
+                    begin = max(start[m] for m in members)
+                    for m in members:
+                        start[m], end[m] = begin, begin + durations[m]
+                else:
+                    break
+                k += 1
+            progressed = progressed or k > pos[j]
+            pos[j] = k
+        if not progressed:
+            return False
+        keep = [j for j, ids in enumerate(todo) if pos[j] < len(ids)]
+        todo, pos = [todo[j] for j in keep], [pos[j] for j in keep]
+    return True
+
+
+def _barriers(tasks: Sequence[Task]) -> list[list[int]]:
+    """The tasks of every sync key held by several tasks (``engine/sim.Barrier``), in id order."""
+    sync = list(map(itemgetter(15), tasks))  # Task.sync_key
+    if max(sync, default=-1) < 0:
+        return []
+    groups: dict[int, list[int]] = {}
+    for i in compress(range(len(sync)), map((-1).__ne__, sync)):
+        groups.setdefault(sync[i], []).append(i)
+    return [m for m in groups.values() if len(m) > 1]
+
+
+def stretched_durations(graph: TaskGraph, start_s: Sequence[float], end_s: Sequence[float],
                         durations: Sequence[float | None], ctas: Sequence[int],
                         ratio: Callable[[Task, int], float]) -> list[float | None] | None:
     """``durations`` with every compute task stretched by the SMs its rank's collectives held while it
     ran in the first run (``start_s``/``end_s``); ``ctas``: SMs each task's kernel holds (0 for
-    compute and host tasks). None when no compute task ran beside such a kernel."""
+    compute and host tasks). ``ratio`` reads the task's work only: it is asked once per task shape
+    (``TaskGraph.shapes``) and SM level. None when no compute task ran beside such a kernel."""
+    tasks = graph.tasks
+    n = len(tasks)
     held = np.asarray(ctas)
-    start, end = np.asarray(start_s), np.asarray(end_s)
+    start, end = np.fromiter(start_s, float, n), np.fromiter(end_s, float, n)
     comm = np.flatnonzero((held > 0) & (end > start))
     if not len(comm):
         return None
-    rank = np.fromiter(map(itemgetter(3), tasks), int, len(tasks))  # Task.rank
-    dur = np.fromiter((d or 0.0 for d in durations), float, len(tasks))
-    compute = np.fromiter((k == "compute" for k in map(itemgetter(2), tasks)), bool, len(tasks)) & (dur > 0.0)
+    shape = np.fromiter(graph.shapes or range(n), np.int64, n)
+    one = dict(zip(graph.shapes or range(n), map(itemgetter(2), tasks)))  # shape -> Task.kind
+    kinds = np.zeros(max(one) + 1, bool)  # by shape id (a task id)
+    kinds[np.fromiter(one, np.int64, len(one))] = np.fromiter(map("compute".__eq__, one.values()), bool, len(one))
+    dur = np.array([0.0 if d is None else d for d in durations], dtype=float)
+    compute = kinds[shape] & (dur > 0.0)
+    rank = _ranks(graph)
     out = list(durations)
     changed = False
     for r in np.unique(rank[comm]):
         ids = np.flatnonzero(compute & (rank == r))
         if not len(ids):
             continue
-        mine = comm[rank[comm] == r]
-        extra = _extra_s(tasks, ids, start, end, mine, held, ratio)
+        extra = _extra_s(tasks, shape, ids, start, end, comm[rank[comm] == r], held, ratio)
         grown = np.flatnonzero(extra > 0.0)
-        for i, x in zip(ids[grown].tolist(), extra[grown].tolist()):
-            out[i] = float(dur[i]) + x
-            changed = True
+        deque(map(out.__setitem__, ids[grown].tolist(), (dur[ids[grown]] + extra[grown]).tolist()), 0)
+        changed = changed or len(grown) > 0
     return out if changed else None
 
 
-def _extra_s(tasks: Sequence[Task], ids: np.ndarray, start: np.ndarray, end: np.ndarray, comm: np.ndarray,
-             held: np.ndarray, ratio: Callable[[Task, int], float]) -> np.ndarray:
+def _ranks(graph: TaskGraph) -> np.ndarray:
+    """Every task's rank, spread from the streams (rank, stream) -> ids by numpy."""
+    lanes = graph.streams
+    ids = np.fromiter(chain.from_iterable(lanes.values()), np.int64, len(graph.tasks))
+    rank = np.empty(len(graph.tasks), np.int64)
+    rank[ids] = np.repeat(np.fromiter((r for r, _ in lanes), np.int64, len(lanes)), [len(v) for v in lanes.values()])
+    return rank
+
+
+def _extra_s(tasks: Sequence[Task], shape: np.ndarray, ids: np.ndarray, start: np.ndarray, end: np.ndarray,
+             comm: np.ndarray, held: np.ndarray, ratio: Callable[[Task, int], float]) -> np.ndarray:
     """Seconds each compute task of ``ids`` gains: per level of SMs held (the sum over the rank's
-    concurrent collectives), the task's overlap with that level times (ratio - 1)."""
+    concurrent collectives), the task's overlap with that level times (ratio - 1), the ratio asked
+    for one task of each shape (``shape``: every task's)."""
     times = np.concatenate((start[comm], end[comm]))
     delta = np.concatenate((held[comm], -held[comm]))
     order = np.argsort(times, kind="stable")
@@ -65,6 +203,10 @@ def _extra_s(tasks: Sequence[Task], ids: np.ndarray, start: np.ndarray, end: np.
             continue
         cum = np.concatenate(([0.0], np.cumsum(np.where(level[:-1] == sms, seg_s, 0.0))))
         overlap = np.interp(e, times, cum) - np.interp(s, times, cum)
-        for k in np.flatnonzero(overlap > 0.0).tolist():
-            extra[k] += overlap[k] * (ratio(tasks[int(ids[k])], int(sms)) - 1.0)
+        hit = np.flatnonzero(overlap > 0.0)
+        if not len(hit):
+            continue
+        _, first, inv = np.unique(shape[ids[hit]], return_index=True, return_inverse=True)
+        r = np.array([ratio(tasks[i], int(sms)) for i in ids[hit[first]].tolist()], dtype=float)
+        extra[hit] += overlap[hit] * (r[inv] - 1.0)
     return extra
