@@ -142,3 +142,17 @@ def test_an_all_to_all_across_rails_stays_off_an_oversubscribed_spine():
     times = [collective_time_s(a2a, build_topology(replace(H100, num_nodes=32, oversubscription=o)))
              for o in (1.0, 4.0)]
     assert times[1] == pytest.approx(times[0], rel=1e-9)
+
+
+def test_p2p_routes_of_a_group_are_its_pairs_p2p_routes():
+    # PXN across rails (relayed over NVLink to the GPU on the peer's rail), route() on one node or rail
+    topo = build_topology(H100.with_nodes(4))
+    group = (0, 3, 9, 11, 17, 30)
+    routes = topo.p2p_routes(group)
+    assert routes == [topo.p2p_route(a, b) for a in group for b in group if a != b]
+    assert topo.p2p_route(3, 9)[:2] == (("gpu3", "nvs0"), ("nvs0", "gpu1")) and topo.p2p_route(3, 9)[2:] == topo.route(1, 9)
+    assert topo.p2p_route(3, 11) is topo.route(3, 11)
+    with pytest.raises(ValueError):
+        topo.p2p_routes((0, 32))
+    with pytest.raises(ValueError):
+        topo.route(-1, 3)

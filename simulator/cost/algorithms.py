@@ -8,10 +8,11 @@ collective, so ``cost/collectives`` scales them and adds NCCL's latencies.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import repeat
 
 from ..hardware.topology import Topology
 from . import nccl_tuner as tuner
-from .plan import Flow
+from .plan import Flow, make_flows
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,8 +172,8 @@ def _p2p_flow(topo: Topology, src: int, dst: int, size: float) -> Flow:
 
 def direct_flows(topo: Topology, group: tuple[int, ...]) -> tuple[Flow, ...]:
     """all_to_all: NCCL's grouped send/recv, one transfer per ordered pair of ranks."""
-    n = len(group)
-    return tuple(_p2p_flow(topo, a, b, 1 / n) for a in group for b in group if a != b)
+    routes = topo.p2p_routes(group)
+    return make_flows(routes, repeat(1 / len(group)), repeat(1.0))
 
 
 def p2p_flows(topo: Topology, group: tuple[int, ...]) -> tuple[Flow, ...]:

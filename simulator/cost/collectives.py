@@ -16,7 +16,7 @@ from . import nccl_tuner as tuner
 from .algorithms import (GroupShape, Phase, direct_flows, group_shape, hierarchical_phases,
                          nvls_flows, nvls_tree_flows, p2p_flows, ring_hops, ring_orders, tree_flows)
 from .fairshare import isolated_time_s
-from .plan import CommPlan, CommStep, Flow
+from .plan import CommPlan, CommStep, make_flows
 
 
 def busbw_factor(op: str, n: int) -> float:
@@ -315,7 +315,8 @@ def _build_plan(topo: Topology, op: str, size: float, group: tuple[int, ...],
     base += _pipeline_fill_s(topo, alg, size, shape, bw * scale / size)
     steps = [CommStep(base)] if base > 0 else []
     for ph, lat in zip(phases, lats):
-        flows = tuple(Flow(f.links, f.size_bytes * scale, f.weight) for f in ph.flows)
+        flows = make_flows([f.links for f in ph.flows], [f.size_bytes * scale for f in ph.flows],
+                           [f.weight for f in ph.flows])
         steps.append(CommStep(lat, flows, ph.repeat))
     return CommPlan(f"{alg}/{proto}", tuple(steps))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..units import GB, NS, US
 from .clusters import TOPOLOGIES, ClusterSpec
@@ -71,6 +71,22 @@ NDR_GBPS = 400
 SPINE = "spine"
 
 
+class _Gpu(NamedTuple):
+    """A GPU's place and the links its routes start and end with, one tuple per link shared by every
+    route that crosses it (a route used to make its own: ~170k tuples for DeepSeek-V3's all-to-alls,
+    each walked by the garbage collector)."""
+
+    node: int
+    local: int
+    rail: int
+    leaf: str
+    up: LinkId  # GPU -> its node's NVSwitch
+    down: LinkId  # NVSwitch -> GPU
+    out: tuple[LinkId, ...]  # GPU -> PCIe switch -> NIC -> leaf
+    into: tuple[LinkId, ...]  # leaf -> NIC -> PCIe switch -> GPU
+    spine: tuple[LinkId, LinkId]  # its leaf -> the spine layer, and back
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Topology:
     """The cluster's link graph with per-link capacity (bytes/s per direction) and latency."""
@@ -80,7 +96,9 @@ class Topology:
     latency_s: dict  # LinkId -> seconds
     leaf_down_ports: int = 0  # NIC-facing ports per leaf switch
     spine_planes: int = 0  # uplinks per leaf, one to each spine plane, trunked by adaptive routing
-    _routes: dict = field(default_factory=dict, repr=False)
+    _routes: dict = field(default_factory=dict, repr=False)  # src * num_gpus + dst -> route
+    _p2p: dict = field(default_factory=dict, repr=False)  # the same -> p2p_route
+    _gpus: dict = field(default_factory=dict, repr=False)  # rank -> _Gpu
     # Scratch space for values derived from this topology by the layers above (collective plans
     # and times), so they live and die with it instead of in a global cache.
     memo: dict = field(default_factory=dict, repr=False)
@@ -130,30 +148,45 @@ class Topology:
             return f"leaf{rail}.{node // self.leaf_down_ports}"
         return f"leaf{(node * c.nics_per_node + rail) // self.leaf_down_ports}"
 
+    def _gpu(self, rank: int) -> _Gpu:
+        """The GPU's place and first and last links, made once per GPU (routes are built from them);
+        ``rank`` checked by the caller."""
+        g = self._gpus.get(rank)
+        if g is None:
+            c = self.cluster
+            node, local = divmod(rank, c.gpus_per_node)
+            rail = local * c.nics_per_node // c.gpus_per_node
+            gpu, nvs, pcie, nic = f"gpu{rank}", f"nvs{node}", f"pcie{rank}", f"nic{node}.{rail}"
+            leaf = self.leaf_name(node, rail)
+            g = self._gpus[rank] = _Gpu(node, local, rail, leaf, (gpu, nvs), (nvs, gpu),
+                                        ((gpu, pcie), (pcie, nic), (nic, leaf)), ((leaf, nic), (nic, pcie), (pcie, gpu)),
+                                        ((leaf, SPINE), (SPINE, leaf)))
+        return g
+
+    def _key(self, src_rank: int, dst_rank: int) -> int:
+        """The routes' cache key of a pair of GPUs (ValueError outside the cluster)."""
+        n = self.cluster.num_gpus
+        if not (0 <= src_rank < n and 0 <= dst_rank < n):
+            self._check(src_rank)
+            self._check(dst_rank)
+        return src_rank * n + dst_rank
+
     def route(self, src_rank: int, dst_rank: int) -> tuple[LinkId, ...]:
         """Links from one GPU to another: NVSwitch inside a node, else PCIe -> NIC -> fabric."""
-        key = (src_rank, dst_rank)
+        key = self._key(src_rank, dst_rank)
         cached = self._routes.get(key)
-        if cached is not None:
-            return cached
-        a, b = self.node_of(src_rank), self.node_of(dst_rank)
-        gs, gd = f"gpu{src_rank}", f"gpu{dst_rank}"
-        if src_rank == dst_rank:
-            links: tuple = ()
-        elif a == b:
-            links = ((gs, f"nvs{a}"), (f"nvs{a}", gd))
-        else:
-            ps, pd = f"pcie{src_rank}", f"pcie{dst_rank}"
-            ns, nd = self.nic_name(src_rank), self.nic_name(dst_rank)
-            ls = self.leaf_name(a, self.rail_of(src_rank))
-            ld = self.leaf_name(b, self.rail_of(dst_rank))
-            hops = [(gs, ps), (ps, ns), (ns, ls)]
-            if ls != ld:
-                hops += [(ls, SPINE), (SPINE, ld)]
-            hops += [(ld, nd), (nd, pd), (pd, gd)]
-            links = tuple(hops)
-        self._routes[key] = links
-        return links
+        if cached is None:
+            cached = self._routes[key] = self._between(self._gpu(src_rank), self._gpu(dst_rank), src_rank == dst_rank)
+        return cached
+
+    def _between(self, a: _Gpu, b: _Gpu, same: bool) -> tuple[LinkId, ...]:
+        if same:
+            return ()
+        if a.node == b.node:
+            return (a.up, b.down)
+        if a.leaf != b.leaf:
+            return a.out + (a.spine[0], b.spine[1]) + b.into
+        return a.out + b.into
 
     def p2p_route(self, src_rank: int, dst_rank: int) -> tuple[LinkId, ...]:
         """Links of NCCL's point-to-point path (send/recv, and all-to-all, which NCCL runs as grouped
@@ -163,19 +196,41 @@ class Topology:
         NCCL_P2P_PXN_LEVEL = 2 "use PXN as much as possible", NCCL_PXN_DISABLE = 0), so a transfer
         between rails leaves on the receiver's rail instead of crossing the spine. Same node or same
         rail: ``route``."""
-        key = (src_rank, dst_rank, "p2p")
-        cached = self._routes.get(key)
-        if cached is not None:
-            return cached
-        a = self.node_of(src_rank)
-        g = self.cluster.gpus_per_node
-        if a == self.node_of(dst_rank) or self.rail_of(src_rank) == self.rail_of(dst_rank):
-            links = self.route(src_rank, dst_rank)
-        else:
-            proxy = a * g + self.local_of(dst_rank)
-            links = ((f"gpu{src_rank}", f"nvs{a}"), (f"nvs{a}", f"gpu{proxy}")) + self.route(proxy, dst_rank)
-        self._routes[key] = links
-        return links
+        key = self._key(src_rank, dst_rank)
+        cached = self._p2p.get(key)
+        if cached is None:
+            cached = self._p2p[key] = self._pxn(src_rank, dst_rank, self._gpu(src_rank), self._gpu(dst_rank))
+        return cached
+
+    def p2p_routes(self, group: tuple[int, ...]) -> list[tuple[LinkId, ...]]:
+        """``p2p_route`` of every ordered pair of distinct ranks of ``group``, row by row (an
+        all-to-all's transfers), the GPUs looked up once."""
+        for r in group:
+            self._check(r)
+        n, cache = self.cluster.num_gpus, self._p2p
+        gpus = [self._gpu(r) for r in group]
+        out = []
+        for a, ga in zip(group, gpus):
+            for b, gb in zip(group, gpus):
+                if a != b:
+                    links = cache.get(a * n + b)
+                    if links is None:
+                        links = cache[a * n + b] = self._pxn(a, b, ga, gb)
+                    out.append(links)
+        return out
+
+    def _pxn(self, src_rank: int, dst_rank: int, a: _Gpu, b: _Gpu) -> tuple[LinkId, ...]:
+        """``p2p_route``'s links: ``route`` itself, or the NVLink hop to the proxy and its route."""
+        hop: tuple = ()
+        if a.node != b.node and a.rail != b.rail:
+            src_rank = a.node * self.cluster.gpus_per_node + b.local  # the proxy
+            proxy = self._gpu(src_rank)
+            hop, a = (a.up, proxy.down), proxy
+        key = src_rank * self.cluster.num_gpus + dst_rank
+        links = self._routes.get(key)
+        if links is None:
+            links = self._routes[key] = self._between(a, b, src_rank == dst_rank)
+        return hop + links if hop else links
 
     def translation_period_ranks(self) -> int:
         """Ranks in the smallest block of whole nodes whose NICs fill whole leaves: shifting a group by
