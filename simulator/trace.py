@@ -10,7 +10,7 @@ import gzip
 import json
 from dataclasses import dataclass, field
 from functools import cached_property, partial
-from itertools import chain, compress
+from itertools import chain
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, Iterable, NamedTuple, Sequence
@@ -101,6 +101,18 @@ class Trace:
         all a memory timeline reads."""
         return [e for e in self.by_rank.get(rank, ()) if e.mem_delta_bytes]
 
+    def columns(self, rank: int) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
+        """``on(rank)`` as columns: start and end seconds, stream, category."""
+        events = self.on(rank)
+        return (np.array([e.start_s for e in events], dtype=float), np.array([e.end_s for e in events], dtype=float),
+                [e.stream for e in events], [e.category for e in events])
+
+    def memory_columns(self, rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+        """``memory_events(rank)`` as columns: start and end seconds, mem_delta_bytes, phase."""
+        events = self.memory_events(rank)
+        return (np.array([e.start_s for e in events], dtype=float), np.array([e.end_s for e in events], dtype=float),
+                np.array([e.mem_delta_bytes for e in events], dtype=float), [e.phase for e in events])
+
     def busy_s(self, rank: int) -> float:
         """Seconds during which at least one of ``rank``'s streams is busy (the union of its events)."""
         events = self.by_rank.get(rank, ())
@@ -162,14 +174,44 @@ class ColumnTrace(Trace):
     def memory_events(self, rank: int) -> list[TraceEvent]:
         if not self._lanes or "events" in self.__dict__:
             return super().memory_events(rank)
-        ids = self._ids(rank, None)
+        return self._make(self._memory_ids(rank)[0].tolist())
+
+    def columns(self, rank: int) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
+        if not self._lanes or "events" in self.__dict__:
+            return super().columns(rank)
+        ids = self._rank_ids.get(rank, np.zeros(0, np.int64))
+        start, end = self._arrays
+        rows = list(map(self._columns[0].__getitem__, ids.tolist()))
+        return start[ids], end[ids], list(map(itemgetter(4), rows)), list(map(itemgetter(5), rows))  # stream, category
+
+    def memory_columns(self, rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+        if not self._lanes or "events" in self.__dict__:
+            return super().memory_columns(rank)
+        ids, delta = self._memory_ids(rank)
+        start, end = self._arrays
         tasks = self._columns[0]
-        return self._make(list(compress(ids, map(itemgetter(14), map(tasks.__getitem__, ids)))))  # mem_delta_bytes
+        return start[ids], end[ids], delta, list(map(itemgetter(12), map(tasks.__getitem__, ids.tolist())))  # phase
+
+    def _memory_ids(self, rank: int) -> tuple[np.ndarray, np.ndarray]:
+        """Ids (trace order) and mem_delta_bytes of ``rank``'s tasks that allocate or free."""
+        ids = self._rank_ids.get(rank, np.zeros(0, np.int64))
+        tasks = self._columns[0]
+        delta = np.fromiter(map(itemgetter(14), map(tasks.__getitem__, ids.tolist())), float, len(ids))  # mem_delta_bytes
+        keep = delta != 0.0
+        return ids[keep], delta[keep]
 
     def _ids(self, rank: int, stream: str | None) -> list[int]:
         """Task ids of ``rank`` (on ``stream`` only, if given) in trace order, from the lanes."""
-        lanes = [ids for s, ids in self._lanes_of_rank.get(rank, ()) if stream is None or s == stream]
+        if stream is None:
+            return self._rank_ids.get(rank, np.zeros(0, np.int64)).tolist()
+        lanes = [ids for s, ids in self._lanes_of_rank.get(rank, ()) if s == stream]
         return sorted(chain.from_iterable(lanes))
+
+    @cached_property
+    def _rank_ids(self) -> dict[int, np.ndarray]:
+        """rank -> the ids of all its tasks, sorted (trace order): asked by every per-rank question."""
+        return {rank: np.sort(np.concatenate([np.fromiter(ids, np.int64, len(ids)) for _, ids in lanes]))
+                for rank, lanes in self._lanes_of_rank.items()}
 
     @cached_property
     def _lanes_of_rank(self) -> dict[int, list[tuple[str, Sequence[int]]]]:
@@ -202,12 +244,13 @@ class ColumnTrace(Trace):
         if not self._lanes:
             return super().busy_s(rank)
         start, end = self._arrays
-        ids = np.asarray(self._ids(rank, None), dtype=np.int64)
+        ids = self._rank_ids.get(rank, np.zeros(0, np.int64))
         return union_length_s(start[ids], end[ids])
 
     @cached_property
     def _arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        return np.asarray(self._columns[1], dtype=float), np.asarray(self._columns[2], dtype=float)
+        start, end = self._columns[1], self._columns[2]
+        return np.fromiter(start, float, len(start)), np.fromiter(end, float, len(end))
 
 
 def union_length_s(start_s, end_s) -> float:

@@ -12,7 +12,7 @@ import pytest
 
 from simulator.analysis.memory import (CUDA_CONTEXT_BYTES, estimate_memory, layer_param_counts,
                                        memory_report, model_state_bytes, rank_param_counts,
-                                       schedule_trace, static_buffers, walk_memory)
+                                       schedule_trace, static_buffers, walk_memory, is_buffer_event)
 from simulator.analysis.memory_plot import pick_ranks, plot_memory
 from simulator.scenario import scenario_from_dict
 from simulator.strategy.activation_memory import (head_activation_bytes, layer_activation_bytes,
@@ -167,6 +167,24 @@ def test_frees_apply_at_end_allocations_at_start_frees_first_on_ties():
     assert [(t, a) for t, a, _ in pts] == [(0, 10), (1, 20), (3, 10), (4, 0)]
     tie = walk_memory([ev("F0", 0, 1, 10), ev("B0", 0, 1, -10, "B"), ev("F1", 1, 2, 10)])
     assert max(a for _, a, _ in tie) == 10
+
+
+def test_walk_memory_sums_change_by_change_in_time_order():
+    # the columns' cumulative sums equal the change-by-change loop, float for float, ties included
+    import random
+    rng = random.Random(3)
+    for _ in range(500):
+        events = [ev(f"e{i}", s, s + rng.choice([0.0, 0.5, rng.random()]), rng.choice([0.0, 1e9 * rng.random(), -3e8, 0.1, -0.1]),
+                     rng.choice(["F", "B", "", "O"]))
+                  for i, s in enumerate(rng.choice([0.0, 0.5, 1.0, rng.random() * 3]) for _ in range(rng.randint(0, 20)))]
+        changes = sorted(((e.start_s if e.mem_delta_bytes > 0 else e.end_s, e.mem_delta_bytes > 0, e.mem_delta_bytes,
+                           is_buffer_event(e)) for e in events if e.mem_delta_bytes), key=lambda c: (c[0], c[1]))
+        act = buf = 0.0
+        points = [(0.0, 0.0, 0.0)]
+        for t, _, delta, is_buf in changes:
+            act, buf = (act, buf + delta) if is_buf else (act + delta, buf)
+            points[-1:] = [(t, act, buf)] if points[-1][0] == t else [points[-1], (t, act, buf)]
+        assert walk_memory(events) == points
 
 
 def test_memory_returns_to_the_model_state_baseline():

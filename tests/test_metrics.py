@@ -30,6 +30,48 @@ def test_sweep_line_breakdown_exact():
     assert sum(b.values()) == 8.0
 
 
+def _reference_sweep(events, t0, t1):
+    """The event-by-event sweep exposed_breakdown vectorises: counts per (compute stream, category)
+    updated point by point, each interval charged in time order."""
+    from simulator.analysis.metrics import _EXPOSED_ORDER
+    out = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
+    points = sorted([(e.start_s, 1, e.stream == "compute", e.category if e.category in out else "other") for e in events
+                     if e.end_s > e.start_s] + [(e.end_s, -1, e.stream == "compute", e.category if e.category in out
+                                                 else "other") for e in events if e.end_s > e.start_s],
+                    key=lambda p: (p[0], p[1]))
+    running = {True: {}, False: {}}
+    prev = t0
+
+    def charge(a, b):
+        for side in (True, False):
+            active = [c for c, n in running[side].items() if n]
+            if active:
+                out[next((c for c in _EXPOSED_ORDER if c in active), active[0])] += b - a
+                return
+        out["bubble"] += b - a
+    for time, delta, comp, cat in points:
+        if time > prev:
+            if min(time, t1) > prev:
+                charge(prev, min(time, t1))
+            prev = time
+        running[comp][cat] = running[comp].get(cat, 0) + delta
+    if t1 > prev:
+        charge(prev, t1)
+    return out
+
+
+def test_the_vectorised_sweep_equals_the_event_by_event_one():
+    import random
+    rng = random.Random(5)
+    cats = list(BREAKDOWN_KEYS) + ["kernel"]
+    for _ in range(500):
+        ev = [TraceEvent(f"e{i}", rng.choice(cats), 0, rng.choice(["compute", "comm_tp", "comm_dp"]), s,
+                         s + rng.choice([0.0, 0.5, 1.0, rng.random(), -0.2]))
+              for i, s in enumerate(rng.choice([0.0, 0.5, 1.0, 2.0, rng.random() * 4, -1.0]) for _ in range(rng.randint(0, 20)))]
+        t0, t1 = rng.choice([0.0, 0.5, -2.0]), rng.choice([4.0, 1.5, 0.7, 10.0])
+        assert exposed_breakdown(Trace(tuple(ev)), 0, t0, t1) == _reference_sweep(ev, t0, t1)
+
+
 @pytest.mark.parametrize("par", [{}, {"tp": 2, "pp": 2}, {"tp": 4, "pp": 2, "schedule": "interleaved-1f1b"},
                                  {"pp": 4, "schedule": "zero-bubble", "zero_stage": 1}])
 def test_breakdown_adds_up_to_the_iteration(par):

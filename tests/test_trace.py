@@ -158,6 +158,7 @@ def test_a_column_trace_is_the_trace_of_its_tasks_made_one_by_one():
     on = {r: trace.on(r) for r in res.graph.ranks}
     on_comm = {r: trace.on(r, "comm_tp") for r in res.graph.ranks}
     mem = {r: trace.memory_events(r) for r in res.graph.ranks}
+    cols = {r: (trace.columns(r), trace.memory_columns(r), trace.busy_s(r)) for r in res.graph.ranks}
     span = (trace.start_s, trace.end_s)
     assert "events" not in trace.__dict__
     start, end = res.sim.start_s, res.sim.end_s
@@ -173,5 +174,11 @@ def test_a_column_trace_is_the_trace_of_its_tasks_made_one_by_one():
     assert on_comm == {r: plain.on(r, "comm_tp") for r in res.graph.ranks} and all(on_comm.values())
     assert mem == {r: plain.memory_events(r) for r in res.graph.ranks} and all(mem.values())
     assert mem[0] == [e for e in plain.events if e.rank == 0 and e.mem_delta_bytes != 0]
+    for r, ((start, end, streams, cats), (m_start, m_end, delta, phases), busy) in cols.items():
+        (p_start, p_end, p_streams, p_cats), (pm_start, pm_end, p_delta, p_phases) = plain.columns(r), plain.memory_columns(r)
+        assert start.tolist() == p_start.tolist() and end.tolist() == p_end.tolist() and (streams, cats) == (p_streams, p_cats)
+        assert (m_start.tolist(), m_end.tolist(), delta.tolist(), phases) == (pm_start.tolist(), pm_end.tolist(),
+                                                                            p_delta.tolist(), p_phases)
+        assert busy == plain.busy_s(r)
     assert span == (plain.start_s, plain.end_s)
     assert to_chrome_json(trace) == to_chrome_json(plain)

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from ..model.fp8 import weight_copy_bytes_per_param
 from ..model.opgraph import build_op_graph
 from ..model.spec import ModelSpec
@@ -123,24 +125,30 @@ def walk_memory(events: list[TraceEvent], start_s: float = 0.0) -> list[tuple[fl
     A positive mem_delta_bytes is allocated at its event's start, a negative one freed at its end
     (tasks.Task); at equal times frees apply before allocations, as a stream frees a tensor before
     its next kernel allocates."""
-    changes = []
-    for e in events:
-        if e.mem_delta_bytes:
-            t = e.start_s if e.mem_delta_bytes > 0 else e.end_s
-            changes.append((t, e.mem_delta_bytes > 0, e.mem_delta_bytes, is_buffer_event(e)))
-    changes.sort(key=lambda c: (c[0], c[1]))
-    act = buf = 0.0
-    points = [(start_s, 0.0, 0.0)]
-    for t, _, delta, is_buf in changes:
-        if is_buf:
-            buf += delta
-        else:
-            act += delta
-        if points[-1][0] == t:
-            points[-1] = (t, act, buf)
-        else:
-            points.append((t, act, buf))
-    return points
+    events = [e for e in events if e.mem_delta_bytes]
+    times, act, buf = _walk(np.array([e.start_s for e in events], dtype=float),
+                            np.array([e.end_s for e in events], dtype=float),
+                            np.array([e.mem_delta_bytes for e in events], dtype=float),
+                            np.array([is_buffer_event(e) for e in events], dtype=bool), start_s)
+    return list(zip(times.tolist(), act.tolist(), buf.tolist()))
+
+
+def _walk(start: np.ndarray, end: np.ndarray, delta: np.ndarray, is_buf: np.ndarray,
+          start_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``walk_memory`` on columns (events in trace order, every delta non-zero): each change at its
+    time, sorted stably by (time, allocation), summed in that order (a cumulative sum adds one term
+    after the other, as the loop it replaces did), the last sums of each instant kept, after the
+    step's start (start_s, 0, 0) unless a change falls on it."""
+    alloc = delta > 0
+    t = np.where(alloc, start, end)
+    order = np.lexsort((alloc, t))
+    t, d, buf = t[order], delta[order], is_buf[order]
+    act, held = np.cumsum(np.where(buf, 0.0, d)), np.cumsum(np.where(buf, d, 0.0))
+    last = np.flatnonzero(np.append(t[1:] != t[:-1], True)) if len(t) else np.zeros(0, np.int64)
+    t, act, held = t[last], act[last], held[last]
+    if not len(t) or t[0] != start_s:
+        t, act, held = np.append(start_s, t), np.append(0.0, act), np.append(0.0, held)
+    return t, act, held
 
 
 def static_buffers(scn: Scenario, counts: dict, trace_has_buffers: bool = False) -> dict:
@@ -197,27 +205,31 @@ def memory_report(scn: Scenario, stage_params: dict, trace: Trace) -> MemoryRepo
                      model_state_bytes(counts.get("expert", 0), par.zero_stage, expert_dp,
                                        _param_bytes(tr.dtype), tr.grad_dtype_bytes, par.offload_optimizer,
                                        opt_bpp))
-        events = trace.memory_events(rank)  # all the timeline reads: no other event need be made
-        points = walk_memory(events, trace.start_s)
-        end_dyn = points[-1][1] + points[-1][2]
-        peak_dyn = max(a + b for _, a, b in points)
+        start, end, delta, phases = trace.memory_columns(rank)  # all the timeline reads: no event need be made
+        is_buf = np.array([p not in ACTIVATION_PHASES for p in phases], dtype=bool)  # is_buffer_event
+        times, act, held = _walk(start, end, delta, is_buf, trace.start_s)
+        total = act + held
+        end_dyn, peak_dyn = float(total[-1]), float(total.max())
         if abs(end_dyn) > 1e-6 * max(peak_dyn, 1.0):
             raise InternalError(f"memory_report: rank {rank} ends the step with {end_dyn:.6g} bytes of activations/"
                              f"buffers still allocated (mem_delta_bytes do not balance)")
-        buffers = static_buffers(scn, counts, any(is_buffer_event(e) and e.mem_delta_bytes for e in events))
+        buffers = static_buffers(scn, counts, bool(is_buf.any()))
         buffers["fragmentation"] = FRAGMENTATION_FRACTION * peak_dyn
         fixed = sum(buffers.values())
-        _, act_peak, buf_peak = max(points, key=lambda p: (p[1] + p[2], -p[0]))
+        tops = np.flatnonzero(total == total.max())  # the peak: its earliest instant
+        at = int(tops[np.argmin(times[tops])])
+        act_peak, buf_peak = float(act[at]), float(held[at])
         if buf_peak:
             buffers["trace_buffers"] = buf_peak
         parts = dict(state, activations=act_peak, buffers=fixed + buf_peak)
         parts["total"] = sum(parts.values())
         per_rank[rank] = {k: parts[k] for k in BREAKDOWN_KEYS}
         detail[rank] = buffers
-        if points[-1][0] < trace.end_s:
-            points.append((trace.end_s, points[-1][1], points[-1][2]))
-        timeline[rank] = [(t, fixed + a + b) for t, a, b in points]
-        act_timeline[rank] = [(t, a) for t, a, _ in points]
+        if times[-1] < trace.end_s:
+            times, act, held = np.append(times, trace.end_s), np.append(act, act[-1]), np.append(held, held[-1])
+        t_list = times.tolist()
+        timeline[rank] = list(zip(t_list, (fixed + act + held).tolist()))
+        act_timeline[rank] = list(zip(t_list, act.tolist()))
     worst = max(per_rank, key=lambda r: (per_rank[r]["total"], -r))
     capacity = float(scn.cluster.gpu.memory_capacity_bytes)
     labels = {r: trace.rank_labels.get(r, f"rank {r}") for r in per_rank}

@@ -10,8 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypedDict
 
+import numpy as np
+
 from ..scenario import Scenario
-from ..trace import Trace
+from ..trace import COMPUTE_STREAM, Trace
 from ..units import TFLOP
 from .memory import MemoryReport
 
@@ -24,43 +26,51 @@ _EXPOSED_ORDER = ("comm_ep", "comm_cp", "comm_tp", "offload", "optimizer", "comm
 
 
 def exposed_breakdown(trace: Trace, rank: int, t0: float, t1: float) -> dict[str, float]:
-    """Seconds of [t0, t1] on ``rank`` by what is exposed (DESIGN.md §4.3 time_breakdown_s)."""
+    """Seconds of [t0, t1] on ``rank`` by what is exposed (DESIGN.md §4.3 time_breakdown_s).
+
+    A sweep over the rank's event boundaries: between two consecutive instants the rank is in the
+    state all boundaries up to the first leave it (per (compute stream or not, category), the number
+    of events running), charged to the first running category in _EXPOSED_ORDER on the compute stream,
+    else on the other streams, else to the bubble; each category's seconds summed interval by interval
+    in time order."""
     out = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
-    points: list[tuple[float, int, int, str]] = []  # (time, +1/-1, is_compute, category)
-    for e in trace.on(rank):
-        if e.end_s <= e.start_s:
-            continue
-        cat = e.category if e.category in out else "other"
-        comp = 1 if e.stream == "compute" else 0
-        points.append((e.start_s, 1, comp, cat))
-        points.append((e.end_s, -1, comp, cat))
-    points.sort(key=lambda p: (p[0], p[1]))
-    active_compute: dict[str, int] = {}
-    active_other: dict[str, int] = {}
-    prev = t0
-    for time, delta, comp, cat in points:
-        if time > prev:
-            _charge(out, prev, min(time, t1), active_compute, active_other)
-            prev = time
-        bucket = active_compute if comp else active_other
-        bucket[cat] = bucket.get(cat, 0) + delta
-        if bucket[cat] == 0:
-            del bucket[cat]
-    if t1 > prev:
-        _charge(out, prev, t1, active_compute, active_other)
+    start, end, streams, categories = trace.columns(rank)
+    keep = np.flatnonzero(end > start)
+    k = len(BREAKDOWN_KEYS)
+    index = {c: i for i, c in enumerate(BREAKDOWN_KEYS)}
+    other = index["other"]
+    col = np.array([index.get(categories[i], other) + (0 if streams[i] == COMPUTE_STREAM else k) for i in keep.tolist()],
+                   dtype=np.int64)
+    times = np.concatenate((start[keep], end[keep]))
+    order = np.argsort(times, kind="stable")
+    times = times[order]
+    counts = np.zeros((len(times), 2 * k), dtype=np.int64)
+    counts[np.arange(len(times)), np.concatenate((col, col))[order]] = np.concatenate(
+        (np.ones(len(keep), np.int64), -np.ones(len(keep), np.int64)))[order]
+    last = np.flatnonzero(np.append(times[1:] != times[:-1], True)) if len(times) else np.zeros(0, np.int64)
+    times, state = times[last], np.cumsum(counts, axis=0)[last] > 0
+    # the state before each instant: none before the first
+    before = np.vstack((np.zeros((1, 2 * k), bool), state))
+    charged = _charged(before)
+    # interval j ends at instant j (from the instant before, or t0) and the last one at t1
+    lo = np.maximum(np.append(-np.inf, times), t0)
+    hi = np.minimum(np.append(times, t1), t1)
+    hi[-1] = t1
+    use = np.flatnonzero((hi > lo) & (np.append(times, np.inf) > t0))
+    for c, d in zip(charged[use].tolist(), (hi[use] - lo[use]).tolist()):
+        out[BREAKDOWN_KEYS[c]] += d
     return out
 
 
-def _charge(out: dict, a: float, b: float, compute: dict, other: dict) -> None:
-    if b <= a:
-        return
-    if compute:
-        cat = next((c for c in _EXPOSED_ORDER if c in compute), next(iter(compute)))
-    elif other:
-        cat = next((c for c in _EXPOSED_ORDER if c in other), next(iter(other)))
-    else:
-        cat = "bubble"
-    out[cat] += b - a
+def _charged(running: np.ndarray) -> np.ndarray:
+    """Per state row (running on the compute stream per category, then on the others), the category
+    charged (index into BREAKDOWN_KEYS)."""
+    k = len(BREAKDOWN_KEYS)
+    prio = np.array([BREAKDOWN_KEYS.index(c) for c in _EXPOSED_ORDER + ("bubble",)])
+    comp, rest = running[:, :k][:, prio], running[:, k:][:, prio]
+    bubble = BREAKDOWN_KEYS.index("bubble")
+    return np.where(comp.any(axis=1), prio[comp.argmax(axis=1)],
+                    np.where(rest.any(axis=1), prio[rest.argmax(axis=1)], bubble))
 
 
 def critical_rank(trace: Trace) -> int:
