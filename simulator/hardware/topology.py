@@ -292,9 +292,9 @@ def build_topology(cluster: ClusterSpec) -> Topology:
     lat: dict = {}
 
     def add(u: str, v: str, bandwidth: float, kind: str) -> None:
-        cap[(u, v)] = bandwidth
-        cap[(v, u)] = bandwidth
-        lat[(u, v)] = lat[(v, u)] = LINK_LATENCY_S[kind]
+        there, back = (u, v), (v, u)  # one key tuple per direction for both maps
+        cap[there] = cap[back] = bandwidth
+        lat[there] = lat[back] = LINK_LATENCY_S[kind]
 
     g = c.gpus_per_node
     for node in range(c.num_nodes):

@@ -58,7 +58,9 @@ def lower(scn: Scenario, full: bool = False) -> LoweredPlan:
     actions = schedule_actions(schedule, par.pp, scn.num_microbatches, v)
     ranks = tuple(range(mesh.size)) if full else mesh.representatives
     stage_params = {r: stage_param_counts(graph, par, layout, mesh.stage_of(r)) for r in ranks}
-    _Emitter(ctx, actions, layers, ranks, splits_backward(schedule), stage_params, smap).run()
+    emitter = _Emitter(ctx, actions, layers, ranks, splits_backward(schedule), stage_params, smap)
+    emitter.run()
+    emitter.stamp.templates.clear()  # its keys hold the emitter's bound methods: a cycle the collector would walk
     labels = {r: f"stage {mesh.stage_of(r)} (rank {r})" for r in ranks}
     meta = {"num_stages": par.pp, "virtual_stages": v, "num_microbatches": scn.num_microbatches,
             "schedule": schedule, "stage_map": smap.kind}
@@ -77,6 +79,8 @@ class _Emitter:
         p = par.pp
         self.p, self.nv, self.m = p, p * (par.virtual_stages if p > 1 else 1), ctx.scn.num_microbatches
         self.sends: dict = {}  # (rank, virtual stage, mb, phase) -> send task id
+        self._peers: dict = {}  # (rank, virtual stage) -> _peer
+        self._unit_names: dict = {}  # virtual stage -> _units
         self.passes: dict = {}  # (virtual stage, phase) -> its passes in the step (m, or a copy's share)
         for row in actions:
             for a in row:
@@ -126,9 +130,13 @@ class _Emitter:
             self._finish(r)
 
     def _peer(self, rank: int, vs: int) -> int:
-        """The rank that holds virtual stage vs, at the same (dp, cp, tp) coordinates."""
-        _, dp, cp, tp = self.ctx.mesh.coords(rank)
-        return self.ctx.mesh.rank(self.smap.rank(vs), dp, cp, tp)
+        """The rank that holds virtual stage vs, at the same (dp, cp, tp) coordinates (memoised: asked
+        twice per action)."""
+        peer = self._peers.get((rank, vs))
+        if peer is None:
+            _, dp, cp, tp = self.ctx.mesh.coords(rank)
+            peer = self._peers[(rank, vs)] = self.ctx.mesh.rank(self.smap.rank(vs), dp, cp, tp)
+        return peer
 
     def _try(self, r: int, a: Action) -> bool:
         vs, mb = a.stage, a.microbatch
@@ -141,7 +149,7 @@ class _Emitter:
         if r in self.pair_open and a.phase != "B":
             raise InternalError(f"rank {r}: an overlapped pair's forward is followed by {a}, not by a backward")
         start = len(self.ctx.builder)
-        {"F": self._forward, "B": self._backward, "W": self._weight}[a.phase](r, vs, mb, dep)
+        (self._forward if a.phase == "F" else self._backward if a.phase == "B" else self._weight)(r, vs, mb, dep)
         if a.phase == "F" and (vs, mb) in self.pairs:
             self.pair_open[r] = start  # DualPipe: this F and the B after it on r run as one pair
         elif a.phase == "B" and r in self.pair_open:
@@ -153,7 +161,10 @@ class _Emitter:
 
     def _units(self, vs: int) -> list[str]:
         """The chunk's units in forward order (``stage_units.StageLayout.units``), layers as strings."""
-        return [str(u) for u in self.layout.units(vs)]
+        units = self._unit_names.get(vs)
+        if units is None:
+            units = self._unit_names[vs] = tuple(str(u) for u in self.layout.units(vs))
+        return list(units)
 
     def _layers(self, vs: int) -> list[int]:
         return [int(u) for u in self.layout.units(vs) if str(u) not in ("embed", "head")]
@@ -287,8 +298,10 @@ class _Emitter:
         else:
             out = self.stamp.call(self._backward_units, r, (dep,), f"B{mb}", meta, vs)
         x = out[-1]
-        ready = [] if self.split_w else list(zip(self._units(vs)[::-1], out[:-1]))
-        self._grads_ready(r, vs, f"B{mb}", ready, final, x)
+        if self.split_w:
+            self._grads_ready(r, vs, f"B{mb}", [], final, x)
+        elif final or self.zero3 or self.ctx.par.zero_stage == 2:  # ZeRO-0/1 reduce after the last micro-batch
+            self._grads_ready(r, vs, f"B{mb}", list(zip(self._units(vs)[::-1], out[:-1])), final, x)
         self._send(r, vs, mb, "B", x)
 
     def _backward_units(self, ctx: LowerCtx, r: int, deps: tuple, name: str, meta: dict, vs: int) -> tuple:
