@@ -13,6 +13,7 @@ import gc
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 
 from .analysis.memory import MemoryReport, memory_report
@@ -175,13 +176,15 @@ def _contended_durations(graph: TaskGraph, per_collective: PerCollective, cost: 
         first = simulate_graph(graph, per_collective, durations=static)
         times = first.start_s, first.end_s
     stretched = stretched_durations(graph, *times, durations, list(map(ctas_of.__getitem__, shapes)),
-                                    cost.contention_ratio)
+                                    cost.contention_ratio, one)
     return durations if stretched is None else stretched
 
 
 def _stretch_s(graph: TaskGraph, base: list, stretched: list, rank: int) -> float:
-    """Seconds the compute of ``rank`` runs longer than alone because collectives held SMs beside it."""
-    return sum(s - b for t, b, s in zip(graph.tasks, base, stretched) if t.rank == rank and s != b)
+    """Seconds the compute of ``rank`` runs longer than alone because collectives held SMs beside it
+    (its tasks in id order, from its streams)."""
+    ids = sorted(chain.from_iterable(ids for (r, _), ids in graph.streams.items() if r == rank))
+    return sum(stretched[i] - base[i] for i in ids if stretched[i] != base[i])
 
 
 def write_results(result: RunResult, out_dir: str | Path) -> Path:

@@ -16,7 +16,6 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from itertools import chain, compress
 from math import isfinite
-from operator import itemgetter
 
 import numpy as np
 
@@ -32,8 +31,8 @@ def static_times(graph: TaskGraph, durations: Sequence[float]) -> tuple[list[flo
     the same max and sum of the same floats as the engine's clocks; the copies of a collective run on
     several simulated ranks (a barrier) start together at the latest of their arrivals. One sweep in
     id order times every task whose inputs come before it (dependencies always do, stream order does
-    but on a re-ordered DualPipe stream); an unknown time is +inf there, barrier copies are held at
-    +inf, and what is left is settled stream by stream. None when the engine itself must run: a
+    but on a re-ordered DualPipe stream); an unknown time is +inf there, the tasks with a sync key are
+    held at +inf, and what is left is settled stream by stream. None when the engine itself must run: a
     duration that is not finite, barrier copies of unequal durations, or a cycle (the engine reports it)."""
     tasks = graph.tasks
     n = len(tasks)
@@ -42,27 +41,28 @@ def static_times(graph: TaskGraph, durations: Sequence[float]) -> tuple[list[flo
     for ids in graph.streams.values():
         placed += len(ids)
         deque(map(prev.__setitem__, ids[1:], ids[:-1]), 0)
-    barriers = _barriers(tasks)
-    if placed != n or not isfinite(sum(durations)) or any(len({durations[i] for i in m}) > 1 for m in barriers):
+    if placed != n or not isfinite(sum(durations)):
         return None
-    dur = list(durations)
-    for members in barriers:
-        for i in members:
-            dur[i] = _INF
     start, end = [_INF] * n, [_INF] * n + [0.0]
-    _sweep(prev, map(itemgetter(6), tasks), dur, start, end)  # Task.deps
+    synced = _sweep(tasks, prev, durations, start, end)
+    barriers = [m for m in synced.values() if len(m) > 1]
+    if any(len({durations[i] for i in m}) > 1 for m in barriers):
+        return None
     if _INF in end and not _settle(graph.streams.values(), tasks, durations, barriers, start, end):
         return None
     del end[n]
     return start, end
 
 
-def _sweep(prev: list[int], deps: Iterable[tuple[int, ...]], dur: list[float], start: list[float],
-           end: list[float]) -> None:
-    """``static_times``'s sweep: every task in id order (most tasks wait for one task)."""
+def _sweep(tasks: Sequence[Task], prev: list[int], dur: Sequence[float], start: list[float],
+           end: list[float]) -> dict[int, list[int]]:
+    """``static_times``'s sweep: every task in id order (most tasks wait for one task); a task with a
+    sync key (a barrier copy, or alone) is held at +inf. Returns the held tasks by sync key."""
+    synced: dict[int, list[int]] = {}
     i = 0
-    for p, ds, d_s in zip(prev, deps, dur):
+    for t, p, d_s in zip(tasks, prev, dur):
         s = end[p]
+        ds = t[6]  # Task.deps
         if len(ds) == 1:
             e = end[ds[0]]
             if e > s:
@@ -73,8 +73,12 @@ def _sweep(prev: list[int], deps: Iterable[tuple[int, ...]], dur: list[float], s
                 if e > s:
                     s = e
         start[i] = s
-        end[i] = s + d_s
+        if t[15] < 0:  # Task.sync_key
+            end[i] = s + d_s
+        else:
+            synced.setdefault(t[15], []).append(i)
         i += 1
+    return synced
 
 
 def _settle(lanes: Iterable[tuple[int, ...]], tasks: Sequence[Task], durations: Sequence[float],
@@ -132,24 +136,14 @@ def _settle(lanes: Iterable[tuple[int, ...]], tasks: Sequence[Task], durations: 
     return True
 
 
-def _barriers(tasks: Sequence[Task]) -> list[list[int]]:
-    """The tasks of every sync key held by several tasks (``engine/sim.Barrier``), in id order."""
-    sync = list(map(itemgetter(15), tasks))  # Task.sync_key
-    if max(sync, default=-1) < 0:
-        return []
-    groups: dict[int, list[int]] = {}
-    for i in compress(range(len(sync)), map((-1).__ne__, sync)):
-        groups.setdefault(sync[i], []).append(i)
-    return [m for m in groups.values() if len(m) > 1]
-
-
 def stretched_durations(graph: TaskGraph, start_s: Sequence[float], end_s: Sequence[float],
                         durations: Sequence[float | None], ctas: Sequence[int],
-                        ratio: Callable[[Task, int], float]) -> list[float | None] | None:
+                        ratio: Callable[[Task, int], float], one: dict | None = None) -> list[float | None] | None:
     """``durations`` with every compute task stretched by the SMs its rank's collectives held while it
     ran in the first run (``start_s``/``end_s``); ``ctas``: SMs each task's kernel holds (0 for
     compute and host tasks). ``ratio`` reads the task's work only: it is asked once per task shape
-    (``TaskGraph.shapes``) and SM level. None when no compute task ran beside such a kernel."""
+    (``TaskGraph.shapes``) and SM level; ``one``: a task of every shape, when the caller has them.
+    None when no compute task ran beside such a kernel."""
     tasks = graph.tasks
     n = len(tasks)
     held = np.asarray(ctas)
@@ -158,9 +152,10 @@ def stretched_durations(graph: TaskGraph, start_s: Sequence[float], end_s: Seque
     if not len(comm):
         return None
     shape = np.fromiter(graph.shapes or range(n), np.int64, n)
-    one = dict(zip(graph.shapes or range(n), map(itemgetter(2), tasks)))  # shape -> Task.kind
+    if one is None:
+        one = dict(zip(graph.shapes or range(n), tasks))
     kinds = np.zeros(max(one) + 1, bool)  # by shape id (a task id)
-    kinds[np.fromiter(one, np.int64, len(one))] = np.fromiter(map("compute".__eq__, one.values()), bool, len(one))
+    kinds[np.fromiter(one, np.int64, len(one))] = [t.kind == "compute" for t in one.values()]
     dur = np.array([0.0 if d is None else d for d in durations], dtype=float)
     compute = kinds[shape] & (dur > 0.0)
     rank = _ranks(graph)
