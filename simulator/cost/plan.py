@@ -30,7 +30,7 @@ _new_flow = partial(tuple.__new__, Flow)
 
 def make_flows(links: Iterable[tuple[LinkId, ...]], sizes: Iterable[float], weights: Iterable[float]) -> tuple[Flow, ...]:
     """Flows from their columns, built by C-level maps (equal to ``Flow(l, s, w)`` one by one)."""
-    return tuple(map(_new_flow, zip(links, sizes, weights)))  # type: ignore[arg-type]
+    return tuple(map(_new_flow, zip(links, sizes, weights)))
 
 
 @dataclass(frozen=True, slots=True)

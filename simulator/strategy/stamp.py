@@ -26,6 +26,7 @@ from ..tasks import Task
 from .context import LowerCtx
 
 _new = tuple.__new__
+_UNSEEN = object()  # a key not met yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,16 +66,16 @@ class Stamper:
         """``fn(ctx, rank, deps, name, meta, *args)``, from its template when one was recorded; ``fn``
         returns a task id or a tuple of them."""
         ctx = self.ctx
-        ext = tuple(d for d in deps if d is not None)
+        ext = tuple([d for d in deps if d is not None]) if None in deps else deps
         pending = ctx._pending_alloc.get(rank, 0.0)
         key = (fn, rank, meta["chunk"], meta["phase"], meta["layer"], pending,
                tuple(map(ext.index, ext)), args)
-        if key not in self.templates:
+        tpl = self.templates.get(key, _UNSEEN)
+        if tpl is _UNSEEN:
             return self._record(key, fn, rank, deps, ext, name, meta, args)
-        tpl = self.templates[key]
         if tpl is None:
             return fn(ctx, rank, deps, name, meta, *args)
-        return self._replay(tpl, rank, ext, name, meta["microbatch"], meta["chunk"])
+        return self._replay(tpl, rank, ext, name, meta["microbatch"], meta["chunk"])  # type: ignore[arg-type]
 
     def _record(self, key: tuple, fn: Callable[..., Any], rank: int, deps: tuple, ext: tuple, name: str,
                 meta: dict, args: tuple) -> Any:
