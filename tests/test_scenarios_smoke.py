@@ -8,12 +8,15 @@ from simulator.pipeline import simulate
 from simulator.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
-SCENARIOS = sorted(p for p in (ROOT / "scenarios").glob("*.toml"))
+# every scenario file, the MoE recipes and the calibration example included (scenarios/clusters/ holds
+# hardware files, not scenarios)
+SCENARIOS = sorted(p for p in (ROOT / "scenarios").rglob("*.toml") if "clusters" not in p.relative_to(ROOT).parts)
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
 def test_there_are_scenarios_and_notebooks():
-    assert len(SCENARIOS) >= 6 and NOTEBOOKS
+    assert len(SCENARIOS) >= 12 and NOTEBOOKS
+    assert {"deepseek-v3-1024xh100", "mixtral-8x22b-256xh100", "tiny-gpt"} <= {p.stem for p in SCENARIOS}
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
