@@ -19,7 +19,7 @@ def test_there_are_scenarios_and_notebooks():
     assert {"deepseek-v3-1024xh100", "mixtral-8x22b-256xh100", "tiny-gpt"} <= {p.stem for p in SCENARIOS}
 
 
-@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.relative_to(ROOT / "scenarios").with_suffix("").as_posix())
 def test_scenario_simulates(path):
     m = simulate(load_scenario(path)).metrics
     assert m["iteration_time_s"] > 0 and 0 < m["mfu"] < 1
