@@ -110,12 +110,15 @@ class Transfers:
 
     def run(self, t: Task, begin: float) -> Generator[simpy.Event, Any, float]:
         """Process body: wait until ``begin``, run the transfer; returns its end time."""
-        env = self.env
         elapsed = yield from self.net.run(self.cost.comm_plan(t), begin)
+        self.charge(t, elapsed)
+        return self.env.now
+
+    def charge(self, t: Task, elapsed: float) -> None:
+        """Charge the seconds transfer ``t`` took beyond its time alone to its category."""
         extra = elapsed - self.cost.isolated_s(t)
         if extra > 1e-12 * max(elapsed, 1.0):
             self.contention[t.category] = self.contention.get(t.category, 0.0) + extra
-        return env.now
 
 
 class Barrier:
@@ -150,7 +153,8 @@ class Barrier:
 def stream(clocks: Clocks, tasks: tuple[Task, ...], durations: list[float | None], ids: tuple[int, ...],
            barriers: dict[int, Barrier], transfers: Transfers) -> Process:
     """A stream with network or barrier tasks: program order, each task after its dependencies."""
-    end, start = clocks.end, clocks.start
+    end, start, env = clocks.end, clocks.start, clocks.env
+    net, comm_plan = transfers.net, transfers.cost.comm_plan
     clock = 0.0
     for i in ids:
         t = tasks[i]
@@ -166,9 +170,11 @@ def stream(clocks: Clocks, tasks: tuple[Task, ...], durations: list[float | None
         barrier = barriers.get(t.sync_key) if t.sync_key >= 0 else None
         if barrier is not None:
             start[i], clock = yield from barrier.arrive(clock, dur, partial(transfers.run, t))
-        elif dur is None:
+        elif dur is None:  # Transfers.run inlined: one generator fewer per transfer
             start[i] = clock
-            clock = yield from transfers.run(t, clock)
+            elapsed = yield from net.run(comm_plan(t), clock)
+            transfers.charge(t, elapsed)
+            clock = env.now
         else:
             start[i] = clock
             clock += dur
