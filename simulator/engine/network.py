@@ -208,16 +208,13 @@ class FlowNetwork:
         """The live cohorts connected through shared links to the ``seeds`` subsets (live or just
         ended), ordered by subset key."""
         live = self._live
-        if len(seeds) == 1:  # the usual case: one transfer started or ended alone on its links
-            seed = seeds[0]
-            first = self._overlaps(seed) & live
-            if not first:
-                return []
-            if len(first) == 1 and seed in first:
-                return list(seed.cohorts)
         comp: dict[Subset, None] = {}
         for s in seeds:
             comp.update(dict.fromkeys(self._overlaps(s) & live))
+        if not comp:
+            return []
+        if len(comp) == 1 and len(seeds) == 1 and seeds[0] in comp:  # the usual case: a transfer alone
+            return list(seeds[0].cohorts)
         todo = list(comp)
         while todo:
             for o in self._overlaps(todo.pop()) & live:

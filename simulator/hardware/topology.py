@@ -153,10 +153,8 @@ class Topology:
         ``rank`` checked by the caller."""
         g = self._gpus.get(rank)
         if g is None:
-            c = self.cluster
-            node, local = divmod(rank, c.gpus_per_node)
-            rail = local * c.nics_per_node // c.gpus_per_node
-            gpu, nvs, pcie, nic = f"gpu{rank}", f"nvs{node}", f"pcie{rank}", f"nic{node}.{rail}"
+            node, local, rail = self.node_of(rank), self.local_of(rank), self.rail_of(rank)
+            gpu, nvs, pcie, nic = f"gpu{rank}", f"nvs{node}", f"pcie{rank}", self.nic_name(rank)
             leaf = self.leaf_name(node, rail)
             g = self._gpus[rank] = _Gpu(node, local, rail, leaf, (gpu, nvs), (nvs, gpu),
                                         ((gpu, pcie), (pcie, nic), (nic, leaf)), ((leaf, nic), (nic, pcie), (pcie, gpu)),
