@@ -12,6 +12,7 @@ from itertools import repeat
 
 from ..hardware.topology import Topology
 from . import nccl_tuner as tuner
+from .nccl_env import env_for
 from .plan import Flow, make_flows
 
 
@@ -166,13 +167,18 @@ def hierarchical_phases(topo: Topology, shape: GroupShape) -> list[Phase]:
 
 
 def _p2p_flow(topo: Topology, src: int, dst: int, size: float) -> Flow:
-    """A point-to-point transfer on NCCL's P2P path (PXN across rails, ``Topology.p2p_route``)."""
-    return Flow(topo.p2p_route(src, dst), size)
+    """A point-to-point transfer on NCCL's P2P path: PXN across rails (``Topology.p2p_route``) unless
+    the fabric's environment sets NCCL_P2P_PXN_LEVEL=0 (``NcclEnv.pxn``), then the sender's own NIC."""
+    pxn = env_for(topo.cluster.fabric).pxn
+    return Flow(topo.p2p_route(src, dst) if pxn else topo.route(src, dst), size)
 
 
 def direct_flows(topo: Topology, group: tuple[int, ...]) -> tuple[Flow, ...]:
-    """all_to_all: NCCL's grouped send/recv, one transfer per ordered pair of ranks."""
-    routes = topo.p2p_routes(group)
+    """all_to_all: NCCL's grouped send/recv, one transfer per ordered pair of ranks (PXN as above)."""
+    if env_for(topo.cluster.fabric).pxn:
+        routes = topo.p2p_routes(group)
+    else:
+        routes = [topo.route(a, b) for a in group for b in group if a != b]
     return make_flows(routes, repeat(1 / len(group)), repeat(1.0))
 
 

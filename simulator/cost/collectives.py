@@ -13,6 +13,7 @@ from ..hardware.topology import Topology
 from ..units import GB
 from ..tasks import COLLECTIVE_OPS, Collective
 from . import nccl_tuner as tuner
+from .nccl_env import DEFAULT, NcclEnv, env_for
 from .algorithms import (GroupShape, Phase, direct_flows, group_shape, hierarchical_phases,
                          nvls_flows, nvls_tree_flows, p2p_flows, ring_hops, ring_orders, tree_flows)
 from .fairshare import isolated_time_s
@@ -97,8 +98,8 @@ def _build_unit_phases(topo: Topology, op: str, group: tuple[int, ...], algorith
 
 
 def _latencies(algorithm: str, protocol: str, op: str, shape: GroupShape,
-               phases: tuple[Phase, ...], architecture: str = "", size: float = 0.0
-               ) -> tuple[float, list[float]]:
+               phases: tuple[Phase, ...], architecture: str = "", size: float = 0.0,
+               env: NcclEnv = DEFAULT) -> tuple[float, list[float]]:
     """(base latency, per-step latency of each phase), from NCCL's tuner constants."""
     n_nodes = shape.num_nodes
     hw = "net" if n_nodes > 1 else "nvlink"
@@ -109,9 +110,9 @@ def _latencies(algorithm: str, protocol: str, op: str, shape: GroupShape,
             return tuner.base_latency_s("ring", protocol), [lat]
         base, step = tuner.ring_latency_s(protocol, ph.repeat, tuner.ring_inter_steps(op, shape.n, n_nodes),
                                           architecture, shape.ppn)
-        # NCCL runs twice as many channels as it searched rings (graph/connect.cc, nChannels*2)
-        plateau = tuner.ring_plateau(op, protocol, n_nodes, size, 2 * len(phases[0].flows) // shape.n,
-                                     shape.n, architecture)
+        # NCCL's channels: twice the rings it searched, within the environment's bounds (NcclEnv)
+        channels = env.collective_channels(len(phases[0].flows) // shape.n, n_nodes)
+        plateau = tuner.ring_plateau(op, protocol, n_nodes, size, channels, shape.n, architecture)
         return base * plateau, [step * plateau]
     if algorithm == "tree":
         return 0.0, [tuner.tree_latency_s(protocol, n_nodes, shape.ppn)]
@@ -149,7 +150,7 @@ def _candidates(op: str, size_bytes: float, group: tuple[int, ...], topo: Topolo
         raise ValueError(f"unknown collective op {op!r}; known: {', '.join(COLLECTIVE_OPS)}")
     shape = group_shape(group, topo)
     forced_proto = None
-    fabric = topo.cluster.fabric
+    env = env_for(topo.cluster.fabric)
     if algorithm is None:
         algs = [a for a in tuner.ALGORITHMS[op] if a not in tuner.AUTO_EXCLUDED
                 and not _feasible(a, shape, topo)]
@@ -171,10 +172,11 @@ def _candidates(op: str, size_bytes: float, group: tuple[int, ...], topo: Topolo
             protos: tuple[str, ...] = (forced_proto,)
         elif alg in ("direct", "p2p"):
             per_peer = size_bytes / len(group) if alg == "direct" else size_bytes
-            protos = (tuner.p2p_protocol(per_peer, shape.n, shape.num_nodes, topo.cluster.nic_bandwidth_Bps / GB),)
+            protos = (tuner.p2p_protocol(per_peer, shape.n, shape.num_nodes, topo.cluster.nic_bandwidth_Bps / GB,
+                                         env),)
         else:
             protos = tuner.protocols_for(alg)
-        out += [(alg, p) for p in protos if algorithm is not None or tuner.allowed(fabric, alg, p)]
+        out += [(alg, p) for p in protos if algorithm is not None or env.allows(alg, p)]
     return out
 
 
@@ -200,7 +202,8 @@ def _efficiency(topo: Topology, op: str, size: float, shape: GroupShape, alg: st
     ring_channels = channels if shape.num_nodes > 1 else 0
     cap = tuner.max_busbw_Bps(alg, proto, arch, shape.num_nodes, channels, ring_channels)
     if alg == "p2p":  # a send runs on as many P2P channels as its size earns (enqueue.cc)
-        cap = tuner.p2p_max_Bps(size, shape.n, shape.num_nodes, topo.cluster.nic_bandwidth_Bps / GB)
+        cap = tuner.p2p_max_Bps(size, shape.n, shape.num_nodes, topo.cluster.nic_bandwidth_Bps / GB,
+                                env_for(topo.cluster.fabric))
     if cap < float("inf") and bw_s_per_byte > 0:
         # NCCL converts bus to algorithm bandwidth with 1/2 for trees and nRanks/nSteps for rings
         # (and, since 2.28, for NVLS / NVLSTree: tuning.cc "ratio *= (1.0 * nRanks) / nsteps").
@@ -217,7 +220,8 @@ def _estimate(topo: Topology, op: str, size: float, group: tuple[int, ...],
     with a lower bound of it (the time is non-decreasing in ``bw``)."""
     phases, bw_s = _unit_phases(topo, op, group, alg) if bw is None else (_phases(topo, op, group, alg), bw)
     shape = group_shape(group, topo)
-    base, lats = _latencies(alg, proto, op, shape, phases, topo.cluster.gpu.architecture, size)
+    base, lats = _latencies(alg, proto, op, shape, phases, topo.cluster.gpu.architecture, size,
+                            env_for(topo.cluster.fabric))
     eff = _efficiency(topo, op, size, shape, alg, proto, bw_s)
     if fill:
         base += _pipeline_fill_s(topo, alg, size, shape, bw_s / eff)
@@ -310,7 +314,8 @@ def _build_plan(topo: Topology, op: str, size: float, group: tuple[int, ...],
     alg, proto, _ = _best(topo, op, size, group, algorithm)
     phases, bw = _unit_phases(topo, op, group, alg)
     shape = group_shape(group, topo)
-    base, lats = _latencies(alg, proto, op, shape, phases, topo.cluster.gpu.architecture, size)
+    base, lats = _latencies(alg, proto, op, shape, phases, topo.cluster.gpu.architecture, size,
+                            env_for(topo.cluster.fabric))
     scale = size / _efficiency(topo, op, size, shape, alg, proto, bw)
     base += _pipeline_fill_s(topo, alg, size, shape, bw * scale / size)
     steps = [CommStep(base)] if base > 0 else []

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 from ..units import GB, US
+from .nccl_env import DEFAULT, NcclEnv
 
 NCCL_VERSION = "2.30.7"
 # Which algorithms implement each op. "hierarchical" is not an NCCL algorithm (Horovod/Megatron
@@ -111,27 +112,6 @@ TREE_CORRECTION_ENTRIES = {"tree": 23, "nvls_tree": 24}
 ALL_TO_ALL_EFFICIENCY = 0.88
 # enqueue.cc NCCL_P2P_LL_THRESHOLD = 16384: a send uses LL up to this many bytes per P2P channel.
 P2P_LL_THRESHOLD_BYTES = 16384
-
-
-# NCCL settings a fabric's vendor prescribes for every job (NCCL_ALGO, NCCL_PROTO; NVLS off is the
-# cluster's nvls = false): (algorithms, protocols) the tuner may pick for collectives.
-# - GPUDirect-TCPX (GCP A3 High): NCCL_ALGO=Ring, NCCL_PROTO=Simple (Google's GPUDirect-TCPX NCCL
-#   environment, as dstack's examples/clusters/a3high sets it).
-# - GPUDirect-TCPXO (GCP A3 Mega): nccl-env-profile.sh shipped with the TCPXO plugin: NCCL_ALGO=Ring,Tree,
-#   NCCL_PROTO=Simple, NCCL_NVLS_ENABLE=0.
-FABRIC_NCCL: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "tcpx": (("ring",), ("simple",)),
-    "tcpxo": (("ring", "tree"), ("simple",)),
-}
-
-
-def allowed(fabric: str, algorithm: str, protocol: str) -> bool:
-    """Whether the fabric's prescribed NCCL settings let the tuner pick this pair (P2P-based
-    all-to-all and send/recv are not collectives' algorithms and stay free)."""
-    if fabric not in FABRIC_NCCL or algorithm in ("direct", "p2p"):
-        return True
-    algs, protos = FABRIC_NCCL[fabric]
-    return algorithm in algs and protocol in protos
 
 
 def protocols_for(algorithm: str) -> tuple[str, ...]:
@@ -300,9 +280,10 @@ def p2p_latency_s(protocol: str, num_nodes: int) -> float:
     return base_latency_s("ring", protocol) + step_latency_s("ring", protocol, "net" if num_nodes > 1 else "nvlink")
 
 
-def p2p_protocol(bytes_per_peer: float, n_ranks: int = 2, num_nodes: int = 1, nic_GBps: float = 0.0) -> str:
+def p2p_protocol(bytes_per_peer: float, n_ranks: int = 2, num_nodes: int = 1, nic_GBps: float = 0.0,
+                 env: NcclEnv = DEFAULT) -> str:
     """enqueue.cc addP2pToPlan: LL when the send's bytes <= its P2P channels x NCCL_P2P_LL_THRESHOLD."""
-    channels = p2p_send_channels(bytes_per_peer, n_ranks, num_nodes, nic_GBps)
+    channels = p2p_send_channels(bytes_per_peer, n_ranks, num_nodes, nic_GBps, env)
     return "ll" if bytes_per_peer <= channels * P2P_LL_THRESHOLD_BYTES else "simple"
 
 
@@ -311,6 +292,7 @@ def p2p_protocol(bytes_per_peer: float, n_ranks: int = 2, num_nodes: int = 1, ni
 # medium sends run on few channels. paths.cc ncclTopoGetNchannels gives an NVLink peer
 # 2 * path_bw / nvlBw channels, pow2Up'ed (ncclTopoComputeP2pChannels); NVSwitch nodes print
 # "32 p2p channels, 32 p2p channels per peer" (NCCL INFO on 8 x A100 and on p5.48xlarge 8 x H100).
+# NCCL_MAX_NCHANNELS caps both through nChannels (``NcclEnv.p2p_channels``).
 P2P_NVL_CHANNELS = 32
 P2P_NVL_CHANNELS_PER_PEER = 32
 # paths.cc NCCL_P2P_PER_CHANNEL_NET_BW = 14 GB/s: NCCL's figure for what one P2P channel carries; it
@@ -319,37 +301,38 @@ P2P_NVL_CHANNELS_PER_PEER = 32
 P2P_PER_CHANNEL_GBPS = 14.0
 # NCCL_MAX_DEV_WORK_P2P_PER_BATCH (device.h): peers per work batch in paths.cc's per-peer halving.
 P2P_PEERS_PER_BATCH = 8
-# init.cc computeBuffSizes: p2pChunkSize = NCCL_P2P_NVL_CHUNKSIZE 512 KB inside an NVLink node,
-# NCCL_P2P_NET_CHUNKSIZE 128 KB once the communicator spans nodes.
-P2P_NVL_CHUNK_BYTES = 512 * 1024
-P2P_NET_CHUNK_BYTES = 128 * 1024
+# init.cc computeBuffSizes: p2pChunkSize = NCCL_P2P_NVL_CHUNKSIZE (512 KB) inside an NVLink node,
+# NCCL_P2P_NET_CHUNKSIZE (128 KB) once the communicator spans nodes; a fabric's vendor may set both
+# (``NcclEnv.p2p_nvl_chunk_bytes`` / ``p2p_net_chunk_bytes``).
 
 
 def _pow2_up(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
-def p2p_channels_per_peer(num_nodes: int, n_ranks: int, nic_GBps: float) -> int:
+def p2p_channels_per_peer(num_nodes: int, n_ranks: int, nic_GBps: float, env: NcclEnv = DEFAULT) -> int:
     """p2pnChannelsPerPeer: 32 over NVLink; across nodes max(1 NIC, ceil(NIC / 14 GB/s)), pow2Up,
-    halved while it times ceil(nRanks / 8) exceeds the 32 P2P channels (paths.cc)."""
+    halved while it times ceil(nRanks / 8) exceeds the P2P channels (paths.cc); never above them."""
+    p2p = env.p2p_channels(P2P_NVL_CHANNELS)
     if num_nodes <= 1:
-        return P2P_NVL_CHANNELS_PER_PEER
+        return min(P2P_NVL_CHANNELS_PER_PEER, p2p)
     per_peer = _pow2_up(max(1, math.ceil(nic_GBps / P2P_PER_CHANNEL_GBPS)))
-    while per_peer * -(-n_ranks // P2P_PEERS_PER_BATCH) > P2P_NVL_CHANNELS and per_peer > 1:
+    while per_peer * -(-n_ranks // P2P_PEERS_PER_BATCH) > p2p and per_peer > 1:
         per_peer //= 2
-    return min(per_peer, P2P_NVL_CHANNELS)
+    return min(per_peer, p2p)
 
 
-def p2p_send_channels(size_bytes: float, n_ranks: int, num_nodes: int, nic_GBps: float = 0.0) -> int:
+def p2p_send_channels(size_bytes: float, n_ranks: int, num_nodes: int, nic_GBps: float = 0.0,
+                      env: NcclEnv = DEFAULT) -> int:
     """Channels one send of ``size_bytes`` runs on (enqueue.cc): nChannelsMin is the per-peer count
     halved until nChannelsMin * nRanks <= p2pnChannels; a send starts on min(nChannelsMin,
     ceil(bytes / minPartSize)) and doubles while its part exceeds maxPartSize (chunk * 32 in one
     node, one chunk across nodes) and the count stays <= half the per-peer maximum."""
-    most = p2p_channels_per_peer(num_nodes, n_ranks, nic_GBps)
+    most = p2p_channels_per_peer(num_nodes, n_ranks, nic_GBps, env)
     least = most
-    while least * n_ranks > P2P_NVL_CHANNELS and least > 1:
+    while least * n_ranks > env.p2p_channels(P2P_NVL_CHANNELS) and least > 1:
         least //= 2
-    step = P2P_NVL_CHUNK_BYTES if num_nodes <= 1 else P2P_NET_CHUNK_BYTES
+    step = env.p2p_nvl_chunk_bytes if num_nodes <= 1 else env.p2p_net_chunk_bytes
     min_part, max_part = (step // 8, step * 32) if num_nodes <= 1 else (step // 2, step)
     size = max(1, int(size_bytes))
     channels = max(1, min(least, -(-size // min_part)))
@@ -360,9 +343,10 @@ def p2p_send_channels(size_bytes: float, n_ranks: int, num_nodes: int, nic_GBps:
     return channels
 
 
-def p2p_max_Bps(size_bytes: float, n_ranks: int, num_nodes: int, nic_GBps: float = 0.0) -> float:
+def p2p_max_Bps(size_bytes: float, n_ranks: int, num_nodes: int, nic_GBps: float = 0.0,
+                env: NcclEnv = DEFAULT) -> float:
     """Bandwidth ceiling of one send: its channels times what one P2P channel carries."""
-    return p2p_send_channels(size_bytes, n_ranks, num_nodes, nic_GBps) * P2P_PER_CHANNEL_GBPS * GB
+    return p2p_send_channels(size_bytes, n_ranks, num_nodes, nic_GBps, env) * P2P_PER_CHANNEL_GBPS * GB
 
 
 # --- NVLSTree chunking (NCCL 2.30.7) -------------------------------------------------------------
