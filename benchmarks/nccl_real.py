@@ -20,6 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
+from simulator.cost.nccl_env import DEFAULT, env_for  # noqa: E402
 from simulator.cost.nccl_tuner import NCCL_VERSION  # noqa: E402
 from simulator.explore.collective import run_collective  # noqa: E402
 from simulator.hardware.clusters import CLUSTER_PRESETS  # noqa: E402
@@ -67,8 +68,28 @@ def evaluate(rows: list[dict]) -> list[dict]:
         nics = f"{cluster.nics_per_node} x {cluster.nic_bandwidth_Bps * 8 / 1e9:g} Gb/s {cluster.fabric}"
         out.append(dict(entry, expressible=True, hardware=hw, nics=nics if cluster.num_nodes > 1 else "(one node)",
                         predicted_GBps=got["busbw_GBps"], error=err, target=target,
-                        within=abs(err) <= target, algorithm=got["algorithm"]))
+                        within=abs(err) <= target, algorithm=got["algorithm"], fabric=cluster.fabric))
     return out
+
+
+def env_note(fabric: str) -> str:
+    """The vendor's NCCL settings the simulator applies on ``fabric`` ('' for NCCL's defaults), and the
+    external tuner it cannot apply."""
+    env = env_for(fabric)
+    if env is DEFAULT:
+        return ""
+    parts = [f"NCCL_ALGO={','.join(env.algorithms)} NCCL_PROTO={','.join(env.protocols)}"]
+    if env.min_channels or env.max_channels:
+        parts.append(f"channels {env.min_channels or 1}..{env.max_channels or 'MAXCHANNELS'}")
+    parts.append(f"P2P chunks {env.p2p_net_chunk_bytes // 1024} KiB net / {env.p2p_nvl_chunk_bytes // 1024} KiB NVLink")
+    if not env.pxn:
+        parts.append("no PXN")
+    if env.unpack:
+        parts.append("unpack network device (channels x2)")
+    if env.tuner_plugin:
+        parts.append(f"vendor tuner plugin {env.tuner_plugin} NOT applied: its per-size choices are "
+                     f"unpublished, the simulator picks with NCCL {NCCL_VERSION}'s tuner")
+    return "; ".join(parts)
 
 
 def report(results: list[dict]) -> None:
@@ -89,6 +110,10 @@ def report(results: list[dict]) -> None:
             mape = sum(abs(r["error"]) for r in part) / len(part)
             print(f"{label}: {sum(r['within'] for r in part)} of {len(part)} within target, "
                   f"mean |error| {mape:.1%}")
+    for hw, fabric in sorted({(r["hardware"], r["fabric"]) for r in done}):
+        note = env_note(fabric)
+        if note:
+            print(f"{hw} ({fabric}): {note}")
     skipped = [r for r in results if not r["expressible"]]
     print(f"rows: {len(results)}, expressible: {len(done)}, not expressible: {len(skipped)}")
     for r in skipped:
