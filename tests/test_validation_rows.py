@@ -74,6 +74,21 @@ def test_row_columns_for_overlap_nics_and_experts_reach_the_scenario():
     assert raw["model"]["num_experts"] == 8 and raw["model"]["moe_top_k"] == 2
 
 
+def test_row_columns_for_mtp_layer_split_and_token_drop_reach_the_scenario():
+    """Settings a recipe's source code fixes (the NeMo performance script a row runs): MTP modules, an
+    uneven pipeline split (semicolon-separated, first stage first), capacity factor with padding."""
+    raw = row_to_raw(small_row(mtp_layers="1", layers_per_stage="3;1", moe_capacity_factor="1.0",
+                               moe_pad_to_capacity="true", num_experts="4", moe_top_k="2", schedule="1f1b"))
+    assert raw["model"]["mtp_layers"] == 1 and raw["parallelism"]["layers_per_stage"] == [3, 1]
+    assert raw["model"]["moe_capacity_factor"] == 1.0 and raw["model"]["moe_pad_to_capacity"] is True
+    s = scenario_from_dict(raw, default_name="tiny")
+    assert (s.model.mtp_layers, s.parallel.layers_per_stage) == (1, (3, 1))
+    with pytest.raises(ValueError, match="layers_per_stage must be an integer, got 'x'"):
+        row_to_raw(small_row(layers_per_stage="3;x"))
+    with pytest.raises(ValueError, match="moe_capacity_factor must be a number"):
+        row_to_raw(small_row(moe_capacity_factor="high"))
+
+
 def test_mt_nlg_times_agree_with_its_published_tflops():
     # Smith et al. 2022 publish both the step time and TFLOP/s per GPU; Narayanan et al. 2021 eq. 3
     # (hardware FLOPs with full recompute, 96·B·s·l·h²·(1 + s/6h + V/16lh)) must link them.

@@ -36,6 +36,13 @@ def _int(row: dict, key: str) -> int:
         raise ValueError(f"row {row.get('name', '?')}: {key} must be an integer, got {row[key]!r}") from None
 
 
+def _float(row: dict, key: str) -> float:
+    try:
+        return float(row[key])
+    except ValueError:
+        raise ValueError(f"row {row.get('name', '?')}: {key} must be a number, got {row[key]!r}") from None
+
+
 def row_to_raw(row: dict) -> dict:
     """A CSV row as a scenario dict; empty cells are left out (the documented defaults apply)."""
     given = {k: v.strip() for k, v in row.items() if k and v is not None and v.strip() != ""}
@@ -44,6 +51,12 @@ def row_to_raw(row: dict) -> dict:
         model["mlp"] = given["mlp"]
     if "model_preset" in given:  # a row whose model the columns cannot carry (MLA, shared experts...)
         model["preset"] = given["model_preset"]
+    if "mtp_layers" in given:
+        model["mtp_layers"] = _int(given, "mtp_layers")
+    if "moe_capacity_factor" in given:
+        model["moe_capacity_factor"] = _float(given, "moe_capacity_factor")
+    if "moe_pad_to_capacity" in given:
+        model["moe_pad_to_capacity"] = BOOL.get(given["moe_pad_to_capacity"].lower(), given["moe_pad_to_capacity"])
     cluster = {"preset": given.get("gpu", "dgx-a100-80gb")}
     for k in ("num_nodes", "gpus_per_node", "nics_per_node"):
         if k in given:
@@ -55,6 +68,9 @@ def row_to_raw(row: dict) -> dict:
     for k in ("sequence_parallel", "tp_comm_overlap"):
         if k in given:
             par[k] = BOOL.get(given[k].lower(), given[k])
+    if "layers_per_stage" in given:  # semicolon-separated, first pipeline stage first
+        par["layers_per_stage"] = [_int({"name": given.get("name", "?"), "layers_per_stage": x.strip()},
+                                        "layers_per_stage") for x in given["layers_per_stage"].split(";")]
     if "recompute_modules" in given:  # Megatron-Core --recompute-modules, semicolon-separated
         par["recompute_modules"] = [x.strip() for x in given["recompute_modules"].split(";") if x.strip()]
     training: dict = {k: _int(given, k) for k in ("global_batch_size", "micro_batch_size") if k in given}
