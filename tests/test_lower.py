@@ -214,13 +214,16 @@ def test_zero3_gathers_each_unit_before_use_prefetching_one_ahead_and_reduce_sca
     assert sum(t.comm.size_bytes for t in ag) == M * (2 * p * 2 - root)
     assert not [t for t in ag if t.name.startswith("B") and (".embed." in t.name or ".head." in t.name)]
     assert sum(t.comm.size_bytes for t in comms(g, "reduce_scatter", "dp")) == M * p * 2
-    assert {t.stream for t in comms(g, "reduce_scatter", "dp")} == {"comm_dp_rs"}
+    # FSDP1 issues both kinds on one process group: ProcessGroupNCCL's one NCCL stream (fsdp1)
+    assert {t.stream for t in comms(g, "reduce_scatter", "dp")} == {"comm_dp"}
     by_name = {re.sub(r"\.g\d+\.", ".", t.name): t for t in g.tasks}  # F1.L2.g3.param_all_gather
     for i in range(1, 4):
         # layer i's gather is issued when layer i-1 starts: it waits for the compute of layer i-2
-        # (whose parameters are then freed), never for layer i-1's
+        # (whose parameters are then freed), never for layer i-1's; FSDP1 casts the fp32 shard first
         gather = by_name[f"F1.L{i}.param_all_gather"]
-        dep = g.tasks[gather.deps[0]]
+        cast = g.tasks[gather.deps[0]]
+        assert cast.name.endswith("param_all_gather.shard_cast") and [w.name for w in cast.work] == ["fsdp1_shard_cast"]
+        dep = g.tasks[cast.deps[0]]
         assert dep.stream == "compute" and dep.microbatch == 1
         assert dep.name == ("F1.embed" if i == 1 else f"F1.L{i - 2}.mlp")
         first = by_name[f"F1.L{i}.attn"]

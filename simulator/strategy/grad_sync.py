@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from ..tasks import OpWork
 from .context import COMPUTE, LowerCtx
+from .fsdp1 import post_backward_work, unshard_work
 from .zero_impl import FSDP2_COPY_PASSES, hsdp_groups, list_all_gather_host_work
 
 # Megatron-core DistributedDataParallelConfig: bucket_size = max(40M, 1M x dp) parameters.
@@ -35,7 +36,7 @@ DEEPSPEED_REDUCE_BUCKET_PARAMS = 500_000_000
 # write the 16-bit model copy (2 B): memory-bound (Rajbhandari et al. 2020 §3 state sizes).
 ADAM_STATE_RW_BYTES = 24
 STREAM_DP = "comm_dp"
-STREAM_DP_RS = "comm_dp_rs"  # FSDP's separate reduce-scatter stream (torch FSDP _reduce_scatter_stream)
+STREAM_DP_RS = "comm_dp_rs"  # reduce-scatters on their own stream (FSDP2, DeepSpeed); HSDP's replica all-reduce
 STREAM_OFFLOAD = "offload"
 
 Ready = tuple[int, float, float]  # (task after which the gradients exist, dense params, expert params)
@@ -121,7 +122,8 @@ def zero3_gather(ctx: LowerCtx, rank: int, name: str, dense: float, expert: floa
     """ZeRO-3 / FSDP: all-gather 16-bit parameters (a unit's, or DeepSpeed's coalesced submodules')
     over the shard group before their use. DeepSpeed 2021 gathers each of the ``tensors`` parameter
     tensors alone, after a device-wide synchronization, with its per-rank host work on the issuing
-    thread (``_ds2021_host``)."""
+    thread (``_ds2021_host``). FSDP1 first casts the fp32 shard to the parameter dtype
+    (``fsdp1.unshard_work``), charged on the compute stream (``fsdp1``: the streams share the SMs)."""
     out = []
     groups = (shard_groups(ctx, rank)[0], _groups(ctx, rank)[1])
     per_tensor = ctx.par.sharding == "deepspeed-2021"
@@ -134,6 +136,8 @@ def zero3_gather(ctx: LowerCtx, rank: int, name: str, dense: float, expert: floa
                 deps = () if dep is None else (dep,)
                 if per_tensor:
                     deps = (_ds2021_host(ctx, rank, tag, len(group), nbytes, deps),)
+                elif ctx.par.sharding == "fsdp1" and (cast := unshard_work(params, len(group), ctx.dtype_bytes)):
+                    deps = (ctx.compute(rank, f"{tag}.shard_cast", cast, deps, "comm_dp"),)
                 out.append(ctx.comm(rank, STREAM_DP, tag, "all_gather", nbytes, group, "dp", "comm_dp", deps))
     return out
 
@@ -147,20 +151,32 @@ def _ds2021_host(ctx: LowerCtx, rank: int, name: str, ranks: int, full_bytes: fl
                        "comm_dp")
 
 
-def zero3_reduce(ctx: LowerCtx, rank: int, name: str, dense: float, expert: float, dep: int) -> list[int]:
+def zero3_reduce(ctx: LowerCtx, rank: int, name: str, dense: float, expert: float, dep: int,
+                 microbatch: int = 0) -> list[int]:
     """ZeRO-3 / FSDP: reduce-scatter one unit's gradients of one micro-batch over the shard group (FSDP2
-    first copies them into the reduce-scatter input, ``zero_impl.FSDP2_COPY_PASSES``), HSDP then
-    all-reduces the reduced shard across the replicas; plus the offload copy."""
+    first copies them into the reduce-scatter input, ``zero_impl.FSDP2_COPY_PASSES``; FSDP1 runs its
+    post-backward kernels, ``fsdp1.post_backward_work``, and issues the collective on the stream of its
+    all-gathers), HSDP then all-reduces the reduced shard across the replicas; plus the offload copy.
+    ``microbatch``: the index of this micro-batch among the step's (FSDP1 accumulates from the second)."""
     out = []
     gbytes = ctx.scn.training.grad_dtype_bytes
     shard, replicas = shard_groups(ctx, rank)
+    stream = STREAM_DP_RS
     if ctx.par.sharding == "fsdp2" and dense + expert > 0:
         nbytes = FSDP2_COPY_PASSES * (dense + expert) * gbytes
         dep = ctx.compute(rank, f"{name}.fsdp2_chunk_cat", (OpWork("fsdp2_chunk_cat", "elementwise", 0.0, nbytes,
                                                                    (int(dense + expert), 1)),), (dep,))
+    elif ctx.par.sharding == "fsdp1":
+        stream = STREAM_DP
+        edp = _groups(ctx, rank)[1]
+        work = (post_backward_work(dense, len(shard), ctx.dtype_bytes, gbytes, microbatch > 0,
+                                   len(shard) * len(replicas))
+                + post_backward_work(expert, len(edp), ctx.dtype_bytes, gbytes, microbatch > 0))
+        if work:
+            dep = ctx.compute(rank, f"{name}.fsdp1_post_backward", work, (dep,), "comm_dp")
     for params, group, kind in zip((dense, expert), (shard, _groups(ctx, rank)[1]), ("", ".expert")):
         if params > 0 and len(group) > 1:
-            t = ctx.comm(rank, STREAM_DP_RS, f"{name}.grad_reduce_scatter{kind}", "reduce_scatter",
+            t = ctx.comm(rank, stream, f"{name}.grad_reduce_scatter{kind}", "reduce_scatter",
                          params * gbytes, group, "dp", "comm_dp", (dep,))
             if kind == "" and len(replicas) > 1:  # HSDP: the shard's all-reduce across replicas
                 t = ctx.comm(rank, STREAM_DP_RS, f"{name}.grad_all_reduce_replicas", "all_reduce",

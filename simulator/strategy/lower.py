@@ -91,6 +91,7 @@ class _Emitter:
         self.grad_waits: dict = {r: [] for r in ranks}  # rank -> reductions the optimizer waits for
         # parameters gathered per unit: ZeRO-3, and FSDP's SHARD_GRAD_OP (zero_stage 2)
         self.zero3 = par.dp * par.cp > 1 and (par.zero_stage == 3 or (par.zero_stage == 2 and par.sharding in FSDP))
+        self.fsdp1 = self.zero3 and par.sharding == "fsdp1"  # reduce-scatters issued unit by unit (grad_sync)
         self.plans: dict = {}  # virtual stage -> zero_impl.pass_fetches
         self.stamp = Stamper(ctx)  # layers emitted once per shape, then stamped out (``stamp``)
         # each unit's activation deltas per pass and its parameters on this rank (stage_units)
@@ -328,6 +329,10 @@ class _Emitter:
                 ctx.alloc_next(r, d.alloc_bytes)  # the output gradients W will need beyond what B frees
                 x = self.stamp.call(layer_backward, r, deps, f"{name}.L{unit}", self._meta(vs, mb, "B", int(unit)),
                                     self.split_w, ctx.par.recompute, d.free_bytes)
+            if self.fsdp1 and not self.split_w:  # FSDP1's post-backward hook: as soon as the unit's grads exist
+                label = unit if unit in ("embed", "head") else "L" + unit
+                self.grad_waits[r] += zero3_reduce(ctx, r, f"{name}.{label}", *self._params(unit), x,
+                                                   self.seen.get((r, vs, "B"), 1) - 1)
             if not self.split_w:
                 ends.append(x)
         return tuple(ends) + (amax_reduction(ctx, r, x, name, meta, self._layers(vs), "B"),)
@@ -369,6 +374,8 @@ class _Emitter:
         if self.zero3 and ctx.par.sharding in DEEPSPEED:  # reduce_bucket_size buckets, own stream
             ready = [(tid,) + self._params(unit) for unit, tid in units]
             self.grad_waits[r] += reduce_gradients(ctx, r, ready, end, f"{action}.vs{vs}.", STREAM_DP_RS)
+            return
+        if self.fsdp1 and not self.split_w:  # reduced as each unit finished (_backward_units)
             return
         if self.zero3:
             for unit, tid in units:
