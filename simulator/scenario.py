@@ -15,6 +15,7 @@ from pathlib import Path
 from .hardware.clusters import ClusterSpec
 from .hardware.hwfile import CLUSTER_KEYS, cluster_from_table, read_cluster_file
 from .model.fp8 import FP8_RECIPES
+from .model.opgraph import ATTENTION_IMPLS
 from .model.presets import MODEL_PRESETS
 from .model.spec import MLP_KINDS, ModelSpec
 from .units import DTYPE_BYTES
@@ -77,7 +78,8 @@ class TrainingSpec:
     dtype: str = "bf16"
     optimizer: str = "adam"
     grad_dtype: str = ""  # "" -> defaults.default_grad_dtype (fp32 main grads for Megatron, ZeRO >= 2: dtype)
-    attention: str = "flash"  # "flash" (FlashAttention-2) | "cudnn" (TE fused attention) | "unfused" (pre-2022 Megatron)
+    attention: str = "flash"  # "flash" (FlashAttention-2) | "flash-varlen" (FA2 on unpadded tokens, llm-foundry)
+    #                           | "cudnn" (TE fused attention) | "unfused" (pre-2022 Megatron)
     grad_accumulation_fusion: bool = True  # weight-gradient GEMMs accumulate into fp32 main_grad directly
     cuda_graphs: bool = False  # kernels replayed from CUDA graphs: no per-kernel eager host dispatch
     fp8_recipe: str = "delayed"  # TE FP8 scaling recipe (dtype "fp8"): delayed | current | blockwise | mxfp8
@@ -326,8 +328,8 @@ def _training(table: dict) -> TrainingSpec:
         raise ScenarioError(f"training.dtype must be bf16, fp16 or fp8, got {t.dtype!r}")
     if t.optimizer not in OPTIMIZERS:
         raise ScenarioError(f"training.optimizer must be one of {', '.join(OPTIMIZERS)}, got {t.optimizer!r}")
-    if t.attention not in ("flash", "cudnn", "unfused"):
-        raise ScenarioError(f"training.attention must be 'flash', 'cudnn' or 'unfused', got {t.attention!r}")
+    if t.attention not in ATTENTION_IMPLS:
+        raise ScenarioError(f"training.attention must be one of {', '.join(ATTENTION_IMPLS)}, got {t.attention!r}")
     if t.grad_dtype not in ("", "fp32", "bf16", "fp16"):
         raise ScenarioError(f"training.grad_dtype must be fp32, bf16 or fp16, got {t.grad_dtype!r}")
     if t.fp8_recipe not in FP8_RECIPES:

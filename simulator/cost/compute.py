@@ -14,12 +14,11 @@ from dataclasses import dataclass, replace
 
 from ..hardware.gpus import GPUSpec
 from ..model.fp8 import FP8_PRECISIONS
-from ..model.opgraph import attention_flops
+from ..model.opgraph import ATTENTION_IMPLS, attention_flops
 from ..tasks import OpWork, gemm_grad_shapes
 from ..units import DTYPE_BYTES
 from .attention_eff import attention_efficiency
 
-ATTENTION_IMPLS = ("flash", "cudnn", "unfused")
 # Bytes moved per attention-score element by the unfused kernels (see _unfused_attention_s).
 UNFUSED_FWD_BYTES_PER_SCORE = 13
 UNFUSED_BWD_BYTES_PER_SCORE = 19
@@ -248,7 +247,9 @@ class RooflineCompute:
         window computes the fraction of the causal scores its FLOPs say (opgraph scales them)."""
         b, heads, sq, skv, hd = op.shape
         counted = attention_flops(b, heads, sq, skv, hd) * (2.0 if op.backward else 1.0)
-        eff = attention_efficiency(self.gpu.architecture, self.attention, op.backward, True, hd, sq, skv,
+        # flash-varlen runs FlashAttention-2's kernel (model/varlen: only the copies around it differ)
+        impl = "flash" if self.attention == "flash-varlen" else self.attention
+        eff = attention_efficiency(self.gpu.architecture, impl, op.backward, True, hd, sq, skv,
                                    score_fraction=op.flops / counted)
         executed = CAUSAL_EXECUTED_FRACTION * op.flops * (FLASH_BWD_RECOMPUTE if op.backward else 1.0)
         return executed / (self.peak_flops_per_s * eff)

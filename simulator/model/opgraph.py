@@ -17,9 +17,8 @@ from this graph matches theirs. Vector ops (norms, activations, residuals, softm
 embedding lookup) carry zero FLOPs and are costed by their bytes (memory-bound). A GPT layer costs
 24·b·s·h² + 4·b·s²·h forward, the model 24·b·s·l·h²·(1 + s/(6h)) + 2·b·s·h·V (Narayanan eq. 3 / 4).
 
-Bytes are the compulsory HBM traffic of each kernel (each operand read once, each result written
-once), dtype-sized; bias vectors and norm weights (n elements against m·n activations) and
-FlashAttention's per-row softmax statistics are neglected.
+Bytes are the compulsory HBM traffic of each kernel (each operand read once, each result written once),
+dtype-sized; bias vectors, norm weights and FlashAttention's per-row softmax statistics are neglected.
 """
 
 from __future__ import annotations
@@ -31,6 +30,8 @@ from ..units import dtype_bytes as _dtype_bytes
 from .spec import ModelSpec
 
 OP_KINDS = ("gemm", "attention", "elementwise", "norm", "softmax", "embedding", "loss")
+# training.attention: FA2 packed, FA2 varlen on unpadded tokens (varlen.py), cuDNN (TE), unfused (compute.py)
+ATTENTION_IMPLS = ("flash", "flash-varlen", "cudnn", "unfused")
 TP_SPLITS = ("column", "row", "heads", "vocab", "sequence", "expert", "none")
 
 # Dropout mask element: torch.nn.functional.dropout keeps a bool mask, 1 byte per element
@@ -104,10 +105,8 @@ class OpGraph:
     def layer_kinds(self) -> list[tuple[tuple[Op, ...], int]]:
         """(template, number of layers using it) over the distinct templates, in first-use order."""
         counts: dict = {}
-        for i in range(self.model.total_layers):
-            ops = self.layer_ops(i)
-            n = counts.setdefault(id(ops), [ops, 0])
-            n[1] += 1
+        for ops in map(self.layer_ops, range(self.model.total_layers)):
+            counts.setdefault(id(ops), [ops, 0])[1] += 1
         return [(ops, n) for ops, n in counts.values()]
 
     def _total(self, f) -> float:
@@ -172,13 +171,12 @@ def _norm(name: str, block: str, m: ModelSpec, tokens: int, d: int) -> Op:
 
 
 def _residual(name: str, block: str, m: ModelSpec, tokens: int, d: int) -> Op:
-    """Megatron's fused bias-dropout-add when the model has dropout (``ModelSpec.dropout``; GPT
-    style: hidden dropout 0.1, Brown et al. 2020 / Megatron defaults): reads x and the residual,
-    writes out and the mask; backward reads dy and
-    the mask, writes dx. Llama-style models train without dropout (Touvron et al. 2023): a plain
-    add. Either way the residual stream feeds both the norm and this add, so autograd sums the two
-    gradients of the block's input with one more kernel (torch.autograd's InputBuffer::accumulate:
-    read both, write one, 3 elements per element), charged here."""
+    """Megatron's fused bias-dropout-add when the model has dropout (``ModelSpec.dropout``; GPT style:
+    hidden dropout 0.1, Brown et al. 2020 / Megatron defaults): reads x and the residual, writes out
+    and the mask; backward reads dy and the mask, writes dx. Llama-style models train without dropout
+    (Touvron et al. 2023): a plain add. Either way the residual stream feeds both the norm and this
+    add, so autograd sums the two gradients of the block's input with one more kernel
+    (torch.autograd's InputBuffer::accumulate: read both, write one, 3 elements per element)."""
     grad_sum = 3 * d
     if m.dropout:
         return _vector(name, "elementwise", block, tokens, m.hidden_size, 3 * d + _MASK_BYTES,
@@ -375,26 +373,28 @@ def _output_ops(m: ModelSpec, b: int, d: int, prefix: str, head_params: int) -> 
 
 
 def build_op_graph(model: ModelSpec, micro_batch_size: int, dtype: str = "bf16",
-                   fp8_recipe: str = "delayed") -> OpGraph:
+                   fp8_recipe: str = "delayed", attention: str = "flash") -> OpGraph:
     """The graph of one micro-batch. ``dtype = "fp8"`` is Transformer Engine's FP8 training with the
     scaling recipe ``fp8_recipe`` (model/fp8.py): BF16 activations and kernels, FP8 linear-layer GEMMs
-    with their quantization kernels."""
+    with their quantization kernels. ``attention`` "flash-varlen" adds the unpadding copies (varlen.py)."""
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
     model.check()
     d = _dtype_bytes("bf16" if dtype == "fp8" else dtype)
     b = micro_batch_size
-    from .fp8 import fp8_layer  # fp8 builds on this module's Op
+    from . import fp8, varlen  # they build on this module's Op
+
+    def layer(ops: list[Op]) -> tuple[Op, ...]:
+        ops = varlen.with_unpadding(tuple(ops)) if attention == "flash-varlen" else tuple(ops)
+        return fp8.fp8_layer(ops, fp8_recipe) if dtype == "fp8" else ops
     kinds: dict = {}
     for i in range(model.num_layers):
         dense, windowed = i < model.moe_first_dense_layers, model.is_windowed_layer(i)
         if (dense, windowed) not in kinds:
-            ops = tuple(_attention_ops(model, b, d, windowed) + _mlp_ops(model, b, d, dense=dense))
-            kinds[dense, windowed] = fp8_layer(ops, fp8_recipe) if dtype == "fp8" else ops
+            kinds[dense, windowed] = layer(_attention_ops(model, b, d, windowed) + _mlp_ops(model, b, d, dense=dense))
     main = next(kinds[k] for k in ((False, False), (False, True), (True, False), (True, True)) if k in kinds)
     mtp: tuple[Op, ...] = ()
     if model.mtp_layers:
-        mtp = tuple(_mtp_input_ops(model, b, d) + _attention_ops(model, b, d) + _mlp_ops(model, b, d))
-        mtp = fp8_layer(mtp, fp8_recipe) if dtype == "fp8" else mtp
+        mtp = layer(_mtp_input_ops(model, b, d) + _attention_ops(model, b, d) + _mlp_ops(model, b, d))
     return OpGraph(model, b, d, tuple(_embed_ops(model, b, d)), main, tuple(_head_ops(model, b, d)),
                    kinds.get((True, False), ()), kinds.get((False, True), ()), kinds.get((True, True), ()), mtp)
