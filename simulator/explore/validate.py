@@ -46,7 +46,7 @@ def _float(row: dict, key: str) -> float:
 def row_to_raw(row: dict) -> dict:
     """A CSV row as a scenario dict; empty cells are left out (the documented defaults apply)."""
     given = {k: v.strip() for k, v in row.items() if k and v is not None and v.strip() != ""}
-    model = {k: _int(given, k) for k in MODEL_COLUMNS if k in given}
+    model: dict = {k: _int(given, k) for k in MODEL_COLUMNS if k in given}
     if "mlp" in given:
         model["mlp"] = given["mlp"]
     if "model_preset" in given:  # a row whose model the columns cannot carry (MLA, shared experts...)
