@@ -53,6 +53,21 @@ def test_collective_ctas_by_algorithm_size_and_kind():
     assert collective_ctas(a2a, "p2p/simple", node, H100) == 28
 
 
+def test_p2p_ctas_follow_the_fabrics_nccl_environment():
+    """The SMs a send holds are the P2P channels it runs on, under the same NCCL environment the
+    collective's time uses (cost/nccl_env): with TCPX's NCCL_MAX_NCHANNELS=8 a 1 GiB send inside a
+    node runs on 8 channels where NCCL's defaults give 32; an all-to-all stays within the 8 P2P
+    channels."""
+    a3_high = dataclasses.replace(H100, nics_per_node=4, nic_bandwidth_Bps=25e9, fabric="tcpx", nvls=False)
+    group = tuple(range(8))
+    send = Collective("send_recv", 2.0 ** 30, group, "pp")
+    for cluster, ctas in ((H100, 32), (a3_high, 8)):
+        shape = group_shape(group, build_topology(cluster))
+        assert collective_ctas(send, "p2p/simple", shape, cluster) == ctas
+    a2a = Collective("all_to_all", 2.0 ** 30, group, "ep")
+    assert collective_ctas(a2a, "p2p/simple", group_shape(group, build_topology(a3_high)), a3_high) == 8
+
+
 def test_a_one_wave_gemm_beside_24_ctas_takes_twice_as_long():
     # NVIDIA developer forum 337991 (H100): a 132-CTA GEMM next to a 24-CTA ncclAllGather nearly
     # doubles: 108 SMs left, 132 tiles in 2 waves; (132 / 108) x (216 / 132) = 2 exactly.

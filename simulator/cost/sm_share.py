@@ -22,6 +22,7 @@ from ..tasks import Collective
 from . import nccl_tuner as tuner
 from .algorithms import GroupShape
 from .compute import RooflineCompute
+from .nccl_env import env_for
 
 # src/graph/topo.h: NCCL's figure for one NVLink's bandwidth, GB/s (SM80_NVLINK_BW 20.0,
 # SM90_NVLINK_BW 20.6, SM100_NVLINK_BW 40.1) against the datasheet's per-link 25 GB/s (NVLink3/4)
@@ -76,11 +77,12 @@ def collective_ctas(coll: Collective, algorithm: str, shape: GroupShape, cluster
     alg, _, proto = algorithm.partition("/")
     n, nodes = len(coll.group), shape.num_nodes
     nic_GBps = cluster.nic_bandwidth_Bps / 1e9
+    env = env_for(cluster.fabric)  # the fabric's NCCL environment bounds the P2P channels (cost/nccl_env)
     if coll.op == "send_recv":
-        return tuner.p2p_send_channels(coll.size_bytes, n, nodes, nic_GBps)
+        return tuner.p2p_send_channels(coll.size_bytes, n, nodes, nic_GBps, env)
     if coll.op == "all_to_all":  # grouped sends, one per peer, each on its P2P channels
-        per_peer = tuner.p2p_send_channels(coll.size_bytes / n, n, nodes, nic_GBps)
-        return min(tuner.P2P_NVL_CHANNELS, (n - 1) * per_peer)
+        per_peer = tuner.p2p_send_channels(coll.size_bytes / n, n, nodes, nic_GBps, env)
+        return min(env.p2p_channels(tuner.P2P_NVL_CHANNELS), (n - 1) * per_peer)
     if alg in ("nvls", "nvls_tree"):  # enqueue.cc: nc = nvlsChannels, never reduced by size
         return tuner.NVLS_CHANNELS.get(cluster.gpu.architecture, tuner.NVLS_CHANNELS["hopper"])
     return _size_reduced(ring_channels(cluster, nodes, shape.rails), coll.size_bytes, proto or "simple",
