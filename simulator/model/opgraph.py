@@ -385,8 +385,8 @@ def build_op_graph(model: ModelSpec, micro_batch_size: int, dtype: str = "bf16",
     from . import fp8, varlen  # they build on this module's Op
 
     def layer(ops: list[Op]) -> tuple[Op, ...]:
-        ops = varlen.with_unpadding(tuple(ops)) if attention == "flash-varlen" else tuple(ops)
-        return fp8.fp8_layer(ops, fp8_recipe) if dtype == "fp8" else ops
+        out = varlen.with_unpadding(tuple(ops)) if attention == "flash-varlen" else tuple(ops)
+        return fp8.fp8_layer(out, fp8_recipe) if dtype == "fp8" else out
     kinds: dict = {}
     for i in range(model.num_layers):
         dense, windowed = i < model.moe_first_dense_layers, model.is_windowed_layer(i)
