@@ -55,6 +55,14 @@ def test_bundled_today_rows_are_the_shared_rows_with_only_published_settings():
             ds = "deepspeed-2021" if "Narayanan et al. 2021" in r["source"] else "deepspeed"
             assert r["sharding"] == (ds if "DeepSpeed ZeRO-3" in r["notes"] else "fsdp1")
             assert r["sharding"] == ds or "Composer/PyTorch FSDP" in r["notes"]
+        # settings the recipe's own code or config fixes, each with its source
+        if r["mtp_layers"] or r["layers_per_stage"]:
+            assert r["name"] == "dgxc-dsv3-671b-bf16-1024gpu" and "pretrain_deepseek_v3.py" in r["settings_from_source"]
+        if r["moe_capacity_factor"]:
+            assert r["moe_pad_to_capacity"] == "true" and "capacity" in r["settings_from_source"]
+        if r["dropout"]:
+            assert r["dropout"] == "false" and "pdrop 0.0" in r["settings_from_source"]
+            assert r["name"].startswith("llmfoundry-")
         if r["grad_dtype"]:
             mode = "DEFAULT" if "mixed-precision mode DEFAULT" in r["notes"] else "PURE"
             assert mode in r["notes"] and r["grad_dtype"] == ("fp32" if mode == "DEFAULT" else "bf16")
@@ -77,6 +85,7 @@ def test_row_columns_for_overlap_nics_and_experts_reach_the_scenario():
 def test_row_columns_for_mtp_layer_split_and_token_drop_reach_the_scenario():
     """Settings a recipe's source code fixes (the NeMo performance script a row runs): MTP modules, an
     uneven pipeline split (semicolon-separated, first stage first), capacity factor with padding."""
+    assert row_to_raw(small_row(dropout="false"))["model"]["dropout"] is False
     raw = row_to_raw(small_row(mtp_layers="1", layers_per_stage="3;1", moe_capacity_factor="1.0",
                                moe_pad_to_capacity="true", num_experts="4", moe_top_k="2", schedule="1f1b"))
     assert raw["model"]["mtp_layers"] == 1 and raw["parallelism"]["layers_per_stage"] == [3, 1]
@@ -156,6 +165,9 @@ def test_deepseek_v3_row_is_accepted_with_moe_parallel_folding():
     p, m = s.parallel, s.model
     assert (p.tp, p.pp, p.dp, p.ep, p.expert_tp, p.expert_dp) == (2, 16, 32, 64, 1, 1)
     assert (m.is_mla, m.moe_first_dense_layers, m.ffn_hidden_size, m.moe_ffn_hidden_size) == (True, 3, 18432, 2048)
-    assert m.num_params() == pytest.approx(671e9, rel=0.005)
+    assert m.num_params() == pytest.approx(671e9 + m.mtp_module_params(), rel=0.005)
+    # the recipe's code: one MTP module, 3 layers on the first stage and 2 on the last, token drop
+    assert m.mtp_layers == 1 and p.layers_per_stage == (3,) + (4,) * 14 + (2,)
+    assert (m.moe_capacity_factor, m.moe_pad_to_capacity) == (1.0, True)
     mesh = DeviceMesh(pp=p.pp, dp=p.dp, cp=p.cp, tp=p.tp, ep=p.ep, etp=p.etp)
     assert all(mesh.group("ep", mesh.representative(st)) == tuple(range(64 * st, 64 * st + 64)) for st in range(16))

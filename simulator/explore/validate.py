@@ -55,6 +55,8 @@ def row_to_raw(row: dict) -> dict:
         model["mtp_layers"] = _int(given, "mtp_layers")
     if "moe_capacity_factor" in given:
         model["moe_capacity_factor"] = _float(given, "moe_capacity_factor")
+    if "dropout" in given:  # residual/attention dropout on or off (empty: the model's style decides)
+        model["dropout"] = BOOL.get(given["dropout"].lower(), given["dropout"])
     if "moe_pad_to_capacity" in given:
         model["moe_pad_to_capacity"] = BOOL.get(given["moe_pad_to_capacity"].lower(), given["moe_pad_to_capacity"])
     cluster = {"preset": given.get("gpu", "dgx-a100-80gb")}
