@@ -8,7 +8,7 @@ static tasks do not interact with other streams except through dependencies, whi
 end times. Events are created only for tasks that another stream waits on.
 
 The parts, in SimPy's style (state objects plus generator processes): ``Clocks`` (task start and
-end times and the events waited on), ``Transfers`` (network tasks and their contention),
+end times and the events waited on, ``engine/events``), ``Transfers`` (network tasks and their contention),
 ``Barrier`` (a collective simulated on several ranks), the ``stream`` process for streams with
 network or barrier tasks, and the ``static_lanes`` process that runs all static streams of one
 rank as a list scheduler. ``simulate_graph`` wires them together.
@@ -30,9 +30,10 @@ import simpy
 from ..cost.plan import CommPlan
 from ..tasks import InternalError, Task, TaskGraph
 from ..trace import ColumnTrace, Trace
+from .events import Clocks, Event, process, run
 from .network import FlowNetwork
 
-Process = Generator[simpy.Event, Any, Any]  # a simpy process body: yields events, returns its result
+Process = Generator[Event, Any, Any]  # a simpy process body: yields events, returns its result
 
 
 class TaskCost(Protocol):
@@ -60,45 +61,6 @@ class SimResult:
         return self.network.link_stats()
 
 
-class Clocks:
-    """Start and end time of every task (end None until it ran), and the events of the tasks some
-    process waits on, created on the first wait and fired by ``finish``."""
-
-    __slots__ = ("env", "start", "end", "waiters")
-
-    def __init__(self, env: simpy.Environment, n: int) -> None:
-        self.env = env
-        self.start = [0.0] * n
-        self.end: list[float | None] = [None] * n
-        self.waiters: dict[int, simpy.Event] = {}
-
-    def finish(self, i: int, t_end: float) -> None:
-        self.end[i] = t_end
-        ev = self.waiters.pop(i, None)
-        if ev is not None:
-            ev.succeed()
-
-    def event(self, i: int) -> simpy.Event:
-        """The event that fires when task i finishes (i has not finished yet)."""
-        ev = self.waiters.get(i)
-        if ev is None:
-            ev = self.waiters[i] = self.env.event()
-        return ev
-
-    def first_of(self, ids: list[int]) -> simpy.Event:
-        """An event that fires when the first of tasks ``ids`` (none finished yet) finishes: what
-        ``env.any_of`` gives, scheduled at the same point of the event queue, without a Condition's
-        bookkeeping (the callbacks left on the later events find it triggered and do nothing)."""
-        wake = self.env.event()
-
-        def trigger(_ev: simpy.Event) -> None:
-            if not wake.triggered:
-                wake.succeed()
-        for i in ids:
-            self.event(i).callbacks.append(trigger)
-        return wake
-
-
 class Transfers:
     """Tasks whose time depends on concurrent traffic: each runs its CommPlan through the flow
     network from a given start; the time beyond its isolated time is charged to its category."""
@@ -108,7 +70,7 @@ class Transfers:
         self.net = FlowNetwork(env, capacity_Bps)
         self.contention: dict[str, float] = {}
 
-    def run(self, t: Task, begin: float) -> Generator[simpy.Event, Any, float]:
+    def run(self, t: Task, begin: float) -> Generator[Event, Any, float]:
         """Process body: wait until ``begin``, run the transfer; returns its end time."""
         elapsed = yield from self.net.run(self.cost.comm_plan(t), begin)
         self.charge(t, elapsed)
@@ -133,7 +95,7 @@ class Barrier:
         self.done = env.event()
 
     def arrive(self, clock: float, dur: float | None,
-               run: Callable[[float], Generator[simpy.Event, Any, float]]) -> Generator[simpy.Event, Any, tuple[float, float]]:
+               run: Callable[[float], Generator[Event, Any, float]]) -> Generator[Event, Any, tuple[float, float]]:
         """Process body for one participant; returns (begin, end). ``dur`` is the static duration,
         or None: then ``run(begin)`` is the transfer's process body, returning its end."""
         self.arrived += 1
@@ -257,11 +219,11 @@ def simulate_graph(graph: TaskGraph, cost: TaskCost, capacity_Bps: dict | None =
             static.setdefault(rank, []).append(ids)
             deque(map(group_of.__setitem__, ids, repeat(rank)), 0)
         else:
-            env.process(stream(clocks, tasks, durations, ids, barriers, transfers))
+            process(env, stream(clocks, tasks, durations, ids, barriers, transfers))
     deps = list(map(itemgetter(6), tasks))  # Task.deps
     for rank, lanes in static.items():
-        env.process(static_lanes(clocks, deps, durations, rank, lanes, group_of, tasks))
-    env.run()
+        process(env, static_lanes(clocks, deps, durations, rank, lanes, group_of, tasks))
+    run(env)
     if None in clocks.end:
         missing = [tasks[i].name for i in range(n) if clocks.end[i] is None]
         raise InternalError(f"simulation deadlocked: {len(missing)} tasks never ran, first {missing[0]!r}")
