@@ -17,7 +17,7 @@ from heapq import heappop, heappush
 from typing import Any, Union
 
 import simpy
-from simpy.events import NORMAL
+from simpy.events import NORMAL, URGENT
 
 
 class Fired:
@@ -109,6 +109,33 @@ class Clocks:
 def process(env: simpy.Environment, body: Generator[Event, Any, Any]) -> simpy.Process:
     """``env.process(body)`` for a body that yields the events here too (simpy's protocol)."""
     return env.process(body)  # type: ignore[arg-type]
+
+
+class Runner:
+    """A process body run as ``env.process`` runs it, for a process nothing waits on (a stream):
+    started by an urgent event scheduled when it is made, as simpy's ``Initialize``, and resumed by
+    the events it yields, which never fail; it ends without scheduling an event of its own (nothing
+    would be called by it, and the other events keep their order). One bound method waits on every
+    event, where ``Process._resume`` keeps the active process and a failure path per resume."""
+
+    __slots__ = ("_send", "_resume")
+
+    def __init__(self, env: simpy.Environment, body: Generator[Event, Any, Any]) -> None:
+        self._send = body.send
+        self._resume = self.resume
+        start = Fired()
+        start.callbacks.append(self._resume)
+        heappush(env._queue, (env._now + 0, URGENT, next(env._eid), start))  # type: ignore[misc]
+
+    def resume(self, event: Event) -> None:
+        send = self._send
+        try:
+            nxt = send(event._value)
+            while nxt.callbacks is None:  # already processed: its value at once, as simpy does
+                nxt = send(nxt._value)
+        except StopIteration:
+            return
+        nxt.callbacks.append(self._resume)
 
 
 def run(env: simpy.Environment) -> None:

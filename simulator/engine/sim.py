@@ -30,7 +30,7 @@ import simpy
 from ..cost.plan import CommPlan
 from ..tasks import InternalError, Task, TaskGraph
 from ..trace import ColumnTrace, Trace
-from .events import Clocks, Event, process, run
+from .events import Clocks, Event, Runner, run
 from .network import FlowNetwork
 
 Process = Generator[Event, Any, Any]  # a simpy process body: yields events, returns its result
@@ -219,10 +219,10 @@ def simulate_graph(graph: TaskGraph, cost: TaskCost, capacity_Bps: dict | None =
             static.setdefault(rank, []).append(ids)
             deque(map(group_of.__setitem__, ids, repeat(rank)), 0)
         else:
-            process(env, stream(clocks, tasks, durations, ids, barriers, transfers))
+            Runner(env, stream(clocks, tasks, durations, ids, barriers, transfers))
     deps = list(map(itemgetter(6), tasks))  # Task.deps
     for rank, lanes in static.items():
-        process(env, static_lanes(clocks, deps, durations, rank, lanes, group_of, tasks))
+        Runner(env, static_lanes(clocks, deps, durations, rank, lanes, group_of, tasks))
     run(env)
     if None in clocks.end:
         missing = [tasks[i].name for i in range(n) if clocks.end[i] is None]
