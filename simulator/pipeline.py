@@ -176,7 +176,7 @@ def _contended_durations(graph: TaskGraph, per_collective: PerCollective, cost: 
     network, timed without the engine, ``static_times``); the caller's run, with these durations, is
     the one reported."""
     shapes = graph.shapes or range(len(graph.tasks))
-    one = dict(zip(shapes, graph.tasks))  # a task of every shape
+    one = graph.shape_tasks()
     # a collective on a stream that runs compute is in program order with that compute: never beside it
     compute_streams = {t.stream for t in one.values() if t.kind == "compute"}
     ctas_of = {k: 0 if t.stream in compute_streams else cost.kernel_ctas(t) for k, t in one.items()}

@@ -195,10 +195,15 @@ class ColumnTrace(Trace):
     def _memory_ids(self, rank: int) -> tuple[np.ndarray, np.ndarray]:
         """Ids (trace order) and mem_delta_bytes of ``rank``'s tasks that allocate or free."""
         ids = self._rank_ids.get(rank, np.zeros(0, np.int64))
-        tasks = self._columns[0]
-        delta = np.fromiter(map(itemgetter(14), map(tasks.__getitem__, ids.tolist())), float, len(ids))  # mem_delta_bytes
+        delta = self._mem_deltas[ids]
         keep = delta != 0.0
         return ids[keep], delta[keep]
+
+    @cached_property
+    def _mem_deltas(self) -> np.ndarray:
+        """Every task's mem_delta_bytes (the memory report asks for every rank's)."""
+        tasks = self._columns[0]
+        return np.fromiter(map(itemgetter(14), tasks), float, len(tasks))
 
     def _ids(self, rank: int, stream: str | None) -> list[int]:
         """Task ids of ``rank`` (on ``stream`` only, if given) in trace order, from the lanes."""

@@ -241,10 +241,8 @@ def task_durations(graph: TaskGraph, cost: TaskCost, by_shape: bool = False) -> 
 def per_shape(graph: TaskGraph, of: Callable[[Task], Any]) -> list:
     """``of(task)`` for every task, computed once per task shape (TaskGraph.shapes; every task its
     own shape when the graph has none) and spread by C-level maps."""
-    shapes = graph.shapes or range(len(graph.tasks))
-    one = dict(zip(shapes, graph.tasks))  # a task of every shape
-    per = {k: of(t) for k, t in one.items()}
-    return list(map(per.__getitem__, shapes))
+    per = {k: of(t) for k, t in graph.shape_tasks().items()}
+    return list(map(per.__getitem__, graph.shapes or range(len(graph.tasks))))
 
 
 def _flops(graph: TaskGraph) -> list[float]:
