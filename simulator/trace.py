@@ -159,12 +159,14 @@ class ColumnTrace(Trace):
         return _events(list(map(tasks.__getitem__, ids)), *(list(map(c.__getitem__, ids)) for c in (start, end, flops)))
 
     @cached_property
-    def start_s(self) -> float:
-        return min(self._columns[1], default=0.0)
+    def start_s(self) -> float:  # min() of the column, from the array the metrics read anyway
+        start = self._arrays[0]
+        return float(start.min()) if len(start) else 0.0
 
     @cached_property
     def end_s(self) -> float:
-        return max(self._columns[2], default=0.0)
+        end = self._arrays[1]
+        return float(end.max()) if len(end) else 0.0
 
     def on(self, rank: int, stream: str | None = None) -> list[TraceEvent]:
         if not self._lanes or "events" in self.__dict__:

@@ -59,6 +59,7 @@ class FlowNetwork:
         self._bypass = LinkBypass(capacity_Bps)
         self._links = LinkIndex(capacity_Bps)
         self.flows_started = 0
+        self._on_timer = self._fire  # one bound method for every timer
 
     def run(self, plan: CommPlan, start_s: float | None = None) -> Generator[Event, Any, float]:
         """Execute ``plan``: ``elapsed_s = yield from net.run(plan)`` returns when its last step
@@ -209,6 +210,7 @@ class FlowNetwork:
         """The live cohorts connected through shared links to the ``seeds`` subsets (live or just
         ended), ordered by subset key."""
         live = self._live
+        comp: dict[Subset, None]
         if len(seeds) == 1:  # the usual case: the cohorts that ended at one time were one subset's
             seed = seeds[0]
             near = self._overlaps(seed)
@@ -216,11 +218,13 @@ class FlowNetwork:
                 return []
             if seed.cohorts and len(live) == 1 or len(near) == 1:  # a transfer alone
                 return list(seed.cohorts)
-        comp: dict[Subset, None] = {}
-        for s in seeds:
-            comp.update(dict.fromkeys(self._overlaps(s) & live))
-        if not comp:
-            return []
+            comp = dict.fromkeys(near & live)
+        else:
+            comp = {}
+            for s in seeds:
+                comp.update(dict.fromkeys(self._overlaps(s) & live))
+            if not comp:
+                return []
         if len(comp) == 1 and len(seeds) == 1 and seeds[0] in comp:
             return list(seeds[0].cohorts)
         todo = list(comp)
@@ -301,8 +305,9 @@ class FlowNetwork:
         self._token += 1
         env = self.env
         now = env._now  # the queue entry env.timeout(max(timer_at - now, 0.0)) would make
-        heapq.heappush(env._queue, (now + max(finish - now, 0.0), NORMAL, next(env._eid),  # type: ignore[misc]
-                                    Timer(self._token, self._fire)))
+        delay = finish - now
+        heapq.heappush(env._queue, (now + (0.0 if 0.0 > delay else delay), NORMAL,  # type: ignore[misc]
+                                    next(env._eid), Timer(self._token, self._on_timer)))
 
     def _fire(self, timer: Timer) -> None:
         if timer.token != self._token:  # a timer an earlier finish replaced

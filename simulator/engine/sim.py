@@ -115,7 +115,7 @@ class Barrier:
 def stream(clocks: Clocks, tasks: tuple[Task, ...], durations: list[float | None], ids: tuple[int, ...],
            barriers: dict[int, Barrier], transfers: Transfers) -> Process:
     """A stream with network or barrier tasks: program order, each task after its dependencies."""
-    end, start, env = clocks.end, clocks.start, clocks.env
+    end, start, env, waiters = clocks.end, clocks.start, clocks.env, clocks.waiters
     net, comm_plan = transfers.net, transfers.cost.comm_plan
     clock = 0.0
     for i in ids:
@@ -129,18 +129,20 @@ def stream(clocks: Clocks, tasks: tuple[Task, ...], durations: list[float | None
             if e > clock:
                 clock = e
         dur = durations[i]
-        barrier = barriers.get(t.sync_key) if t.sync_key >= 0 else None
+        barrier = barriers.get(t.sync_key) if barriers and t.sync_key >= 0 else None
         if barrier is not None:
             start[i], clock = yield from barrier.arrive(clock, dur, partial(transfers.run, t))
         elif dur is None:  # Transfers.run inlined: one generator fewer per transfer
             start[i] = clock
             elapsed = yield from net.run(comm_plan(t), clock)
             transfers.charge(t, elapsed)
-            clock = env.now
+            clock = env._now
         else:
             start[i] = clock
             clock += dur
-        clocks.finish(i, clock)
+        end[i] = clock  # Clocks.finish inlined
+        if i in waiters:
+            waiters.pop(i).succeed()
 
 
 def static_lanes(clocks: Clocks, deps: list[tuple[int, ...]], durations: list, rank: int,
@@ -209,13 +211,16 @@ def simulate_graph(graph: TaskGraph, cost: TaskCost, capacity_Bps: dict | None =
     transfers = Transfers(env, cost, capacity_Bps or {})
     if durations is None:
         durations = task_durations(graph, cost, by_shape)
-    sync = list(map(itemgetter(15), tasks))  # Task.sync_key
-    participants = Counter(filter((-1).__ne__, sync))
-    barriers = {k: Barrier(env, c) for k, c in participants.items() if c > 1}
+    barriers: dict[int, Barrier] = {}
+    if max(map(itemgetter(15), tasks), default=-1) >= 0:  # Task.sync_key: a collective on several ranks
+        participants = Counter(filter((-1).__ne__, map(itemgetter(15), tasks)))
+        barriers = {k: Barrier(env, c) for k, c in participants.items() if c > 1}
+    sync = list(map(itemgetter(15), tasks)) if barriers else []
     static: dict[int, list[tuple[int, ...]]] = {}
     group_of = [-1] * n  # the rank whose static process runs the task, -1 for a network stream's task
     for (rank, _stream), ids in graph.streams.items():
-        if None not in map(durations.__getitem__, ids) and barriers.keys().isdisjoint(map(sync.__getitem__, ids)):
+        if None not in map(durations.__getitem__, ids) and (
+                not barriers or barriers.keys().isdisjoint(map(sync.__getitem__, ids))):
             static.setdefault(rank, []).append(ids)
             deque(map(group_of.__setitem__, ids, repeat(rank)), 0)
         else:
