@@ -16,12 +16,12 @@ rank as a list scheduler. ``simulate_graph`` wires them together.
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Generator
 from typing import Any
 from dataclasses import dataclass
 from functools import cached_property, partial
-from itertools import repeat
+from itertools import compress
 from operator import itemgetter
 from typing import Protocol
 
@@ -145,8 +145,8 @@ def stream(clocks: Clocks, tasks: tuple[Task, ...], durations: list[float | None
             waiters.pop(i).succeed()
 
 
-def static_lanes(clocks: Clocks, deps: list[tuple[int, ...]], durations: list, rank: int,
-                 lanes: list[tuple[int, ...]], group_of: list[int], tasks: tuple[Task, ...]) -> Process:
+def static_lanes(clocks: Clocks, durations: list, rank: int, lanes: list[tuple[int, ...]],
+                 static_keys: set[tuple[int, str]], tasks: tuple[Task, ...]) -> Process:
     """All static streams of one rank in one process: a list scheduler that advances every lane
     whose next task's dependencies are known, and waits on simpy only when all are blocked by tasks
     of other processes. Exact, and free of the per-dependency context switches. When every lane
@@ -163,10 +163,11 @@ def static_lanes(clocks: Clocks, deps: list[tuple[int, ...]], durations: list, r
             k, clock = pos[j], clocks_s[j]
             while k < len(ids):
                 i = ids[k]
-                for d in deps[i]:
+                for d in tasks[i][6]:  # Task.deps
                     e = end[d]
                     if e is None:
-                        if group_of[d] != rank:  # only another process can resolve it
+                        t = tasks[d]
+                        if t[3] != rank or (rank, t[4]) not in static_keys:  # only another process runs it
                             blocked.append(d)
                         break
                     if e > clock:
@@ -211,23 +212,21 @@ def simulate_graph(graph: TaskGraph, cost: TaskCost, capacity_Bps: dict | None =
     transfers = Transfers(env, cost, capacity_Bps or {})
     if durations is None:
         durations = task_durations(graph, cost, by_shape)
-    barriers: dict[int, Barrier] = {}
-    if max(map(itemgetter(15), tasks), default=-1) >= 0:  # Task.sync_key: a collective on several ranks
-        participants = Counter(filter((-1).__ne__, map(itemgetter(15), tasks)))
-        barriers = {k: Barrier(env, c) for k, c in participants.items() if c > 1}
-    sync = list(map(itemgetter(15), tasks)) if barriers else []
+    sync = list(map(itemgetter(15), tasks))  # Task.sync_key: the copies of a collective on several ranks
+    participants = Counter(sync)
+    participants.pop(-1, None)
+    barriers = {k: Barrier(env, c) for k, c in participants.items() if c > 1}
+    synced = set(compress(range(n), map(barriers.__contains__, sync))) if barriers else set()
     static: dict[int, list[tuple[int, ...]]] = {}
-    group_of = [-1] * n  # the rank whose static process runs the task, -1 for a network stream's task
-    for (rank, _stream), ids in graph.streams.items():
-        if None not in map(durations.__getitem__, ids) and (
-                not barriers or barriers.keys().isdisjoint(map(sync.__getitem__, ids))):
+    static_keys: set[tuple[int, str]] = set()  # the (rank, stream) lanes run by a static process
+    for (rank, name), ids in graph.streams.items():
+        if None not in map(durations.__getitem__, ids) and (not synced or synced.isdisjoint(ids)):
             static.setdefault(rank, []).append(ids)
-            deque(map(group_of.__setitem__, ids, repeat(rank)), 0)
+            static_keys.add((rank, name))
         else:
             Runner(env, stream(clocks, tasks, durations, ids, barriers, transfers))
-    deps = list(map(itemgetter(6), tasks))  # Task.deps
     for rank, lanes in static.items():
-        Runner(env, static_lanes(clocks, deps, durations, rank, lanes, group_of, tasks))
+        Runner(env, static_lanes(clocks, durations, rank, lanes, static_keys, tasks))
     run(env)
     if None in clocks.end:
         missing = [tasks[i].name for i in range(n) if clocks.end[i] is None]
