@@ -76,18 +76,32 @@ class PerCollective:
         self.duration_s = cost.duration_s
         self._plans: dict = {}
         self._alone: dict = {}
+        # by id(Collective): (the Collective, its answer). The tasks of one shape share a Collective
+        # object; a lookup by identity skips hashing its group (~2% of a DeepSeek-V3 step)
+        self._plan_of_id: dict[int, tuple] = {}
+        self._alone_of_id: dict[int, tuple] = {}
 
     def comm_plan(self, task: Task) -> CommPlan:
-        hit = self._plans.get(task.comm)
-        if hit is None:
-            hit = self._plans[task.comm] = self.cost.comm_plan(task)
-        return hit
+        comm = task.comm
+        hit = self._plan_of_id.get(id(comm))
+        if hit is not None and hit[0] is comm:
+            return hit[1]
+        plan = self._plans.get(comm)
+        if plan is None:
+            plan = self._plans[comm] = self.cost.comm_plan(task)
+        self._plan_of_id[id(comm)] = (comm, plan)
+        return plan
 
     def isolated_s(self, task: Task) -> float:
-        hit = self._alone.get(task.comm)
-        if hit is None:
-            hit = self._alone[task.comm] = self.cost.isolated_s(task)
-        return hit
+        comm = task.comm
+        hit = self._alone_of_id.get(id(comm))
+        if hit is not None and hit[0] is comm:
+            return hit[1]
+        alone = self._alone.get(comm)
+        if alone is None:
+            alone = self._alone[comm] = self.cost.isolated_s(task)
+        self._alone_of_id[id(comm)] = (comm, alone)
+        return alone
 
 
 @contextmanager
@@ -162,7 +176,7 @@ def _contended_durations(graph: TaskGraph, per_collective: PerCollective, cost: 
     network, timed without the engine, ``static_times``); the caller's run, with these durations, is
     the one reported."""
     shapes = graph.shapes or range(len(graph.tasks))
-    one = dict(zip(shapes, graph.tasks))  # a task of every shape
+    one = graph.shape_tasks()
     # a collective on a stream that runs compute is in program order with that compute: never beside it
     compute_streams = {t.stream for t in one.values() if t.kind == "compute"}
     ctas_of = {k: 0 if t.stream in compute_streams else cost.kernel_ctas(t) for k, t in one.items()}

@@ -105,9 +105,18 @@ class TaskGraph:
     # and carry equal kind, stream, category, work, collective, phase and layer (what a cost model
     # reads), so what depends on those alone is computed once per shape; () when not known
     shapes: tuple[int, ...] = ()
+    _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.tasks)
+
+    def shape_tasks(self) -> dict[int, Task]:
+        """A task of every shape: shape -> its last task (every task its own shape when the graph
+        has none); made once per graph, for the passes that ask something once per shape."""
+        one = self._memo.get("shape_tasks")
+        if one is None:
+            one = self._memo["shape_tasks"] = dict(zip(self.shapes or range(len(self.tasks)), self.tasks))
+        return one
 
     def validate(self) -> None:
         """Raise ValueError on a malformed graph: bad ids, dangling deps, cycles, orphans."""

@@ -159,12 +159,14 @@ class ColumnTrace(Trace):
         return _events(list(map(tasks.__getitem__, ids)), *(list(map(c.__getitem__, ids)) for c in (start, end, flops)))
 
     @cached_property
-    def start_s(self) -> float:
-        return min(self._columns[1], default=0.0)
+    def start_s(self) -> float:  # min() of the column, from the array the metrics read anyway
+        start = self._arrays[0]
+        return float(start.min()) if len(start) else 0.0
 
     @cached_property
     def end_s(self) -> float:
-        return max(self._columns[2], default=0.0)
+        end = self._arrays[1]
+        return float(end.max()) if len(end) else 0.0
 
     def on(self, rank: int, stream: str | None = None) -> list[TraceEvent]:
         if not self._lanes or "events" in self.__dict__:
@@ -195,10 +197,15 @@ class ColumnTrace(Trace):
     def _memory_ids(self, rank: int) -> tuple[np.ndarray, np.ndarray]:
         """Ids (trace order) and mem_delta_bytes of ``rank``'s tasks that allocate or free."""
         ids = self._rank_ids.get(rank, np.zeros(0, np.int64))
-        tasks = self._columns[0]
-        delta = np.fromiter(map(itemgetter(14), map(tasks.__getitem__, ids.tolist())), float, len(ids))  # mem_delta_bytes
+        delta = self._mem_deltas[ids]
         keep = delta != 0.0
         return ids[keep], delta[keep]
+
+    @cached_property
+    def _mem_deltas(self) -> np.ndarray:
+        """Every task's mem_delta_bytes (the memory report asks for every rank's)."""
+        tasks = self._columns[0]
+        return np.fromiter(map(itemgetter(14), tasks), float, len(tasks))
 
     def _ids(self, rank: int, stream: str | None) -> list[int]:
         """Task ids of ``rank`` (on ``stream`` only, if given) in trace order, from the lanes."""

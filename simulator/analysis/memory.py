@@ -5,6 +5,7 @@ breakdown of the worst rank (metrics.json ``memory_bytes``) and the out-of-memor
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,15 +103,41 @@ def layer_param_counts(model: ModelSpec, tp: int, ep: int = 1, etp: int = 0) -> 
     return params_per_rank(build_op_graph(model, 1, "bf16"), tp, ep, 1, False, False, etp)
 
 
+class Timeline(Mapping):
+    """rank -> [(time_s, bytes)], a step function; each rank's list made from its two arrays when
+    first read (a plot reads a few ranks; a step of GPT-3 175B has ~10^5 points, whose tuples the
+    garbage collector would otherwise walk)."""
+
+    def __init__(self, columns: dict[int, tuple[np.ndarray, np.ndarray]] | None = None) -> None:
+        self._columns = dict(columns or {})
+        self._lists: dict[int, list[tuple[float, float]]] = {}
+
+    def __getitem__(self, rank: int) -> list[tuple[float, float]]:
+        points = self._lists.get(rank)
+        if points is None:
+            times, values = self._columns[rank]
+            points = self._lists[rank] = list(zip(times.tolist(), values.tolist()))
+        return points
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._columns)
+
+    def __len__(self) -> int:
+        return len(self._columns)
+
+    def __repr__(self) -> str:
+        return f"Timeline({len(self)} ranks)"
+
+
 @dataclass(frozen=True, slots=True)
 class MemoryReport:
     per_rank: dict  # rank -> peak breakdown {"params","grads","optimizer","activations","buffers","total"}
     peak: dict  # the worst rank's breakdown (metrics.json memory_bytes)
     capacity_bytes: float
     fits: bool
-    timeline: dict  # rank -> [(time_s, activation + buffer bytes)], a step function
+    timeline: Mapping  # rank -> [(time_s, activation + buffer bytes)], a step function (Timeline)
     worst_rank: int
-    activation_timeline: dict = field(default_factory=dict)  # rank -> [(time_s, activation bytes)]
+    activation_timeline: Mapping = field(default_factory=dict)  # rank -> [(time_s, activation bytes)]
     buffer_detail: dict = field(default_factory=dict)  # rank -> {allowance name: bytes} at the peak
     labels: dict = field(default_factory=dict)  # rank -> "stage s (rank r)"
 
@@ -227,15 +254,14 @@ def memory_report(scn: Scenario, stage_params: dict, trace: Trace) -> MemoryRepo
         detail[rank] = buffers
         if times[-1] < trace.end_s:
             times, act, held = np.append(times, trace.end_s), np.append(act, act[-1]), np.append(held, held[-1])
-        t_list = times.tolist()
-        timeline[rank] = list(zip(t_list, (fixed + act + held).tolist()))
-        act_timeline[rank] = list(zip(t_list, act.tolist()))
+        timeline[rank] = (times, fixed + act + held)
+        act_timeline[rank] = (times, act)
     worst = max(per_rank, key=lambda r: (per_rank[r]["total"], -r))
     capacity = float(scn.cluster.gpu.memory_capacity_bytes)
     labels = {r: trace.rank_labels.get(r, f"rank {r}") for r in per_rank}
     return MemoryReport(per_rank=per_rank, peak=dict(per_rank[worst]), capacity_bytes=capacity,
-                        fits=per_rank[worst]["total"] <= capacity, timeline=timeline, worst_rank=worst,
-                        activation_timeline=act_timeline, buffer_detail=detail, labels=labels)
+                        fits=per_rank[worst]["total"] <= capacity, timeline=Timeline(timeline), worst_rank=worst,
+                        activation_timeline=Timeline(act_timeline), buffer_detail=detail, labels=labels)
 
 
 def _add(a: dict, b: dict) -> dict:

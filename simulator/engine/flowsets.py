@@ -193,7 +193,13 @@ def _by_arrays(comp: list[Cohort], sizes: list[int], links: LinkIndex) -> list:
     parts = [links.arrays(c.sub) for c in comp]
     offsets = np.concatenate(([0], np.cumsum(sizes)))
     flow_of = np.concatenate([p[0] + offsets[k] for k, p in enumerate(parts)])
-    used, link_of = np.unique(np.concatenate([p[1] for p in parts]), return_inverse=True)
+    # the links used, ascending, and each entry's position among them: np.unique's answer, found
+    # through a mask over the numbered links instead of a sort
+    flat = np.concatenate([p[1] for p in parts])
+    present = np.zeros(len(links.capacities()), dtype=bool)
+    present[flat] = True
+    used = np.flatnonzero(present)
+    link_of = (np.cumsum(present) - 1)[flat]
     weights = np.concatenate([p[2] for p in parts])
     rates = max_min_rates_arrays(flow_of, link_of, weights, links.capacities()[used])
     lo = np.minimum.reduceat(rates, offsets[:-1])

@@ -29,6 +29,7 @@ from simpy.events import NORMAL
 from ..cost.fairshare import REL_EPS
 from ..cost.plan import CommPlan, CommStep
 from .bypass import LinkBypass
+from .events import Event, Fired, Pending, Timer, process
 from .flowsets import Cohort, LinkIndex, Shape, Step, Subset, busy_s, cohort_rates
 
 
@@ -58,8 +59,9 @@ class FlowNetwork:
         self._bypass = LinkBypass(capacity_Bps)
         self._links = LinkIndex(capacity_Bps)
         self.flows_started = 0
+        self._on_timer = self._fire  # one bound method for every timer
 
-    def run(self, plan: CommPlan, start_s: float | None = None) -> Generator[simpy.Event, Any, float]:
+    def run(self, plan: CommPlan, start_s: float | None = None) -> Generator[Event, Any, float]:
         """Execute ``plan``: ``elapsed_s = yield from net.run(plan)`` returns when its last step
         ends, with the seconds it took (compare with the uncontended time for contention).
         ``start_s``: when the transfer starts, if later than now (a stream's lazy clock); the wait
@@ -71,23 +73,24 @@ class FlowNetwork:
         it and the run waits for them too."""
         env = self.env
         pending_s = None  # a time the process must reach before its next step starts
-        if start_s is not None and start_s > env.now:
+        now = env._now
+        if start_s is not None and start_s > now:
             if plan.concurrent:
-                yield env.timeout(start_s - env.now)
+                yield env.timeout(start_s - now)
             else:
-                pending_s = env.now + (start_s - env.now)  # where Timeout(start_s - now) lands
-        begin = env.now if pending_s is None else pending_s
-        others = [env.process(self.run(p)) for p in plan.concurrent]
+                pending_s = now + (start_s - now)  # where Timeout(start_s - now) lands
+        begin = env._now if pending_s is None else pending_s
+        others = [process(env, self.run(p)) for p in plan.concurrent] if plan.concurrent else None
         for step in plan.steps:
             latency = step.latency_s * step.repeat
             if pending_s is not None:
                 yield self._at(pending_s + latency if latency > 0 else pending_s)
                 pending_s = None
             elif latency > 0:
-                yield env.timeout(latency)
+                yield self._at(env._now + latency)  # where Timeout(latency) lands
             shape = self._shape(step)
             if shape.starts:
-                done = env.event()
+                done = Pending(env)
                 self._start(shape, step.repeat, done)
                 yield done
         if pending_s is not None:
@@ -96,13 +99,12 @@ class FlowNetwork:
             yield env.all_of(others)
         return env.now - begin
 
-    def _at(self, t_s: float) -> simpy.Event:
+    def _at(self, t_s: float) -> Fired:
         """A timeout that fires at the absolute time ``t_s`` (>= now), scheduled as simpy's
         ``Environment.schedule`` would (its queue entry: time, priority, event id, event)."""
         env = self.env
-        ev = simpy.Event(env)
-        ev._ok, ev._value = True, None
-        heapq.heappush(env._queue, (t_s, NORMAL, next(env._eid), ev))
+        ev = Fired()
+        heapq.heappush(env._queue, (t_s, NORMAL, next(env._eid), ev))  # type: ignore[misc]
         return ev
 
     def _shape(self, step: CommStep) -> Shape:
@@ -149,8 +151,8 @@ class FlowNetwork:
             sub.overlaps = {o for link in sub.links for o in self._coupled_on[link]}
         return sub.overlaps
 
-    def _start(self, shape: Shape, repeat: int, done: simpy.Event) -> None:
-        now = self.env.now
+    def _start(self, shape: Shape, repeat: int, done: Pending) -> None:
+        now = self.env._now
         step = Step(len(shape.links_of), done)
         seeds = shape.start_subsets
         if seeds is None:  # held by the shape: a tuple of thousands of indices is slow to hash
@@ -168,7 +170,7 @@ class FlowNetwork:
         rates (and split) alone are cached: its parts get the rates, bytes and finish times the
         general path (attach, ``_reshare``, ``_split``) would give them, without the cohort that
         the split replaces at once. False: nothing done, take the general path."""
-        if seed.cohorts or self._overlaps(seed) & self._live:
+        if seed.cohorts or not self._live.isdisjoint(self._overlaps(seed)):
             return False
         key = (seed.key,)
         rates = self._rates.get(key) if self.cache_rates else None
@@ -208,12 +210,22 @@ class FlowNetwork:
         """The live cohorts connected through shared links to the ``seeds`` subsets (live or just
         ended), ordered by subset key."""
         live = self._live
-        comp: dict[Subset, None] = {}
-        for s in seeds:
-            comp.update(dict.fromkeys(self._overlaps(s) & live))
-        if not comp:
-            return []
-        if len(comp) == 1 and len(seeds) == 1 and seeds[0] in comp:  # the usual case: a transfer alone
+        comp: dict[Subset, None]
+        if len(seeds) == 1:  # the usual case: the cohorts that ended at one time were one subset's
+            seed = seeds[0]
+            near = self._overlaps(seed)
+            if live.isdisjoint(near):
+                return []
+            if seed.cohorts and len(live) == 1 or len(near) == 1:  # a transfer alone
+                return list(seed.cohorts)
+            comp = dict.fromkeys(near & live)
+        else:
+            comp = {}
+            for s in seeds:
+                comp.update(dict.fromkeys(self._overlaps(s) & live))
+            if not comp:
+                return []
+        if len(comp) == 1 and len(seeds) == 1 and seeds[0] in comp:
             return list(seeds[0].cohorts)
         todo = list(comp)
         while todo:
@@ -240,8 +252,8 @@ class FlowNetwork:
         comp = self._component(seeds)
         if not comp:
             return
-        now = self.env.now
-        key = tuple(c.sub.key for c in comp)
+        now = self.env._now
+        key = tuple([c.sub.key for c in comp])
         rates = self._component_rates(comp, key)
         heap, count = self._heap, self._count
         for k, c in enumerate(comp):
@@ -280,21 +292,29 @@ class FlowNetwork:
 
     def _arm(self) -> None:
         heap = self._heap
-        while heap and (not heap[0][2].live or heap[0][0] != heap[0][2].finish):
+        while heap:  # drop the entries of cohorts that ended, split or were re-timed
+            finish, _, c = heap[0]
+            if c.live and finish == c.finish:
+                break
             heapq.heappop(heap)
-        if not heap or heap[0][0] >= self._timer_at:
+        else:
             return
-        self._timer_at = heap[0][0]
+        if finish >= self._timer_at:
+            return
+        self._timer_at = finish
         self._token += 1
-        token = self._token
-        timer = self.env.timeout(max(self._timer_at - self.env.now, 0.0))
-        timer.callbacks.append(lambda _ev: self._fire(token))
+        env = self.env
+        now = env._now  # the queue entry env.timeout(max(timer_at - now, 0.0)) would make
+        delay = finish - now
+        heapq.heappush(env._queue, (now + (0.0 if 0.0 > delay else delay), NORMAL,  # type: ignore[misc]
+                                    next(env._eid), Timer(self._token, self._on_timer)))
 
-    def _fire(self, token: int) -> None:
-        if token != self._token:
+    def _fire(self, timer: Timer) -> None:
+        if timer.token != self._token:  # a timer an earlier finish replaced
             return
         self._timer_at = float("inf")
-        now = self.env.now
+        env = self.env
+        now = env._now
         limit = now + REL_EPS * max(now, 1e-9)
         heap = self._heap
         ended: list[Subset] = []
@@ -303,11 +323,13 @@ class FlowNetwork:
             if not c.live or finish != c.finish:
                 continue
             self._detach(c, now)
-            c.sub.sent += c.size
-            ended.append(c.sub)
-            c.step.pending -= len(c.sub.idx)
-            if c.step.pending == 0:
-                c.step.done.succeed()
+            sub = c.sub
+            sub.sent += c.size
+            ended.append(sub)
+            step = c.step
+            step.pending -= len(sub.idx)
+            if step.pending == 0:
+                step.done.succeed()
         self._reshare(ended)
         self._arm()
 
@@ -332,6 +354,6 @@ def simulate_plan(plan: CommPlan, capacity_Bps: Mapping) -> float:
     """Seconds ``plan`` takes alone, run through a FlowNetwork."""
     env = simpy.Environment()
     net = FlowNetwork(env, capacity_Bps)
-    env.process(net.run(plan))
+    process(env, net.run(plan))
     env.run()
     return env.now

@@ -8,7 +8,7 @@ static tasks do not interact with other streams except through dependencies, whi
 end times. Events are created only for tasks that another stream waits on.
 
 The parts, in SimPy's style (state objects plus generator processes): ``Clocks`` (task start and
-end times and the events waited on), ``Transfers`` (network tasks and their contention),
+end times and the events waited on, ``engine/events``), ``Transfers`` (network tasks and their contention),
 ``Barrier`` (a collective simulated on several ranks), the ``stream`` process for streams with
 network or barrier tasks, and the ``static_lanes`` process that runs all static streams of one
 rank as a list scheduler. ``simulate_graph`` wires them together.
@@ -16,12 +16,12 @@ rank as a list scheduler. ``simulate_graph`` wires them together.
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Generator
 from typing import Any
 from dataclasses import dataclass
 from functools import cached_property, partial
-from itertools import repeat
+from itertools import compress
 from operator import itemgetter
 from typing import Protocol
 
@@ -30,9 +30,10 @@ import simpy
 from ..cost.plan import CommPlan
 from ..tasks import InternalError, Task, TaskGraph
 from ..trace import ColumnTrace, Trace
+from .events import Clocks, Event, Runner, run
 from .network import FlowNetwork
 
-Process = Generator[simpy.Event, Any, Any]  # a simpy process body: yields events, returns its result
+Process = Generator[Event, Any, Any]  # a simpy process body: yields events, returns its result
 
 
 class TaskCost(Protocol):
@@ -60,45 +61,6 @@ class SimResult:
         return self.network.link_stats()
 
 
-class Clocks:
-    """Start and end time of every task (end None until it ran), and the events of the tasks some
-    process waits on, created on the first wait and fired by ``finish``."""
-
-    __slots__ = ("env", "start", "end", "waiters")
-
-    def __init__(self, env: simpy.Environment, n: int) -> None:
-        self.env = env
-        self.start = [0.0] * n
-        self.end: list[float | None] = [None] * n
-        self.waiters: dict[int, simpy.Event] = {}
-
-    def finish(self, i: int, t_end: float) -> None:
-        self.end[i] = t_end
-        ev = self.waiters.pop(i, None)
-        if ev is not None:
-            ev.succeed()
-
-    def event(self, i: int) -> simpy.Event:
-        """The event that fires when task i finishes (i has not finished yet)."""
-        ev = self.waiters.get(i)
-        if ev is None:
-            ev = self.waiters[i] = self.env.event()
-        return ev
-
-    def first_of(self, ids: list[int]) -> simpy.Event:
-        """An event that fires when the first of tasks ``ids`` (none finished yet) finishes: what
-        ``env.any_of`` gives, scheduled at the same point of the event queue, without a Condition's
-        bookkeeping (the callbacks left on the later events find it triggered and do nothing)."""
-        wake = self.env.event()
-
-        def trigger(_ev: simpy.Event) -> None:
-            if not wake.triggered:
-                wake.succeed()
-        for i in ids:
-            self.event(i).callbacks.append(trigger)
-        return wake
-
-
 class Transfers:
     """Tasks whose time depends on concurrent traffic: each runs its CommPlan through the flow
     network from a given start; the time beyond its isolated time is charged to its category."""
@@ -108,7 +70,7 @@ class Transfers:
         self.net = FlowNetwork(env, capacity_Bps)
         self.contention: dict[str, float] = {}
 
-    def run(self, t: Task, begin: float) -> Generator[simpy.Event, Any, float]:
+    def run(self, t: Task, begin: float) -> Generator[Event, Any, float]:
         """Process body: wait until ``begin``, run the transfer; returns its end time."""
         elapsed = yield from self.net.run(self.cost.comm_plan(t), begin)
         self.charge(t, elapsed)
@@ -133,7 +95,7 @@ class Barrier:
         self.done = env.event()
 
     def arrive(self, clock: float, dur: float | None,
-               run: Callable[[float], Generator[simpy.Event, Any, float]]) -> Generator[simpy.Event, Any, tuple[float, float]]:
+               run: Callable[[float], Generator[Event, Any, float]]) -> Generator[Event, Any, tuple[float, float]]:
         """Process body for one participant; returns (begin, end). ``dur`` is the static duration,
         or None: then ``run(begin)`` is the transfer's process body, returning its end."""
         self.arrived += 1
@@ -153,7 +115,7 @@ class Barrier:
 def stream(clocks: Clocks, tasks: tuple[Task, ...], durations: list[float | None], ids: tuple[int, ...],
            barriers: dict[int, Barrier], transfers: Transfers) -> Process:
     """A stream with network or barrier tasks: program order, each task after its dependencies."""
-    end, start, env = clocks.end, clocks.start, clocks.env
+    end, start, env, waiters = clocks.end, clocks.start, clocks.env, clocks.waiters
     net, comm_plan = transfers.net, transfers.cost.comm_plan
     clock = 0.0
     for i in ids:
@@ -167,22 +129,24 @@ def stream(clocks: Clocks, tasks: tuple[Task, ...], durations: list[float | None
             if e > clock:
                 clock = e
         dur = durations[i]
-        barrier = barriers.get(t.sync_key) if t.sync_key >= 0 else None
+        barrier = barriers.get(t.sync_key) if barriers and t.sync_key >= 0 else None
         if barrier is not None:
             start[i], clock = yield from barrier.arrive(clock, dur, partial(transfers.run, t))
         elif dur is None:  # Transfers.run inlined: one generator fewer per transfer
             start[i] = clock
             elapsed = yield from net.run(comm_plan(t), clock)
             transfers.charge(t, elapsed)
-            clock = env.now
+            clock = env._now
         else:
             start[i] = clock
             clock += dur
-        clocks.finish(i, clock)
+        end[i] = clock  # Clocks.finish inlined
+        if i in waiters:
+            waiters.pop(i).succeed()
 
 
-def static_lanes(clocks: Clocks, deps: list[tuple[int, ...]], durations: list, rank: int,
-                 lanes: list[tuple[int, ...]], group_of: list[int], tasks: tuple[Task, ...]) -> Process:
+def static_lanes(clocks: Clocks, durations: list, rank: int, lanes: list[tuple[int, ...]],
+                 static_keys: set[tuple[int, str]], tasks: tuple[Task, ...]) -> Process:
     """All static streams of one rank in one process: a list scheduler that advances every lane
     whose next task's dependencies are known, and waits on simpy only when all are blocked by tasks
     of other processes. Exact, and free of the per-dependency context switches. When every lane
@@ -199,10 +163,11 @@ def static_lanes(clocks: Clocks, deps: list[tuple[int, ...]], durations: list, r
             k, clock = pos[j], clocks_s[j]
             while k < len(ids):
                 i = ids[k]
-                for d in deps[i]:
+                for d in tasks[i][6]:  # Task.deps
                     e = end[d]
                     if e is None:
-                        if group_of[d] != rank:  # only another process can resolve it
+                        t = tasks[d]
+                        if t[3] != rank or (rank, t[4]) not in static_keys:  # only another process runs it
                             blocked.append(d)
                         break
                     if e > clock:
@@ -247,21 +212,22 @@ def simulate_graph(graph: TaskGraph, cost: TaskCost, capacity_Bps: dict | None =
     transfers = Transfers(env, cost, capacity_Bps or {})
     if durations is None:
         durations = task_durations(graph, cost, by_shape)
-    sync = list(map(itemgetter(15), tasks))  # Task.sync_key
-    participants = Counter(filter((-1).__ne__, sync))
+    sync = list(map(itemgetter(15), tasks))  # Task.sync_key: the copies of a collective on several ranks
+    participants = Counter(sync)
+    participants.pop(-1, None)
     barriers = {k: Barrier(env, c) for k, c in participants.items() if c > 1}
+    synced = set(compress(range(n), map(barriers.__contains__, sync))) if barriers else set()
     static: dict[int, list[tuple[int, ...]]] = {}
-    group_of = [-1] * n  # the rank whose static process runs the task, -1 for a network stream's task
-    for (rank, _stream), ids in graph.streams.items():
-        if None not in map(durations.__getitem__, ids) and barriers.keys().isdisjoint(map(sync.__getitem__, ids)):
+    static_keys: set[tuple[int, str]] = set()  # the (rank, stream) lanes run by a static process
+    for (rank, name), ids in graph.streams.items():
+        if None not in map(durations.__getitem__, ids) and (not synced or synced.isdisjoint(ids)):
             static.setdefault(rank, []).append(ids)
-            deque(map(group_of.__setitem__, ids, repeat(rank)), 0)
+            static_keys.add((rank, name))
         else:
-            env.process(stream(clocks, tasks, durations, ids, barriers, transfers))
-    deps = list(map(itemgetter(6), tasks))  # Task.deps
+            Runner(env, stream(clocks, tasks, durations, ids, barriers, transfers))
     for rank, lanes in static.items():
-        env.process(static_lanes(clocks, deps, durations, rank, lanes, group_of, tasks))
-    env.run()
+        Runner(env, static_lanes(clocks, durations, rank, lanes, static_keys, tasks))
+    run(env)
     if None in clocks.end:
         missing = [tasks[i].name for i in range(n) if clocks.end[i] is None]
         raise InternalError(f"simulation deadlocked: {len(missing)} tasks never ran, first {missing[0]!r}")
@@ -279,10 +245,8 @@ def task_durations(graph: TaskGraph, cost: TaskCost, by_shape: bool = False) -> 
 def per_shape(graph: TaskGraph, of: Callable[[Task], Any]) -> list:
     """``of(task)`` for every task, computed once per task shape (TaskGraph.shapes; every task its
     own shape when the graph has none) and spread by C-level maps."""
-    shapes = graph.shapes or range(len(graph.tasks))
-    one = dict(zip(shapes, graph.tasks))  # a task of every shape
-    per = {k: of(t) for k, t in one.items()}
-    return list(map(per.__getitem__, shapes))
+    per = {k: of(t) for k, t in graph.shape_tasks().items()}
+    return list(map(per.__getitem__, graph.shapes or range(len(graph.tasks))))
 
 
 def _flops(graph: TaskGraph) -> list[float]:

@@ -146,17 +146,17 @@ def stretched_durations(graph: TaskGraph, start_s: Sequence[float], end_s: Seque
     None when no compute task ran beside such a kernel."""
     tasks = graph.tasks
     n = len(tasks)
-    held = np.asarray(ctas)
+    held = np.fromiter(ctas, np.int64, n)
     start, end = np.fromiter(start_s, float, n), np.fromiter(end_s, float, n)
     comm = np.flatnonzero((held > 0) & (end > start))
     if not len(comm):
         return None
     shape = np.fromiter(graph.shapes or range(n), np.int64, n)
     if one is None:
-        one = dict(zip(graph.shapes or range(n), tasks))
+        one = graph.shape_tasks()
     kinds = np.zeros(max(one) + 1, bool)  # by shape id (a task id)
     kinds[np.fromiter(one, np.int64, len(one))] = [t.kind == "compute" for t in one.values()]
-    dur = np.array([0.0 if d is None else d for d in durations], dtype=float)
+    dur = np.array(durations, dtype=float)  # None (a transfer) is NaN: never > 0, as never compute
     compute = kinds[shape] & (dur > 0.0)
     rank = _ranks(graph)
     out = list(durations)
