@@ -82,26 +82,24 @@ class PerCollective:
         self._alone_of_id: dict[int, tuple] = {}
 
     def comm_plan(self, task: Task) -> CommPlan:
-        comm = task.comm
-        hit = self._plan_of_id.get(id(comm))
-        if hit is not None and hit[0] is comm:
-            return hit[1]
-        plan = self._plans.get(comm)
-        if plan is None:
-            plan = self._plans[comm] = self.cost.comm_plan(task)
-        self._plan_of_id[id(comm)] = (comm, plan)
-        return plan
+        return _memo(self._plan_of_id, self._plans, task, self.cost.comm_plan)
 
     def isolated_s(self, task: Task) -> float:
-        comm = task.comm
-        hit = self._alone_of_id.get(id(comm))
-        if hit is not None and hit[0] is comm:
-            return hit[1]
-        alone = self._alone.get(comm)
-        if alone is None:
-            alone = self._alone[comm] = self.cost.isolated_s(task)
-        self._alone_of_id[id(comm)] = (comm, alone)
-        return alone
+        return _memo(self._alone_of_id, self._alone, task, self.cost.isolated_s)
+
+
+def _memo(by_id: dict, by_value: dict, task: Task, answer):
+    """``answer(task)`` memoised by the task's Collective: first by its identity (the tasks of one
+    shape share the object), else by value (equal collectives of other shapes)."""
+    comm = task.comm
+    hit = by_id.get(id(comm))
+    if hit is not None and hit[0] is comm:
+        return hit[1]
+    value = by_value.get(comm)
+    if value is None:
+        value = by_value[comm] = answer(task)
+    by_id[id(comm)] = (comm, value)
+    return value
 
 
 @contextmanager
