@@ -76,15 +76,15 @@ def test_between_measured_points_the_curve_stays_within_and_follows_each_segment
         assert min(curve[i], curve[i + 1]) - 1e-9 <= min(vals) <= max(vals) <= max(curve[i], curve[i + 1]) + 1e-9
 
 
-@pytest.mark.parametrize("arch, impl, backward, hd", itertools.product(
-    ("ampere", "hopper", "blackwell"), ("flash", "cudnn"), (False, True), (64, 96, 128, 160, 256)))
+@pytest.mark.parametrize("arch, impl, backward, hd", list(itertools.product(
+    ("ampere", "hopper", "blackwell"), ("flash", "cudnn"), (False, True), (64, 96, 128, 160, 256))))
 def test_causal_training_curves_never_fall_with_sequence_length(arch, impl, backward, hd):
     # every causal curve measured (or derived) rises with s: longer key loops amortise the tile prologue
     effs = [attention_efficiency(arch, impl, backward, True, hd, s, s) for s in sorted(SEQS + [65536])]
     assert all(b >= a for a, b in zip(effs, effs[1:]))
 
 
-@pytest.mark.parametrize("backward, causal, hd", itertools.product((False, True), (False, True), (64, 128, 256)))
+@pytest.mark.parametrize("backward, causal, hd", list(itertools.product((False, True), (False, True), (64, 128, 256))))
 def test_cudnn_is_at_least_flash_attention_2_on_hopper(backward, causal, hd):
     for s in SEQS:
         assert (attention_efficiency("hopper", "cudnn", backward, causal, hd, s, s)
