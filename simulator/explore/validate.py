@@ -23,24 +23,35 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 DEFAULT_CSV = DATA / "training_runs.csv"
 DEFAULT_CSVS = (DEFAULT_CSV, DATA / "training_runs_extra.csv", DATA / "training_runs_2.csv")
 MODEL_COLUMNS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size",
-                 "vocab_size", "seq_length", "num_experts", "moe_top_k")
+                 "vocab_size", "seq_length", "num_experts", "moe_top_k", "mtp_layers")
 PARALLEL_INT = ("tp", "pp", "dp", "cp", "ep", "etp", "zero_stage", "virtual_stages")
 PARALLEL_STR = ("schedule", "recompute", "sharding")
 BOOL = {"true": True, "false": False}
 
 
+def _number(row: dict, key: str, kind: type = int, text: str | None = None):
+    """``row[key]`` (or ``text``, one item of it) as ``kind``; a bad cell is a one-line error naming
+    the row and the column."""
+    text = row[key] if text is None else text
+    try:
+        return kind(text)
+    except ValueError:
+        what = "an integer" if kind is int else "a number"
+        raise ValueError(f"row {row.get('name', '?')}: {key} must be {what}, got {text!r}") from None
+
+
 def _int(row: dict, key: str) -> int:
-    try:
-        return int(row[key])
-    except ValueError:
-        raise ValueError(f"row {row.get('name', '?')}: {key} must be an integer, got {row[key]!r}") from None
+    return _number(row, key, int)
 
 
-def _float(row: dict, key: str) -> float:
-    try:
-        return float(row[key])
-    except ValueError:
-        raise ValueError(f"row {row.get('name', '?')}: {key} must be a number, got {row[key]!r}") from None
+def _bool(row: dict, key: str):
+    """A true/false cell as a bool; anything else is passed on for the scenario's own check."""
+    return BOOL.get(row[key].lower(), row[key])
+
+
+def _items(row: dict, key: str) -> list[str]:
+    """A semicolon-separated cell's items."""
+    return [x.strip() for x in row[key].split(";") if x.strip()]
 
 
 def row_to_raw(row: dict) -> dict:
@@ -51,37 +62,33 @@ def row_to_raw(row: dict) -> dict:
         model["mlp"] = given["mlp"]
     if "model_preset" in given:  # a row whose model the columns cannot carry (MLA, shared experts...)
         model["preset"] = given["model_preset"]
-    if "mtp_layers" in given:
-        model["mtp_layers"] = _int(given, "mtp_layers")
     if "moe_capacity_factor" in given:
-        model["moe_capacity_factor"] = _float(given, "moe_capacity_factor")
-    if "dropout" in given:  # residual/attention dropout on or off (empty: the model's style decides)
-        model["dropout"] = BOOL.get(given["dropout"].lower(), given["dropout"])
-    if "moe_pad_to_capacity" in given:
-        model["moe_pad_to_capacity"] = BOOL.get(given["moe_pad_to_capacity"].lower(), given["moe_pad_to_capacity"])
+        model["moe_capacity_factor"] = _number(given, "moe_capacity_factor", float)
+    for k in ("dropout", "moe_pad_to_capacity"):  # dropout empty: the model's style decides
+        if k in given:
+            model[k] = _bool(given, k)
     cluster = {"preset": given.get("gpu", "dgx-a100-80gb")}
     for k in ("num_nodes", "gpus_per_node", "nics_per_node"):
         if k in given:
             cluster[k] = _int(given, k)
     if "nic_bandwidth_Gbps" in given:
-        cluster["nic_bandwidth_Gbps"] = float(given["nic_bandwidth_Gbps"])
+        cluster["nic_bandwidth_Gbps"] = _number(given, "nic_bandwidth_Gbps", float)
     par: dict = {k: _int(given, k) for k in PARALLEL_INT if k in given}
     par.update({k: given[k] for k in PARALLEL_STR if k in given})
     for k in ("sequence_parallel", "tp_comm_overlap"):
         if k in given:
-            par[k] = BOOL.get(given[k].lower(), given[k])
+            par[k] = _bool(given, k)
     if "layers_per_stage" in given:  # semicolon-separated, first pipeline stage first
-        par["layers_per_stage"] = [_int({"name": given.get("name", "?"), "layers_per_stage": x.strip()},
-                                        "layers_per_stage") for x in given["layers_per_stage"].split(";")]
+        par["layers_per_stage"] = [_number(given, "layers_per_stage", int, x)
+                                   for x in _items(given, "layers_per_stage")]
     if "recompute_modules" in given:  # Megatron-Core --recompute-modules, semicolon-separated
-        par["recompute_modules"] = [x.strip() for x in given["recompute_modules"].split(";") if x.strip()]
+        par["recompute_modules"] = _items(given, "recompute_modules")
     training: dict = {k: _int(given, k) for k in ("global_batch_size", "micro_batch_size") if k in given}
     for k in ("dtype", "attention", "grad_dtype"):
         if k in given:
             training[k] = given[k]
     if "grad_accumulation_fusion" in given:
-        training["grad_accumulation_fusion"] = BOOL.get(given["grad_accumulation_fusion"].lower(),
-                                                        given["grad_accumulation_fusion"])
+        training["grad_accumulation_fusion"] = _bool(given, "grad_accumulation_fusion")
     return {"name": given.get("name", "row"), "model": model, "cluster": cluster, "parallelism": par,
             "training": training}
 
