@@ -52,8 +52,8 @@ class Pending:
 
 
 class Timer:
-    """A timer of the flow network: calls ``fire(timer)`` when processed; ``token`` tells a timer
-    that a later arming replaced from the current one."""
+    """A timer of the flow network: calls ``fire(timer)`` when processed; its ``token`` tells the
+    network whether a later arming has replaced it."""
 
     __slots__ = ("callbacks", "token")
     _ok = True

@@ -59,8 +59,8 @@ class ParamGradSync:
         unit's predecessor's compute, whose parameters are then freed), so at most two units'
         parameters are gathered at once (FSDP's one-unit prefetch and limit_all_gathers; DeepSpeed's
         prefetch of the next submodules); a DeepSpeed fetch that stage3_max_live_parameters keeps
-        from being prefetched is issued when its unit starts, after the unit before has run. FSDP2 copies each gathered unit out into its parameters on
-        the compute stream."""
+        from being prefetched is issued when its unit starts, after the unit before has run. FSDP2
+        copies each gathered unit out into its parameters on the compute stream."""
         units = self._units(vs) if phase == "F" else self._units(vs)[::-1]
         if not self.zero3:
             yield from (() for _ in units)
@@ -162,5 +162,6 @@ class ParamGradSync:
                               "pp", "comm_dp", tuple([end] + waits))]
         step = optimizer_step(ctx, r, [end] + waits, params["dense"], params["expert"])
         if ctx.par.zero_stage in (1, 2) and not ctx.par.overlap_param_gather and not self.zero3:
-            ready = [(-1,) + self._params(u) for vs in self.smap.stages_of(s, self.nv // self.p) for u in self._units(vs)[::-1]]
+            ready = [(-1,) + self._params(u) for vs in self.smap.stages_of(s, self.nv // self.p)
+                     for u in self._units(vs)[::-1]]
             gather_parameters(ctx, r, ready, [step])

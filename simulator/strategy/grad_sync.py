@@ -161,6 +161,7 @@ def zero3_reduce(ctx: LowerCtx, rank: int, name: str, dense: float, expert: floa
     out = []
     gbytes = ctx.scn.training.grad_dtype_bytes
     shard, replicas = shard_groups(ctx, rank)
+    edp = _groups(ctx, rank)[1]
     stream = STREAM_DP_RS
     if ctx.par.sharding == "fsdp2" and dense + expert > 0:
         nbytes = FSDP2_COPY_PASSES * (dense + expert) * gbytes
@@ -168,13 +169,12 @@ def zero3_reduce(ctx: LowerCtx, rank: int, name: str, dense: float, expert: floa
                                                                    (int(dense + expert), 1)),), (dep,))
     elif ctx.par.sharding == "fsdp1":
         stream = STREAM_DP
-        edp = _groups(ctx, rank)[1]
         work = (post_backward_work(dense, len(shard), ctx.dtype_bytes, gbytes, microbatch > 0,
                                    len(shard) * len(replicas))
                 + post_backward_work(expert, len(edp), ctx.dtype_bytes, gbytes, microbatch > 0))
         if work:
             dep = ctx.compute(rank, f"{name}.fsdp1_post_backward", work, (dep,), "comm_dp")
-    for params, group, kind in zip((dense, expert), (shard, _groups(ctx, rank)[1]), ("", ".expert")):
+    for params, group, kind in zip((dense, expert), (shard, edp), ("", ".expert")):
         if params > 0 and len(group) > 1:
             t = ctx.comm(rank, stream, f"{name}.grad_reduce_scatter{kind}", "reduce_scatter",
                          params * gbytes, group, "dp", "comm_dp", (dep,))
