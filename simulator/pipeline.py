@@ -128,6 +128,17 @@ def simulate(scn: Scenario, full: bool = False, topology: Topology | None = None
         return _simulate(scn, full, topology or build_topology(scn.cluster))
 
 
+def simulate_metrics(scn: Scenario, full: bool = False, topology: Topology | None = None) -> Metrics:
+    """``simulate(...).metrics`` for callers that keep nothing else (search, sweep and validate
+    workers, goodput): the step's objects are released while the garbage collector is still off,
+    so the young collection that follows does not walk ~10^6 objects about to be freed (a search
+    plan: ~0.06 s of ~2 s)."""
+    if topology is not None and topology.cluster != scn.cluster:
+        raise InternalError("simulate_metrics: the topology given was built for another cluster")
+    with gc_paused():
+        return _simulate(scn, full, topology or build_topology(scn.cluster)).metrics
+
+
 def _simulate(scn: Scenario, full: bool, topo: Topology) -> RunResult:
     plan = lower(scn, full)
     tables = None

@@ -17,7 +17,7 @@ from ..analysis.metrics import BREAKDOWN_KEYS
 from ..analysis.memory import BREAKDOWN_KEYS as MEMORY_KEYS
 from ..hardware.clusters import ClusterSpec
 from ..hardware.topology import Topology, build_topology
-from ..pipeline import simulate
+from ..pipeline import simulate_metrics
 from ..scenario import Scenario
 
 METRIC_COLUMNS = ("iteration_time_s", "tokens_per_s", "mfu", "hfu", "model_tflops_per_gpu",
@@ -45,10 +45,10 @@ class _SameCluster:
 def evaluate_scenario(scn: Scenario) -> dict:
     """Simulate one scenario (in a worker): {"status": "ok", "metrics": ...} or {"status": "failed", "reason"}."""
     try:
-        result = simulate(scn, topology=_SameCluster.topology_for(scn.cluster))
+        metrics = simulate_metrics(scn, topology=_SameCluster.topology_for(scn.cluster))
     except (ValueError, RuntimeError) as exc:  # a plan the lowering or engine rejects
         return {"status": "failed", "reason": (str(exc).splitlines() or [type(exc).__name__])[0]}
-    return {"status": "ok", "reason": "", "metrics": result.metrics}
+    return {"status": "ok", "reason": "", "metrics": metrics}
 
 
 def scenario_key(scn: Scenario) -> str:

@@ -86,8 +86,8 @@ def sweep_intervals(cfg: GoodputConfig, optimum_steps: int, seeds: int, horizon_
 
 
 def simulate_step_s(scn: Scenario) -> float:
-    from ..pipeline import simulate
-    return float(simulate(scn).metrics["iteration_time_s"])
+    from ..pipeline import simulate_metrics
+    return float(simulate_metrics(scn)["iteration_time_s"])
 
 
 def run_goodput(scn: Scenario, step_s: float, days: float | None, tokens: float | None, seeds: int,

@@ -16,7 +16,7 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from ..pipeline import simulate
+from ..pipeline import simulate_metrics
 from ..scenario import scenario_from_dict
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -101,7 +101,7 @@ def evaluate_row(row: dict) -> dict:
     try:
         out["measured_s"] = float(row["iteration_time_s"])
         scn = scenario_from_dict(row_to_raw(row), default_name=name)
-        m = simulate(scn).metrics
+        m = simulate_metrics(scn)
     except (ValueError, KeyError) as exc:
         out["reason"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return out
