@@ -194,11 +194,24 @@ COMMANDS = {"presets": _presets, "run": _run, "collective": _collective, "valida
             "sweep": _sweep, "search": _search, "calibrate": _calibrate, "goodput": _goodput}
 
 
+def _check_out_folder(out: str | None) -> None:
+    """Every command's ``--out`` is a folder it creates: refuse one that names a file, or lies under one,
+    before any work is done."""
+    if not out:
+        return
+    path = Path(out)
+    for p in (path, *path.parents):
+        if p.exists() and not p.is_dir():
+            raise ValueError(f"--out {out!r}: {str(p)!r} exists and is not a folder")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        _check_out_folder(getattr(args, "out", None))
         return COMMANDS[args.command](args)
-    except (ValueError, FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+    except (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError, FileExistsError,
+            PermissionError) as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         print(f"error: {msg}", file=sys.stderr)
         return 2

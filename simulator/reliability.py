@@ -180,4 +180,7 @@ def expected_goodput(work_s: float, checkpoint_s: float, restart_s: float, rate_
     if rate_per_s == 0:
         return work_s / (work_s + checkpoint_s)
     lam = rate_per_s
-    return work_s * lam / (math.exp(lam * restart_s) * math.expm1(lam * (work_s + checkpoint_s)))
+    try:
+        return work_s * lam / (math.exp(lam * restart_s) * math.expm1(lam * (work_s + checkpoint_s)))
+    except OverflowError:  # an expected wall time per segment beyond any float: no work is kept
+        return 0.0

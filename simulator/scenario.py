@@ -169,7 +169,11 @@ def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
             value = tomllib.loads(f"v = {text.strip()}")["v"]
         except tomllib.TOMLDecodeError:
             value = text.strip()
-        out.setdefault(section, {})[name] = value
+        table = out.setdefault(section, {})
+        if not isinstance(table, dict):
+            raise ScenarioError(f"--set {item!r}: [{section}] must be a table, got {type(table).__name__} "
+                                f"{table!r}")
+        table[name] = value
     return out
 
 
@@ -241,7 +245,7 @@ def _model(table: dict, base_dir: Path) -> ModelSpec:
     base: dict = {}
     if "preset" in table:
         preset = table["preset"]
-        if preset not in MODEL_PRESETS:
+        if not isinstance(preset, str) or preset not in MODEL_PRESETS:
             raise ScenarioError(f"model.preset {preset!r} is unknown; known: {', '.join(MODEL_PRESETS)}")
         spec = MODEL_PRESETS[preset]
         base = {f.name: getattr(spec, f.name) for f in dataclasses.fields(ModelSpec) if f.name != "extra"}
@@ -258,6 +262,9 @@ def _model(table: dict, base_dir: Path) -> ModelSpec:
             base["qkv_bias"] = None
     if "hf_config" in table:
         from .model.hf import load_hf_config
+        if not isinstance(table["hf_config"], str):
+            raise ScenarioError(f"model.hf_config must be the path of a config.json (a string), got "
+                                f"{table['hf_config']!r}")
         cfg = Path(table["hf_config"])
         cfg = cfg if cfg.is_absolute() else base_dir / cfg
         if not cfg.is_file():

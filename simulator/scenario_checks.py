@@ -37,6 +37,22 @@ def validate(scn: Scenario) -> None:
     _check_model_split(m, p, t)
     _check_batch_and_schedule(m, p, t)
     _check_recompute_modules(m, p, t)
+    _check_step_size(scn)
+
+
+# A resource guard, not a model constant: one step is lowered into ~20 tasks per layer and
+# micro-batch of each simulated rank (GPT-3 175B on 1,024 GPUs: 18,432 layer passes, 302k tasks,
+# ~200 MiB); 10^7 layer passes would need ~10^8 tasks and tens of GiB, beyond what a run can hold.
+MAX_LAYER_PASSES = 10**7
+
+
+def _check_step_size(scn: Scenario) -> None:
+    """Refuse a step too large to build (a hang or an exhausted memory otherwise), naming its size."""
+    passes = scn.model.num_layers * scn.num_microbatches
+    if passes > MAX_LAYER_PASSES:
+        raise ScenarioError(f"one step has {passes:.3g} layer passes (model.num_layers {scn.model.num_layers} x "
+                            f"{scn.num_microbatches} micro-batches per pipeline), more than the {MAX_LAYER_PASSES:.0e} "
+                            f"a simulation can hold")
 
 
 def _check_fp8_recipe(c: ClusterSpec, t: TrainingSpec) -> None:

@@ -70,3 +70,66 @@ def test_an_internal_failure_is_reported_as_a_bug_with_exit_1(monkeypatch, capsy
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("internal error (a bug in the simulator") and "deadlocked" in err[0]
     assert issubclass(InternalError, RuntimeError) and not issubclass(InternalError, ValueError)  # never exit 2
+
+
+def _main_exit(args, capsys):
+    from simulator.__main__ import main
+    code = main([str(a) for a in args])
+    err = capsys.readouterr().err.strip().splitlines()
+    return code, err
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["run", SMALL, "--set", "model.preset=[1]"], "model.preset [1] is unknown"),
+    (["run", SMALL, "--set", "model.hf_config=3"], "model.hf_config must be the path"),
+    (["run", SMALL, "--set", "model.norm='batchnorm'"], "norm must be one of layernorm, rmsnorm"),
+    (["run", SMALL, "--set", "model.position_embedding='alibi'"], "position_embedding must be one of"),
+    (["run", SMALL, "--set", "model.num_layers=100000000"], "layer passes"),
+    (["collective", "--op", "all_reduce", "--size-bytes", "inf"], "--size-bytes must be a positive finite"),
+    (["collective", "--op", "all_reduce", "--size-bytes", "nan"], "--size-bytes must be a positive finite"),
+])
+def test_more_bad_input_is_one_line_exit_2(args, fragment, capsys):
+    code, err = _main_exit(args, capsys)
+    assert code == 2 and len(err) == 1 and fragment in err[0], err
+
+
+def test_a_section_given_as_a_value_is_refused_under_set(tmp_path, capsys):
+    scn = tmp_path / "s.toml"
+    scn.write_text('name = "s"\nmodel = "gpt3-1.3b"\n')
+    code, err = _main_exit(["run", scn, "--set", "model.preset=gpt3-1.3b"], capsys)
+    assert code == 2 and len(err) == 1 and "[model] must be a table" in err[0], err
+
+
+@pytest.mark.parametrize("where", ["file", "under-file"])
+def test_out_naming_a_file_is_refused_before_any_work(where, tmp_path, capsys):
+    f = tmp_path / "a-file"
+    f.write_text("")
+    out = f if where == "file" else f / "sub"
+    code, err = _main_exit(["collective", "--op", "all_reduce", "--sweep", "--out", out], capsys)
+    assert code == 2 and len(err) == 1 and "exists and is not a folder" in err[0], err
+    assert f.read_text() == ""
+
+
+def test_validate_rows_with_bad_cells(tmp_path, capsys):
+    header = "name,iteration_time_s,num_layers"
+    short = tmp_path / "short.csv"
+    short.write_text(f"{header}\nx,1.0\n")
+    code, err = _main_exit(["validate", short, "--out", tmp_path / "o1"], capsys)
+    assert code == 2 and len(err) == 1 and "line 2: 2 cells, the header has 3" in err[0], err
+    from simulator.explore.validate import evaluate_row
+    row = evaluate_row({"name": "zero", "iteration_time_s": "0"})
+    assert row["status"] == "failed" and "iteration_time_s must be a positive number" in row["reason"]
+
+
+def test_search_with_no_plan_that_fits_is_bad_input(tmp_path, capsys):
+    scn = tmp_path / "big.toml"
+    scn.write_text('name = "big"\n[model]\npreset = "gpt3-175b"\n[cluster]\npreset = "dgx-a100-40gb"\nnum_nodes = 1\n'
+                   '[training]\nglobal_batch_size = 8\n')
+    code, err = _main_exit(["search", scn, "--jobs", "1", "--out", tmp_path / "r"], capsys)
+    assert code == 2 and err[-1].startswith("error: no plan fits in memory") and "40.0 GiB per GPU" in err[-1], err
+
+
+def test_goodput_of_a_restart_longer_than_any_float_is_zero():
+    from simulator.reliability import expected_goodput
+    assert expected_goodput(3600.0, 10.0, 1e12, 1e-6) == 0.0
+    assert 0.0 < expected_goodput(3600.0, 10.0, 600.0, 1e-6) < 1.0

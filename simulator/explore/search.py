@@ -318,15 +318,14 @@ def search_command(args) -> int:
         print(json.dumps({"top": result.ranked[:args.top], "per_tp": list(result.per_tp.values()),
                           "counts": result.counts, "wall_s": result.wall_s, "estimate_s": result.estimate_s,
                           "tp_notes": notes}))
-        return 0 if result.ranked else 1
+        return 0 if result.ranked else _nothing_fits(result, scn0)
     c = result.counts
     print(f"{c['enumerated']} plans enumerated: {c['invalid']} invalid, {c['pruned_memory']} do not fit, "
           f"{c['dominated']} dominated, {c['pruned_bound']} pruned by the time bound, {c['simulated']} simulated "
           f"({c['cache_hits']} cache hits, {c['failed']} failed) in {result.wall_s:.1f} s "
           f"(estimates {result.estimate_s:.1f} s, then {result.plans_per_s:.2f} plans simulated/s)")
     if not result.ranked:
-        print("no plan fits in memory", file=sys.stderr)
-        return 1
+        return _nothing_fits(result, scn0)
     print(f"\ntop {min(args.top, len(result.ranked))} plans by tokens/s (breakdown: exposed seconds per step)")
     print(format_ranked(result.ranked[:args.top]))
     print("\nbest simulated plan per TP degree (the lowest-bound plan of every degree is simulated)")
@@ -335,6 +334,16 @@ def search_command(args) -> int:
         print(line)
     print(f"\nCSV: {csv_path}   Pareto chart: {out_dir / 'pareto.png'}")
     return 0
+
+
+def _nothing_fits(result: SearchResult, probe: Scenario) -> int:
+    """No plan to recommend: the model and batch do not fit the cluster (bad input, exit 2), one line."""
+    c = result.counts
+    why = (f"no plan fits in memory: the {c['pruned_memory']} plans the rules accept all exceed "
+           f"{probe.cluster.gpu.memory_capacity_bytes / GiB:.1f} GiB per GPU" if c["simulated"] == 0 else
+           f"no simulated plan fits in memory ({c['simulated']} simulated, {c['failed']} failed)")
+    print(f"error: {why}; every plan and its estimated peak: {result.csv_path}", file=sys.stderr)
+    return 2
 
 
 def format_per_tp(per_tp: dict) -> str:

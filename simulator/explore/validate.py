@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -35,7 +36,7 @@ def _number(row: dict, key: str, kind: type = int, text: str | None = None):
     text = row[key] if text is None else text
     try:
         return kind(text)
-    except ValueError:
+    except (TypeError, ValueError):
         what = "an integer" if kind is int else "a number"
         raise ValueError(f"row {row.get('name', '?')}: {key} must be {what}, got {text!r}") from None
 
@@ -99,7 +100,10 @@ def evaluate_row(row: dict) -> dict:
     out = {"name": name, "source": row.get("source", ""), "status": "failed", "reason": "",
            "measured_s": None, "predicted_s": None, "error": None}
     try:
-        out["measured_s"] = float(row["iteration_time_s"])
+        out["measured_s"] = _number(row, "iteration_time_s", float)
+        if not 0 < out["measured_s"] < math.inf:
+            raise ValueError(f"row {name}: iteration_time_s must be a positive number of seconds, "
+                             f"got {row['iteration_time_s']!r}")
         scn = scenario_from_dict(row_to_raw(row), default_name=name)
         m = simulate_metrics(scn)
     except (ValueError, KeyError) as exc:
@@ -128,6 +132,10 @@ def read_rows(paths: list[str | Path]) -> list[dict]:
             if missing:
                 raise ValueError(f"validation CSV {str(p)!r} lacks column(s) {sorted(missing)}")
             for row in reader:
+                if None in row or None in row.values():  # more or fewer cells than the header has
+                    cells = sum(v is not None for k, v in row.items() if k is not None) + len(row.get(None) or ())
+                    raise ValueError(f"validation CSV {str(p)!r} line {reader.line_num}: {cells} cells, "
+                                     f"the header has {len(reader.fieldnames or ())}")
                 # the shared training_runs_2.csv names the published step time target_iteration_time_s
                 row.setdefault("iteration_time_s", row.get("target_iteration_time_s"))
                 rows.append(row)

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 # GeGLU: Grok-1 (xai-org/grok-1 model.py, gelu(gate) * up). Plain kinds have 2 matrices: GELU
 # (GPT-2/3), squared ReLU relu(x)^2 (So et al. 2021 "Primer"; Nemotron-4, Parmar et al. 2024 §2).
 MLP_KINDS = ("gelu", "squared-relu", "swiglu", "geglu")
+NORM_KINDS = ("layernorm", "rmsnorm")  # weight + bias | weight only
+POSITION_KINDS = ("learned", "rope")  # an s·h table | no parameters
 GATED_MLP_KINDS = ("swiglu", "geglu")
 MOE_DISPATCHERS = ("alltoall", "allgather")
 
@@ -127,6 +129,9 @@ class ModelSpec:
         """Raise ValueError naming the field and the numbers when the shape is not a transformer."""
         if self.mlp not in MLP_KINDS:
             raise ValueError(f"mlp must be one of {', '.join(MLP_KINDS)}; got {self.mlp!r}")
+        for key, known in (("norm", NORM_KINDS), ("position_embedding", POSITION_KINDS)):
+            if getattr(self, key) not in known:
+                raise ValueError(f"{key} must be one of {', '.join(known)}; got {getattr(self, key)!r}")
         if self.head_dim * self.num_attention_heads == 0 or (
                 self.hidden_size % self.num_attention_heads
                 and self.head_dim == self.hidden_size // self.num_attention_heads):
