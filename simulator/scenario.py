@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .hardware.clusters import ClusterSpec
-from .hardware.hwfile import CLUSTER_KEYS, cluster_from_table, read_cluster_file
+from .hardware.hwfile import CLUSTER_KEYS, cluster_from_table, read_cluster_file, read_text
 from .model.fp8 import FP8_RECIPES
 from .model.opgraph import ATTENTION_IMPLS
 from .model.presets import MODEL_PRESETS
@@ -23,7 +23,7 @@ from .defaults import default_grad_dtype, default_sharding, default_virtual_stag
 from .strategy.activation_memory import DEFAULT_RECOMPUTE_MODULES
 from .strategy.schedules import SCHEDULES
 from .scenario_checks import ScenarioError, check_reliability, validate
-from .reliability import ReliabilitySpec, parse_reliability
+from .reliability import RELIABILITY_KEYS, ReliabilitySpec, parse_reliability
 
 SCHEDULE_NAMES = tuple(SCHEDULES)
 RECOMPUTE_MODES = ("none", "selective", "full")
@@ -141,10 +141,12 @@ _COST_KEYS = {"compute", "tables", "collective_algorithms", "sm_contention"}
 def read_raw(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> dict:
     """A scenario file as a plain dict with ``section.key=value`` overrides applied, not yet built."""
     p = Path(path)
-    if not p.is_file():
-        raise ScenarioError(f"scenario file {str(p)!r} does not exist")
     try:
-        raw = tomllib.loads(p.read_text())
+        text = read_text(p, "scenario file")
+    except ValueError as exc:
+        raise ScenarioError(str(exc)) from None
+    try:
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{p}: malformed TOML: {exc}") from None
     return apply_overrides(raw, overrides)
@@ -166,9 +168,12 @@ def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
             raise ScenarioError(f"--set {item!r}: expected SECTION.KEY=VALUE with SECTION one of "
                                 f"{', '.join(_SECTIONS)}")
         try:
-            value = tomllib.loads(f"v = {text.strip()}")["v"]
+            parsed = tomllib.loads(f"v = {text.strip()}")
         except tomllib.TOMLDecodeError:
-            value = text.strip()
+            parsed = {"v": text.strip()}
+        if set(parsed) != {"v"}:  # a second line would be read as keys of its own and dropped
+            raise ScenarioError(f"--set {item!r}: the value must be one TOML value on one line")
+        value = parsed["v"]
         table = out.setdefault(section, {})
         if not isinstance(table, dict):
             raise ScenarioError(f"--set {item!r}: [{section}] must be a table, got {type(table).__name__} "
@@ -188,6 +193,9 @@ def scenario_from_dict(raw: dict, default_name: str = "scenario", base_dir: Path
     name = raw.get("name", default_name)
     if not isinstance(name, str) or not name:
         raise ScenarioError(f"name must be a non-empty string, got {name!r}")
+    if name in (".", "..") or any(c in name for c in "/\\\0"):  # it names the results folder
+        raise ScenarioError(f"name {name!r} must be a plain folder name (no '/', '\\', NUL, '.' or '..'): "
+                            f"results go to results/<name>")
     model = _model(raw.get("model", {}), base_dir or Path("."))
     cluster = cluster_spec(raw.get("cluster", {}), base_dir or Path("."))
     training = _training(raw.get("training", {}))
@@ -200,6 +208,24 @@ def scenario_from_dict(raw: dict, default_name: str = "scenario", base_dir: Path
     scn = Scenario(name, model, cluster, parallel, training, cost, source, reliability)
     validate(scn)
     return scn
+
+
+def check_structure(raw: dict, via: str = "") -> None:
+    """The sections and keys a scenario may hold, before any value is read: sweep and search check
+    their base and grid once instead of failing every point alike. ``via``: the flag that set them."""
+    known = {"model": _MODEL_KEYS, "cluster": _CLUSTER_KEYS, "parallelism": _PARALLEL_KEYS,
+             "training": _TRAINING_KEYS, "cost": _COST_KEYS, "reliability": RELIABILITY_KEYS}
+    unknown = set(raw) - set(_SECTIONS) - {"name"}
+    if unknown:
+        raise ScenarioError(f"{via}unknown top-level key(s) {sorted(unknown)}; known: name, {', '.join(_SECTIONS)}")
+    for sec, keys in known.items():
+        table = raw.get(sec, {})
+        if not isinstance(table, dict):
+            raise ScenarioError(f"{via}[{sec}] must be a table, got {type(table).__name__}")
+        try:
+            _check_keys(sec, table, keys)
+        except ScenarioError as exc:
+            raise ScenarioError(f"{via}{exc}") from None
 
 
 def _check_keys(section: str, table: dict, known: set) -> None:

@@ -48,9 +48,10 @@ MAX_LAYER_PASSES = 10**7
 
 def _check_step_size(scn: Scenario) -> None:
     """Refuse a step too large to build (a hang or an exhausted memory otherwise), naming its size."""
-    passes = scn.model.num_layers * scn.num_microbatches
+    layers = scn.model.num_layers + scn.model.mtp_layers
+    passes = layers * scn.num_microbatches
     if passes > MAX_LAYER_PASSES:
-        raise ScenarioError(f"one step has {passes:.3g} layer passes (model.num_layers {scn.model.num_layers} x "
+        raise ScenarioError(f"one step has {passes:.3g} layer passes (model.num_layers + mtp_layers = {layers} x "
                             f"{scn.num_microbatches} micro-batches per pipeline), more than the {MAX_LAYER_PASSES:.0e} "
                             f"a simulation can hold")
 

@@ -133,3 +133,50 @@ def test_goodput_of_a_restart_longer_than_any_float_is_zero():
     from simulator.reliability import expected_goodput
     assert expected_goodput(3600.0, 10.0, 1e12, 1e-6) == 0.0
     assert 0.0 < expected_goodput(3600.0, 10.0, 600.0, 1e-6) < 1.0
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["run", SMALL, "--set", "cluster.preset={}"], "cluster.preset {} is unknown"),
+    (["collective", "--op", "all_reduce", "--set", "cluster.preset=[1]"], "cluster.preset [1] is unknown"),
+    (["run", SMALL, "--set", "cluster.nvls=true"], "needs NVLink SHARP"),
+    (["run", SMALL, "--set", "parallelism.tp=2\nparallelism.pp=99"], "one TOML value on one line"),
+    (["run", SMALL, "--set", "model.mtp_layers=100000000"], "layer passes"),
+    (["sweep", SMALL, "--grid", "parallelism.tpp=1,2"], "--grid parallelism.tpp: [parallelism] unknown key"),
+    (["sweep", SMALL, "--grid", "foo.tp=1,2"], "--grid foo.tp: unknown top-level key"),
+    (["sweep", SMALL, "--grid", "parallelism.tp=1,2", "--set", "parallelism.bogus=1"], "unknown key(s) ['bogus']"),
+])
+def test_structural_bad_input_is_one_line_exit_2(args, fragment, capsys):
+    code, err = _main_exit(args, capsys)
+    assert code == 2 and len(err) == 1 and fragment in err[0], err
+
+
+@pytest.mark.parametrize("content, fragment", [
+    (b"\xff\xfe", "is not UTF-8 text"),
+    (b'name = ".."\n', "must be a plain folder name"),
+    (b'name = "a/b"\n', "must be a plain folder name"),
+])
+def test_scenario_files_refused_by_content(content, fragment, tmp_path, capsys):
+    scn = tmp_path / "s.toml"
+    scn.write_bytes(content)
+    code, err = _main_exit(["run", scn, "--out", tmp_path / "r"], capsys)
+    assert code == 2 and len(err) == 1 and fragment in err[0], err
+
+
+def test_a_folder_given_as_a_file_says_so(tmp_path, capsys):
+    code, err = _main_exit(["run", tmp_path], capsys)
+    assert code == 2 and len(err) == 1 and "is a folder, not a file" in err[0], err
+
+
+def test_a_nan_step_time_fails_its_row_and_the_json_stays_strict():
+    from simulator.explore.validate import evaluate_row
+    row = evaluate_row({"name": "n", "iteration_time_s": "nan"})
+    assert row["status"] == "failed" and row["measured_s"] is None
+    json.loads(json.dumps(row), parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+
+
+def test_hf_booleans_must_be_json_booleans():
+    from simulator.model.hf import hf_config_to_fields
+    cfg = {"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "intermediate_size": 512, "vocab_size": 1000, "tie_word_embeddings": "false"}
+    with pytest.raises(ValueError, match="tie_word_embeddings must be true or false"):
+        hf_config_to_fields(cfg, "x")

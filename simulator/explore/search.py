@@ -25,7 +25,7 @@ from itertools import chain
 from pathlib import Path
 
 from ..hardware.clusters import CLUSTER_PRESETS
-from ..scenario import Scenario
+from ..scenario import Scenario, check_structure
 from ..scenario_checks import ScenarioError
 from ..units import GiB
 from .enumerate import PLAN_FIELDS, RECOMPUTE_ORDER, Plan, SearchSpace, enumerate_plans, valid_plans
@@ -301,6 +301,7 @@ def format_ranked(rows: list[dict]) -> str:
 
 def search_command(args) -> int:
     base = read_base(args.scenario, args.set)
+    check_structure(base.raw)
     out_dir = Path(args.out) if args.out else Path("results") / base.display_name
     csv_path = out_dir / "search.csv"
     try:

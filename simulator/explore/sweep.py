@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..scenario import Scenario, apply_overrides, read_raw, scenario_from_dict
+from ..scenario import Scenario, apply_overrides, check_structure, read_raw, scenario_from_dict
 from ..scenario_checks import ScenarioError
 from .enumerate import PLAN_FIELDS, Plan, apply_plan, plan_of
 from .evaluate import RESULT_COLUMNS, CsvStream, Evaluator, flatten, progress
@@ -142,6 +142,11 @@ def render_table(table: list[list[str]]) -> str:
 def sweep_command(args) -> int:
     base = read_base(args.scenario, args.set)
     grid = parse_grid(args.grid)
+    check_structure(base.raw)
+    for key, values in grid:  # a misspelled key would make every point an "invalid" row
+        section = key.partition(".")[0]
+        check_structure({section: {key.partition(".")[2]: values[0]}} if section != "name" else {},
+                        via=f"--grid {key}: ")
     out_dir = Path(args.out) if args.out else Path("results") / base.display_name
     csv_path = out_dir / "sweep.csv"
     try:

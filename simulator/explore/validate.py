@@ -11,12 +11,14 @@ fitted number.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from ..hardware.hwfile import read_text
 from ..pipeline import simulate_metrics
 from ..scenario import scenario_from_dict
 
@@ -100,10 +102,11 @@ def evaluate_row(row: dict) -> dict:
     out = {"name": name, "source": row.get("source", ""), "status": "failed", "reason": "",
            "measured_s": None, "predicted_s": None, "error": None}
     try:
-        out["measured_s"] = _number(row, "iteration_time_s", float)
-        if not 0 < out["measured_s"] < math.inf:
+        measured = _number(row, "iteration_time_s", float)
+        if not 0 < measured < math.inf:  # nan fails too, and never reaches the JSON
             raise ValueError(f"row {name}: iteration_time_s must be a positive number of seconds, "
                              f"got {row['iteration_time_s']!r}")
+        out["measured_s"] = measured
         scn = scenario_from_dict(row_to_raw(row), default_name=name)
         m = simulate_metrics(scn)
     except (ValueError, KeyError) as exc:
@@ -122,9 +125,7 @@ def read_rows(paths: list[str | Path]) -> list[dict]:
     rows = []
     for path in paths or DEFAULT_CSVS:
         p = Path(path)
-        if not p.is_file():
-            raise ValueError(f"validation CSV {str(p)!r} does not exist")
-        with p.open(newline="") as f:
+        with io.StringIO(read_text(p, "validation CSV"), newline="") as f:
             reader = csv.DictReader(f)
             columns = set(reader.fieldnames or ())
             missing = {"name"} - columns | ({"iteration_time_s"} - columns if "target_iteration_time_s" not in columns

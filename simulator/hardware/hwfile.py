@@ -76,7 +76,7 @@ def _table_base(where: str, table, known: tuple[str, ...], presets, base):
         raise ValueError(f"[{where}] must be a table, got {table!r}")
     _check_keys(where, table, known)
     if "preset" in table:
-        base = presets.get(table["preset"])
+        base = presets.get(table["preset"]) if isinstance(table["preset"], str) else None
         if base is None:
             raise ValueError(f"{where}.preset {table['preset']!r} is unknown; known: {', '.join(presets)}")
     fields: dict = {}
@@ -154,6 +154,9 @@ def cluster_from_table(table: dict, where: str = "cluster", base: ClusterSpec | 
     if spec.nics_per_node > spec.gpus_per_node:
         raise ValueError(f"{where}.nics_per_node ({spec.nics_per_node}) exceeds gpus_per_node "
                          f"({spec.gpus_per_node}); each NIC serves at least one GPU")
+    if spec.nvls and spec.gpu.architecture == "ampere":  # NVLink SHARP came with NVSwitch gen3 (Hopper)
+        raise ValueError(f"{where}.nvls = true needs NVLink SHARP (third-generation NVSwitch, Hopper and "
+                         f"later); gpu {spec.gpu.name} is ampere")
     return spec
 
 
@@ -169,12 +172,25 @@ def _new_cluster(where: str, f: dict) -> ClusterSpec:
     return ClusterSpec(**f)
 
 
+def read_text(path: str | Path, what: str) -> str:
+    """A user's text file (scenario, hardware file, validation CSV): one-line errors naming ``what``
+    and the path when it is missing, a folder, or not UTF-8 text."""
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{what} {str(p)!r} is a folder, not a file")
+    if not p.is_file():
+        raise ValueError(f"{what} {str(p)!r} does not exist")
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{what} {str(p)!r} is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+
+
 def _read_toml(path: Path) -> dict:
     p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"hardware file {str(p)!r} does not exist")
+    text = read_text(p, "hardware file")
     try:
-        return tomllib.loads(p.read_text())
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"hardware file {p}: malformed TOML: {exc}") from None
 

@@ -107,6 +107,13 @@ class _Keys:
             raise ValueError(f"config.json field {keys[0]} must be a non-negative integer, got {v!r}")
         return v
 
+    def flag(self, *keys: str, default: bool) -> bool:
+        """A JSON true/false (a string such as "false" is refused, not read as true)."""
+        v = self.get(*keys, default=default)
+        if not isinstance(v, bool):
+            raise ValueError(f"config.json {' / '.join(keys)} must be true or false, got {json.dumps(v)}")
+        return v
+
     def refuse(self, key: str, why: str) -> ValueError:
         return ValueError(f"config.json {key} = {json.dumps(self.cfg.get(key))}: {why} "
                           f"(model_type {self.model_type!r})")
@@ -145,7 +152,7 @@ def _window(k: _Keys, layers: int) -> tuple[int, int]:
     mt = k.model_type
     if mt in ("qwen2", "qwen3", "qwen3_moe"):
         k.get("sliding_window", "max_window_layers", default=0)  # read: apply only with the flag
-        if k.get("use_sliding_window", default=False):
+        if k.flag("use_sliding_window", default=False):
             raise k.refuse("use_sliding_window", "windowed layers after max_window_layers are not "
                                                  "an every-N-th-layer-global pattern")
         return 0, 0
@@ -173,14 +180,14 @@ def _window(k: _Keys, layers: int) -> tuple[int, int]:
 def _bias(k: _Keys) -> tuple[bool, bool]:
     """(bias of the output projection and the MLP, bias of Q, K, V)."""
     mt = k.model_type
-    attn = bool(k.get("attention_bias", default=False))
+    attn = k.flag("attention_bias", default=False)
     if mt == "qwen2":  # Qwen2Attention: q/k/v_proj bias=True, o_proj bias=False, MLP without
         return False, True
     if mt == "gpt_oss":  # GptOssExperts and the router always carry biases
         if not attn:
             raise k.refuse("attention_bias", "GPT-OSS with a bias-free attention is not representable")
         return True, True
-    mlp = bool(k.get("mlp_bias", default=False)) if mt in ("llama", "nemotron") else False
+    mlp = k.flag("mlp_bias", default=False) if mt in ("llama", "nemotron") else False
     if attn != mlp:
         raise k.refuse("attention_bias", f"attention biases without MLP biases (mlp_bias = {mlp}) are "
                                          f"not representable")
@@ -239,7 +246,7 @@ def _decoder_fields(k: _Keys) -> dict:
         "num_kv_heads": k.int("num_key_value_heads", default=heads),
         "head_dim": 0 if mt.startswith("deepseek") else k.int("head_dim", "kv_channels", default=0),
         "vocab_size": k.int("vocab_size"), "mlp": _mlp(k, gated), "norm": norm,
-        "position_embedding": "rope", "tie_embeddings": bool(k.get("tie_word_embeddings", default=tied)),
+        "position_embedding": "rope", "tie_embeddings": k.flag("tie_word_embeddings", default=tied),
         "bias": bias, "qkv_bias": qkv_bias, "dropout": _dropout(k),
         "qk_norm": mt in ("qwen3", "qwen3_moe", "gemma3_text"),  # Qwen3Attention / Gemma3Attention q_norm, k_norm
         "sandwich_norm": mt in ("gemma2", "gemma3_text"),  # pre/post_feedforward_layernorm
@@ -253,7 +260,7 @@ def _decoder_fields(k: _Keys) -> dict:
 
 def _gpt_fields(k: _Keys) -> dict:
     mt = k.model_type
-    if mt == "gpt_neox" and not k.get("attention_bias", default=True):
+    if mt == "gpt_neox" and not k.flag("attention_bias", default=True):
         raise k.refuse("attention_bias", "GPT-NeoX without attention biases is not representable")
     heads, hidden = k.int("num_attention_heads", "n_head"), k.int("hidden_size", "n_embd")
     act = str(k.get("activation_function", "hidden_act", default="gelu_new"))
@@ -271,7 +278,7 @@ def _gpt_fields(k: _Keys) -> dict:
         fields.update(position_embedding="learned", tie_embeddings=True,
                       max_position_embeddings=k.int("n_positions", "max_position_embeddings"))
     else:  # GPT-NeoX, GPT-J: rotary, separate LM head (GPTNeoXConfig, GPTJConfig tie_word_embeddings=False)
-        fields.update(position_embedding="rope", tie_embeddings=bool(k.get("tie_word_embeddings", default=False)))
+        fields.update(position_embedding="rope", tie_embeddings=k.flag("tie_word_embeddings", default=False))
         fields.update(_parallel_block(k, hidden // max(heads, 1)))
     return fields
 
@@ -282,9 +289,9 @@ def _parallel_block(k: _Keys, head_dim: int) -> dict:
     GPT-J: always parallel, one shared ln_1 (GPTJBlock), bias-free q/k/v projections; rotary over the
     first rotary_dim dimensions of each head (None: all), as transformers' GPTJAttention applies it."""
     if k.model_type == "gpt_neox":
-        parallel = bool(k.get("use_parallel_residual", default=True))
+        parallel = k.flag("use_parallel_residual", default=True)
         return {"parallel_attn_mlp": parallel, "parallel_norms": 2 if parallel else 1}
-    if not k.get("rotary", default=True):
+    if not k.flag("rotary", default=True):
         raise k.refuse("rotary", "transformers' GPT-J always applies rotary embeddings")
     if not 0 <= k.int("rotary_dim", default=0) <= head_dim:
         raise k.refuse("rotary_dim", f"must be at most the head dimension {head_dim}")
