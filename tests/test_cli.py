@@ -180,3 +180,10 @@ def test_hf_booleans_must_be_json_booleans():
            "intermediate_size": 512, "vocab_size": 1000, "tie_word_embeddings": "false"}
     with pytest.raises(ValueError, match="tie_word_embeddings must be true or false"):
         hf_config_to_fields(cfg, "x")
+
+
+def test_a_misspelled_validation_column_is_refused(tmp_path, capsys):
+    csv_path = tmp_path / "rows.csv"
+    csv_path.write_text("name,iteration_time_s,sequence_paralel\nx,1.0,true\n")
+    code, err = _main_exit(["validate", csv_path, "--out", tmp_path / "o"], capsys)
+    assert code == 2 and len(err) == 1 and "unknown column(s) ['sequence_paralel']" in err[0], err

@@ -30,6 +30,15 @@ MODEL_COLUMNS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_hea
 PARALLEL_INT = ("tp", "pp", "dp", "cp", "ep", "etp", "zero_stage", "virtual_stages")
 PARALLEL_STR = ("schedule", "recompute", "sharding")
 BOOL = {"true": True, "false": False}
+# The other columns row_to_raw reads, and those that only describe a row (its provenance, how its step
+# time was derived); any other column is refused, so that a misspelled one is not silently ignored.
+OTHER_COLUMNS = ("mlp", "model_preset", "moe_capacity_factor", "dropout", "moe_pad_to_capacity", "gpu",
+                 "num_nodes", "gpus_per_node", "nics_per_node", "nic_bandwidth_Gbps", "sequence_parallel",
+                 "tp_comm_overlap", "layers_per_stage", "recompute_modules", "global_batch_size",
+                 "micro_batch_size", "dtype", "attention", "grad_dtype", "grad_accumulation_fusion")
+DESCRIPTIVE_COLUMNS = ("source", "name", "kind", "notes", "quote", "source_url", "settings_from_source",
+                       "measured_metric", "measured_value", "iteration_time_s", "target_iteration_time_s")
+KNOWN_COLUMNS = frozenset(MODEL_COLUMNS + PARALLEL_INT + PARALLEL_STR + OTHER_COLUMNS + DESCRIPTIVE_COLUMNS)
 
 
 def _number(row: dict, key: str, kind: type = int, text: str | None = None):
@@ -132,6 +141,10 @@ def read_rows(paths: list[str | Path]) -> list[dict]:
                                             else set())
             if missing:
                 raise ValueError(f"validation CSV {str(p)!r} lacks column(s) {sorted(missing)}")
+            unknown = columns - KNOWN_COLUMNS
+            if unknown:
+                raise ValueError(f"validation CSV {str(p)!r} has unknown column(s) {sorted(unknown)}; "
+                                 f"known: {', '.join(sorted(KNOWN_COLUMNS))}")
             for row in reader:
                 if None in row or None in row.values():  # more or fewer cells than the header has
                     cells = sum(v is not None for k, v in row.items() if k is not None) + len(row.get(None) or ())
