@@ -385,6 +385,11 @@ def _parallel(table: dict, model: ModelSpec, cluster: ClusterSpec, training: Tra
     chunks = SCHEDULES[vals["schedule"]].chunks if vals.get("schedule") in SCHEDULES else 1
     if chunks != 1 and "virtual_stages" not in vals and vals.get("pp", 1) > 1:  # fixed (V maps) or the default rule
         vals["virtual_stages"] = chunks or default_virtual_stages(model.num_layers, vals["pp"])
+        if vals["virtual_stages"] == 1:  # the rule found no split: say so rather than blame a value never set
+            raise ScenarioError(f"parallelism.schedule = {vals['schedule']!r} needs virtual_stages >= 2, and the "
+                                f"default rule (the smallest divisor > 1 of ceil(num_layers / pp) = "
+                                f"ceil({model.num_layers} / {vals['pp']})) finds none: set "
+                                f"parallelism.virtual_stages or use '1f1b'")
     if not vals.get("sharding"):
         vals["sharding"] = default_sharding(vals.get("zero_stage", 0))
     par = ParallelSpec(**vals)

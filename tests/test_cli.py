@@ -141,6 +141,8 @@ def test_goodput_of_a_restart_longer_than_any_float_is_zero():
     (["run", SMALL, "--set", "cluster.nvls=true"], "needs NVLink SHARP"),
     (["run", SMALL, "--set", "parallelism.tp=2\nparallelism.pp=99"], "one TOML value on one line"),
     (["run", SMALL, "--set", "model.mtp_layers=100000000"], "layer passes"),
+    (["run", SMALL, "--set", "parallelism.tp=1", "--set", "parallelism.pp=4", "--set", "model.num_layers=4",
+      "--set", "parallelism.schedule='interleaved-1f1b'"], "the default rule"),
     (["sweep", SMALL, "--grid", "parallelism.tpp=1,2"], "--grid parallelism.tpp: [parallelism] unknown key"),
     (["sweep", SMALL, "--grid", "foo.tp=1,2"], "--grid foo.tp: unknown top-level key"),
     (["sweep", SMALL, "--grid", "parallelism.tp=1,2", "--set", "parallelism.bogus=1"], "unknown key(s) ['bogus']"),
