@@ -33,6 +33,12 @@ def validate(scn: Scenario) -> None:
                             f"{c.num_gpus} GPUs ({c.num_nodes} nodes x {c.gpus_per_node})")
     if t.dtype == "fp8" and "fp8" not in c.gpu.peak_flops_per_s:
         raise ScenarioError(f"training.dtype = 'fp8' needs FP8 tensor cores; cluster.gpu {c.gpu.name} has none")
+    if t.dtype == "fp8" and c.gpu.architecture == "ampere":
+        raise ScenarioError(f"training.dtype = 'fp8' needs FP8 tensor cores (Hopper or later); cluster.gpu "
+                            f"{c.gpu.name} is ampere, whatever its peak_tflops.fp8 says")
+    if t.dtype != "fp8" and t.dtype not in c.gpu.peak_flops_per_s:
+        raise ScenarioError(f"training.dtype = {t.dtype!r} needs cluster.gpu.peak_tflops.{t.dtype}; gpu "
+                            f"{c.gpu.name} lists {', '.join(c.gpu.peak_flops_per_s)}")
     _check_fp8_recipe(c, t)
     _check_model_split(m, p, t)
     _check_batch_and_schedule(m, p, t)

@@ -189,3 +189,25 @@ def test_a_misspelled_validation_column_is_refused(tmp_path, capsys):
     csv_path.write_text("name,iteration_time_s,sequence_paralel\nx,1.0,true\n")
     code, err = _main_exit(["validate", csv_path, "--out", tmp_path / "o"], capsys)
     assert code == 2 and len(err) == 1 and "unknown column(s) ['sequence_paralel']" in err[0], err
+
+
+@pytest.mark.parametrize("dtype, peaks, fragment", [
+    ("fp8", "{ bf16 = 100, fp8 = 200 }", "is ampere, whatever its peak_tflops.fp8 says"),
+])
+def test_a_custom_gpu_names_what_the_dtype_needs(dtype, peaks, fragment, tmp_path, capsys):
+    scn = tmp_path / "g.toml"
+    scn.write_text(SMALL.read_text() + f'\n[cluster.gpu]\nname = "mygpu"\narchitecture = "ampere"\n'
+                   f'peak_tflops = {peaks}\nhbm_bandwidth_GBps = 1000\nmemory_capacity_GB = 40\n')
+    code, err = _main_exit(["run", scn, "--set", f"training.dtype='{dtype}'", "--out", tmp_path / "r"], capsys)
+    assert code == 2 and len(err) == 1 and fragment in err[0], err
+
+
+def test_a_gpu_without_the_training_dtype_peak_names_both():
+    from dataclasses import replace
+    from simulator.scenario import load_scenario
+    from simulator.scenario_checks import ScenarioError, validate
+    scn = load_scenario(SMALL)
+    gpu = replace(scn.cluster.gpu, name="mygpu", peak_flops_per_s={"bf16": 1e14})
+    bad = replace(scn, cluster=replace(scn.cluster, gpu=gpu), training=replace(scn.training, dtype="fp16"))
+    with pytest.raises(ScenarioError, match="training.dtype = 'fp16' needs cluster.gpu.peak_tflops.fp16; gpu mygpu lists bf16"):
+        validate(bad)
