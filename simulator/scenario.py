@@ -18,6 +18,7 @@ from .model.fp8 import FP8_RECIPES
 from .model.opgraph import ATTENTION_IMPLS
 from .model.presets import MODEL_PRESETS
 from .model.spec import MLP_KINDS, ModelSpec
+from .tasks import COLLECTIVE_OPS
 from .units import DTYPE_BYTES
 from .defaults import default_grad_dtype, default_sharding, default_virtual_stages, split_layers
 from .strategy.activation_memory import DEFAULT_RECOMPUTE_MODULES
@@ -425,6 +426,9 @@ def _cost(table: dict, base_dir: Path) -> CostSpec:
     algs = table.get("collective_algorithms", {})
     if not isinstance(algs, dict) or not all(isinstance(v, str) for v in algs.values()):
         raise ScenarioError(f"cost.collective_algorithms must be a table of op = \"algorithm\", got {algs!r}")
+    unknown_ops = sorted(set(algs) - set(COLLECTIVE_OPS))
+    if unknown_ops:
+        raise ScenarioError(f"cost.collective_algorithms: unknown op(s) {unknown_ops}; known: {', '.join(COLLECTIVE_OPS)}")
     sm_contention = table.get("sm_contention", True)
     if not isinstance(sm_contention, bool):
         raise ScenarioError(f"cost.sm_contention must be true or false, got {sm_contention!r}")

@@ -141,6 +141,11 @@ class ModelSpec:
             if getattr(self, key) < 0:
                 raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
         self._check_parallel()
+        if self.sliding_window_pattern and not self.sliding_window:
+            raise ValueError(f"sliding_window_pattern {self.sliding_window_pattern} needs sliding_window > 0")
+        if (self.q_lora_rank or self.qk_rope_head_dim) and not self.kv_lora_rank:
+            raise ValueError(f"q_lora_rank {self.q_lora_rank} / qk_rope_head_dim {self.qk_rope_head_dim} are "
+                             f"multi-head latent attention fields: they need kv_lora_rank > 0")
         if self.sliding_window_pattern == 1:
             raise ValueError("sliding_window_pattern 1 makes every layer global: set sliding_window = 0")
         if self.position_embedding == "learned" and self.seq_length > self.max_position_embeddings:
