@@ -7,7 +7,8 @@
 
 from __future__ import annotations
 
-__all__ = ["load_scenario", "simulate", "write_results", "RunResult", "Scenario", "ScenarioError"]
+__all__ = ["load_scenario", "simulate", "simulate_metrics", "write_results", "RunResult", "Scenario",
+           "ScenarioError"]
 
 
 def __getattr__(name: str):
@@ -15,7 +16,7 @@ def __getattr__(name: str):
     if name in ("load_scenario", "Scenario", "ScenarioError"):
         from . import scenario
         return getattr(scenario, name)
-    if name in ("simulate", "write_results", "RunResult"):
+    if name in ("simulate", "simulate_metrics", "write_results", "RunResult"):
         from . import pipeline
         return getattr(pipeline, name)
     raise AttributeError(f"module 'simulator' has no attribute {name!r}")

@@ -202,3 +202,11 @@ def test_metrics_json_has_exactly_the_typed_keys_in_their_order():
     assert list(m["busiest_rank"]) == list(get_type_hints(BusiestRank))
     assert isinstance(m["num_gpus"], int) and isinstance(m["fits_in_memory"], bool)
     assert all(isinstance(m[k], float) for k in ("iteration_time_s", "mfu", "hfu", "sm_contention_s"))
+
+
+def test_simulate_metrics_equals_the_full_result_metrics():
+    from pathlib import Path
+
+    from simulator import load_scenario, simulate, simulate_metrics
+    scn = load_scenario(Path(__file__).resolve().parents[1] / "scenarios" / "gpt3-1.3b-8xa100.toml")
+    assert simulate_metrics(scn) == simulate(scn).metrics
