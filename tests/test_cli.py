@@ -214,3 +214,11 @@ def test_a_gpu_without_the_training_dtype_peak_names_both():
     bad = replace(scn, cluster=replace(scn.cluster, gpu=gpu), training=replace(scn.training, dtype="fp16"))
     with pytest.raises(ScenarioError, match="training.dtype = 'fp16' needs cluster.gpu.peak_tflops.fp16; gpu mygpu lists bf16"):
         validate(bad)
+
+
+def test_validate_with_no_row_that_simulates_is_exit_2(tmp_path, capsys):
+    csv_path = tmp_path / "rows.csv"
+    csv_path.write_text("name,iteration_time_s,tp\nx,1.0,abc\n")
+    code, err = _main_exit(["validate", csv_path, "--out", tmp_path / "o"], capsys)
+    assert code == 2 and err == ["error: none of the 1 rows could be simulated; the first: row x: tp must be an "
+                                 "integer, got 'abc'"], err

@@ -15,6 +15,7 @@ import io
 import json
 import math
 import os
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -219,4 +220,8 @@ def validate_command(args) -> int:
     if ok:
         from ..analysis.accuracy_plot import plot_predicted_vs_measured
         plot_predicted_vs_measured(ok, out / "validation.png")
+    if results and not ok:  # nothing to compare: the rows themselves are bad input
+        print(f"error: none of the {len(results)} rows could be simulated; the first: {results[0]['reason']}",
+              file=sys.stderr)
+        return 2
     return 0
