@@ -7,7 +7,6 @@ whose message names the key and the numbers; the CLI prints it on one line and e
 from __future__ import annotations
 
 import dataclasses
-import math
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -16,14 +15,14 @@ from .hardware.clusters import ClusterSpec
 from .hardware.hwfile import CLUSTER_KEYS, cluster_from_table, read_cluster_file, read_text
 from .model.fp8 import FP8_RECIPES
 from .model.opgraph import ATTENTION_IMPLS
-from .model.presets import MODEL_PRESETS
-from .model.spec import MLP_KINDS, ModelSpec
+from .model.spec import ModelSpec
 from .tasks import COLLECTIVE_OPS
 from .units import DTYPE_BYTES
 from .defaults import default_grad_dtype, default_sharding, default_virtual_stages, split_layers
 from .strategy.activation_memory import DEFAULT_RECOMPUTE_MODULES
 from .strategy.schedules import SCHEDULES
 from .scenario_checks import ScenarioError, check_reliability, validate
+from .scenario_fields import MODEL_KEYS, check_keys, fields_of, model_from_table
 from .reliability import RELIABILITY_KEYS, ReliabilitySpec, parse_reliability
 
 SCHEDULE_NAMES = tuple(SCHEDULES)
@@ -132,7 +131,6 @@ class Scenario:
 
 # ---- reading ------------------------------------------------------------------------------
 _SECTIONS = ("model", "cluster", "parallelism", "training", "cost", "reliability")
-_MODEL_KEYS = {f.name for f in dataclasses.fields(ModelSpec)} - {"name", "extra"} | {"preset", "hf_config"}
 _CLUSTER_KEYS = set(CLUSTER_KEYS) | {"hardware"}
 _PARALLEL_KEYS = {f.name for f in dataclasses.fields(ParallelSpec)}
 _TRAINING_KEYS = {f.name for f in dataclasses.fields(TrainingSpec)}
@@ -197,7 +195,7 @@ def scenario_from_dict(raw: dict, default_name: str = "scenario", base_dir: Path
     if name in (".", "..") or any(c in name for c in "/\\\0"):  # it names the results folder
         raise ScenarioError(f"name {name!r} must be a plain folder name (no '/', '\\', NUL, '.' or '..'): "
                             f"results go to results/<name>")
-    model = _model(raw.get("model", {}), base_dir or Path("."))
+    model = model_from_table(raw.get("model", {}), base_dir or Path("."))
     cluster = cluster_spec(raw.get("cluster", {}), base_dir or Path("."))
     training = _training(raw.get("training", {}))
     parallel = _parallel(raw.get("parallelism", {}), model, cluster, training)
@@ -214,7 +212,7 @@ def scenario_from_dict(raw: dict, default_name: str = "scenario", base_dir: Path
 def check_structure(raw: dict, via: str = "") -> None:
     """The sections and keys a scenario may hold, before any value is read: sweep and search check
     their base and grid once instead of failing every point alike. ``via``: the flag that set them."""
-    known = {"model": _MODEL_KEYS, "cluster": _CLUSTER_KEYS, "parallelism": _PARALLEL_KEYS,
+    known = {"model": MODEL_KEYS, "cluster": _CLUSTER_KEYS, "parallelism": _PARALLEL_KEYS,
              "training": _TRAINING_KEYS, "cost": _COST_KEYS, "reliability": RELIABILITY_KEYS}
     unknown = set(raw) - set(_SECTIONS) - {"name"}
     if unknown:
@@ -224,115 +222,15 @@ def check_structure(raw: dict, via: str = "") -> None:
         if not isinstance(table, dict):
             raise ScenarioError(f"{via}[{sec}] must be a table, got {type(table).__name__}")
         try:
-            _check_keys(sec, table, keys)
+            check_keys(sec, table, keys)
         except ScenarioError as exc:
             raise ScenarioError(f"{via}{exc}") from None
-
-
-def _check_keys(section: str, table: dict, known: set) -> None:
-    unknown = set(table) - known
-    if unknown:
-        raise ScenarioError(f"[{section}] unknown key(s) {sorted(unknown)}; known: {', '.join(sorted(known))}")
-
-
-def _typed(section: str, key: str, value, kind: type):
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if kind is int and isinstance(value, bool) or not isinstance(value, kind):
-        raise ScenarioError(f"{section}.{key} must be {kind.__name__}, got {value!r}")
-    if isinstance(value, float) and not math.isfinite(value):  # TOML accepts nan and inf
-        raise ScenarioError(f"{section}.{key} must be a finite number, got {value!r}")
-    return value
-
-
-def _fields_of(section: str, table: dict, cls) -> dict:
-    types = {f.name: f.type for f in dataclasses.fields(cls)}
-    out = {}
-    for key, value in table.items():
-        t = types.get(key)
-        if t is None:
-            continue
-        kind = {"int": int, "float": float, "str": str, "bool": bool, "bool | None": bool}.get(str(t))
-        if kind is not None:
-            out[key] = _typed(section, key, value, kind)
-        elif key == "recompute_modules":
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise ScenarioError(f"{section}.{key} must be a list of strings, got {value!r}")
-            out[key] = tuple(value)
-        elif key == "layers_per_stage":
-            if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool)
-                                                      for v in value):
-                raise ScenarioError(f"{section}.{key} must be a list of integers, got {value!r}")
-            out[key] = tuple(value)
-    return out
-
-
-def _model(table: dict, base_dir: Path) -> ModelSpec:
-    _check_keys("model", table, _MODEL_KEYS)
-    base: dict = {}
-    if "preset" in table:
-        preset = table["preset"]
-        if not isinstance(preset, str) or preset not in MODEL_PRESETS:
-            raise ScenarioError(f"model.preset {preset!r} is unknown; known: {', '.join(MODEL_PRESETS)}")
-        spec = MODEL_PRESETS[preset]
-        base = {f.name: getattr(spec, f.name) for f in dataclasses.fields(ModelSpec) if f.name != "extra"}
-        # Sizes the preset derived (not set) are derived again from the file's overrides.
-        if base["v_head_dim"] == base["head_dim"]:
-            base["v_head_dim"] = 0
-        if base["moe_ffn_hidden_size"] == base["ffn_hidden_size"]:
-            base["moe_ffn_hidden_size"] = 0
-        if base["head_dim"] * base["num_attention_heads"] == base["hidden_size"]:
-            base["head_dim"] = 0
-        if base["max_position_embeddings"] == base["seq_length"]:
-            base["max_position_embeddings"] = 0
-        if base["qkv_bias"] == base["bias"]:
-            base["qkv_bias"] = None
-    if "hf_config" in table:
-        from .model.hf import load_hf_config
-        if not isinstance(table["hf_config"], str):
-            raise ScenarioError(f"model.hf_config must be the path of a config.json (a string), got "
-                                f"{table['hf_config']!r}")
-        cfg = Path(table["hf_config"])
-        cfg = cfg if cfg.is_absolute() else base_dir / cfg
-        if not cfg.is_file():
-            raise ScenarioError(f"model.hf_config file {str(cfg)!r} does not exist")
-        try:
-            base.update(load_hf_config(cfg))
-        except ValueError as exc:
-            raise ScenarioError(f"model.hf_config {str(cfg)!r}: {exc}") from None
-        base.setdefault("name", cfg.parent.name or "hf-model")
-    fields = _fields_of("model", {k: v for k, v in table.items() if k not in ("preset", "hf_config")}, ModelSpec)
-    base.update(fields)
-    base.setdefault("name", table.get("preset", "custom"))
-    required = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length")
-    missing = [k for k in required if k not in base]
-    if missing == ["seq_length"] and "hf_config" in table:
-        raise ScenarioError("model.seq_length is required with model.hf_config: a config.json gives the "
-                            "context limit (max_position_embeddings), not the training sequence length")
-    if missing:
-        raise ScenarioError(f"[model] needs {', '.join(missing)} (or a preset / hf_config)")
-    for key in required + ("num_experts", "moe_top_k"):
-        if key in base and base[key] <= 0:
-            raise ScenarioError(f"model.{key} must be positive, got {base[key]}")
-    for key in ("num_kv_heads", "ffn_hidden_size", "head_dim", "sliding_window", "sliding_window_pattern",
-                "max_position_embeddings", "moe_ffn_hidden_size", "moe_shared_expert_ffn_hidden_size",
-                "moe_first_dense_layers", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim"):
-        if base.get(key, 0) < 0:
-            raise ScenarioError(f"model.{key} must be positive, got {base[key]}")
-    if base.get("mlp", "gelu") not in MLP_KINDS:
-        raise ScenarioError(f"model.mlp must be one of {', '.join(MLP_KINDS)}; got {base['mlp']!r}")
-    # Presets derive norm/bias/... from mlp; an mlp override must re-derive them.
-    if "mlp" in fields and "preset" in table:
-        for k in ("norm", "position_embedding", "tie_embeddings", "bias", "qkv_bias"):
-            if k not in fields:
-                base[k] = "" if k in ("norm", "position_embedding") else None
-    return ModelSpec(**base)
 
 
 def cluster_spec(table: dict, base_dir: Path) -> ClusterSpec:
     """A preset (default dgx-a100-80gb) or the hardware file ``cluster.hardware`` names (relative to
     the scenario), with the table's other fields (hardware/hwfile.CLUSTER_KEYS) overriding it."""
-    _check_keys("cluster", table, _CLUSTER_KEYS)
+    check_keys("cluster", table, _CLUSTER_KEYS)
     table = dict(table)
     try:
         base = None
@@ -351,10 +249,10 @@ def cluster_spec(table: dict, base_dir: Path) -> ClusterSpec:
 
 
 def _training(table: dict) -> TrainingSpec:
-    _check_keys("training", table, _TRAINING_KEYS)
+    check_keys("training", table, _TRAINING_KEYS)
     if "global_batch_size" not in table:
         raise ScenarioError("[training] needs global_batch_size")
-    t = TrainingSpec(**_fields_of("training", table, TrainingSpec))
+    t = TrainingSpec(**fields_of("training", table, TrainingSpec))
     for key in ("global_batch_size", "micro_batch_size"):
         if getattr(t, key) <= 0:
             raise ScenarioError(f"training.{key} must be positive, got {getattr(t, key)}")
@@ -372,8 +270,8 @@ def _training(table: dict) -> TrainingSpec:
 
 
 def _parallel(table: dict, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> ParallelSpec:
-    _check_keys("parallelism", table, _PARALLEL_KEYS)
-    vals = _fields_of("parallelism", table, ParallelSpec)
+    check_keys("parallelism", table, _PARALLEL_KEYS)
+    vals = fields_of("parallelism", table, ParallelSpec)
     for key in ("tp", "pp", "dp", "cp", "ep", "virtual_stages"):
         if key in vals and vals[key] <= 0:
             raise ScenarioError(f"parallelism.{key} must be positive, got {vals[key]}")
@@ -407,7 +305,7 @@ def _parallel(table: dict, model: ModelSpec, cluster: ClusterSpec, training: Tra
 
 
 def _cost(table: dict, base_dir: Path) -> CostSpec:
-    _check_keys("cost", table, _COST_KEYS)
+    check_keys("cost", table, _COST_KEYS)
     compute = table.get("compute", "roofline")
     if compute not in COMPUTE_MODELS:
         raise ScenarioError(f"cost.compute must be one of {', '.join(COMPUTE_MODELS)}, got {compute!r}")

@@ -239,6 +239,10 @@ def _check_recompute_modules(m: ModelSpec, p: ParallelSpec, t: TrainingSpec) -> 
         raise ScenarioError("parallelism.recompute_modules: 'mlp' (Megatron-Core's recompute_mlp, the MLP module "
                             "with its TP collectives) has no counterpart in a parallel block "
                             "(model.parallel_attn_mlp = true), whose one TP reduction sums both branches")
+    dense_only = [x for x in ("moe", "shared_experts") if x in mods and not m.is_moe]
+    if dense_only:  # a dense model has no such module: the name would be accepted and do nothing
+        raise ScenarioError(f"parallelism.recompute_modules: {dense_only[0]!r} needs an MoE model "
+                            f"(model.num_experts = {m.num_experts})")
     bad = [x for x in ("moe_act", "layernorm") if x in mods]
     if bad and t.dtype == "fp8" and t.fp8_recipe == "delayed":
         # "Delayed scaling does not support moe_act and layernorm recompute for fp8."

@@ -85,8 +85,8 @@ def _main_exit(args, capsys):
     (["run", SMALL, "--set", "model.norm='batchnorm'"], "norm must be one of layernorm, rmsnorm"),
     (["run", SMALL, "--set", "model.position_embedding='alibi'"], "position_embedding must be one of"),
     (["run", SMALL, "--set", "model.num_layers=100000000"], "layer passes"),
-    (["collective", "--op", "all_reduce", "--size-bytes", "inf"], "--size-bytes must be a positive finite"),
-    (["collective", "--op", "all_reduce", "--size-bytes", "nan"], "--size-bytes must be a positive finite"),
+    (["collective", "--op", "all_reduce", "--size-bytes", "inf"], "--size-bytes must be a finite number of bytes >= 1"),
+    (["collective", "--op", "all_reduce", "--size-bytes", "nan"], "--size-bytes must be a finite number of bytes >= 1"),
 ])
 def test_more_bad_input_is_one_line_exit_2(args, fragment, capsys):
     code, err = _main_exit(args, capsys)
@@ -144,6 +144,10 @@ def test_goodput_of_a_restart_longer_than_any_float_is_zero():
     (["run", SMALL, "--set", "cost.collective_algorithms={bogus='ring'}"], "unknown op(s) ['bogus']"),
     (["run", SMALL, "--set", "model.sliding_window_pattern=2"], "needs sliding_window > 0"),
     (["run", SMALL, "--set", "model.q_lora_rank=64"], "need kv_lora_rank > 0"),
+    (["run", SMALL, "--set", "model.hf_config='x/config.json'"], "both given: name one"),
+    (["run", SMALL, "--set", "parallelism.recompute='selective'", "--set", "parallelism.recompute_modules=['moe']"],
+     "'moe' needs an MoE model"),
+    (["collective", "--op", "all_reduce", "--size-bytes", "0.5"], "--size-bytes must be a finite number of bytes >= 1"),
     (["run", SMALL, "--set", "parallelism.tp=1", "--set", "parallelism.pp=4", "--set", "model.num_layers=4",
       "--set", "parallelism.schedule='interleaved-1f1b'"], "the default rule"),
     (["sweep", SMALL, "--grid", "parallelism.tpp=1,2"], "--grid parallelism.tpp: [parallelism] unknown key"),

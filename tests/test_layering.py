@@ -10,7 +10,7 @@ LAYERS = [
     {"units"},
     {"model", "hardware"},
     {"tasks", "trace"},
-    {"strategy", "defaults", "scenario_checks", "scenario", "reliability"},
+    {"strategy", "defaults", "scenario_checks", "scenario_fields", "scenario", "reliability"},
     {"cost"},
     {"engine"},
     {"analysis"},

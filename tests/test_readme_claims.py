@@ -60,7 +60,7 @@ def _commented_names(text: str, table: str) -> set[str]:
 def test_every_key_the_scenario_comments_name_is_a_key_the_loader_accepts():
     from simulator import scenario as s
     (text,) = blocks("toml")
-    known = {"model": s._MODEL_KEYS, "cluster": s._CLUSTER_KEYS, "parallelism": s._PARALLEL_KEYS,
+    known = {"model": s.MODEL_KEYS, "cluster": s._CLUSTER_KEYS, "parallelism": s._PARALLEL_KEYS,
              "training": s._TRAINING_KEYS, "cost": s._COST_KEYS}
     for table, keys in known.items():
         named = _commented_names(text, table)

@@ -39,8 +39,8 @@ def collective_command(args) -> int:
     cluster = cluster_of(args.cluster, args.hardware, args.nodes, args.set)
     if args.op not in CLI_OPS or args.op not in COLLECTIVE_OPS:
         raise ValueError(f"--op {args.op!r} is unknown; known: {', '.join(CLI_OPS)}")
-    if not 0 < args.size_bytes < float("inf"):  # nan fails both comparisons
-        raise ValueError(f"--size-bytes must be a positive finite number of bytes, got {args.size_bytes:g}")
+    if not 1 <= args.size_bytes < float("inf"):  # nan fails both comparisons
+        raise ValueError(f"--size-bytes must be a finite number of bytes >= 1, got {args.size_bytes:g}")
     if args.sweep:
         rows = sweep_collective(cluster, args.op, algorithm=args.algorithm)
         out = Path(args.out) if args.out else Path("results") / f"collective-{args.op}-{cluster.name}-{args.nodes}n"
