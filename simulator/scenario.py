@@ -183,12 +183,7 @@ def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
 
 def scenario_from_dict(raw: dict, default_name: str = "scenario", base_dir: Path | None = None,
                        source: str = "") -> Scenario:
-    unknown = set(raw) - set(_SECTIONS) - {"name"}
-    if unknown:
-        raise ScenarioError(f"unknown top-level key(s) {sorted(unknown)}; known: name, {', '.join(_SECTIONS)}")
-    for sec in _SECTIONS:
-        if sec in raw and not isinstance(raw[sec], dict):
-            raise ScenarioError(f"[{sec}] must be a table, got {type(raw[sec]).__name__}")
+    check_structure(raw)
     name = raw.get("name", default_name)
     if not isinstance(name, str) or not name:
         raise ScenarioError(f"name must be a non-empty string, got {name!r}")

@@ -144,9 +144,8 @@ def sweep_command(args) -> int:
     grid = parse_grid(args.grid)
     check_structure(base.raw)
     for key, values in grid:  # a misspelled key would make every point an "invalid" row
-        section = key.partition(".")[0]
-        check_structure({section: {key.partition(".")[2]: values[0]}} if section != "name" else {},
-                        via=f"--grid {key}: ")
+        section, _, name = key.partition(".")
+        check_structure({section: {name: values[0]}}, via=f"--grid {key}: ")
     out_dir = Path(args.out) if args.out else Path("results") / base.display_name
     csv_path = out_dir / "sweep.csv"
     try:
