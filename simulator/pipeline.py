@@ -122,8 +122,7 @@ def gc_paused():
 def simulate(scn: Scenario, full: bool = False, topology: Topology | None = None) -> RunResult:
     """Run ``scn``; ``topology``: one already built for ``scn.cluster`` (a search reuses it, and
     with it the collective plans and times memoised on it, across the plans of one cluster)."""
-    if topology is not None and topology.cluster != scn.cluster:
-        raise InternalError("simulate: the topology given was built for another cluster")
+    _check_topology(scn, topology)
     with gc_paused():
         return _simulate(scn, full, topology or build_topology(scn.cluster))
 
@@ -133,10 +132,14 @@ def simulate_metrics(scn: Scenario, full: bool = False, topology: Topology | Non
     workers, goodput): the step's objects are released while the garbage collector is still off,
     so the young collection that follows does not walk ~10^6 objects about to be freed (a search
     plan: ~0.06 s of ~2 s)."""
-    if topology is not None and topology.cluster != scn.cluster:
-        raise InternalError("simulate_metrics: the topology given was built for another cluster")
+    _check_topology(scn, topology)
     with gc_paused():
         return _simulate(scn, full, topology or build_topology(scn.cluster)).metrics
+
+
+def _check_topology(scn: Scenario, topology: Topology | None) -> None:
+    if topology is not None and topology.cluster != scn.cluster:
+        raise InternalError("simulate: the topology given was built for another cluster")
 
 
 def _simulate(scn: Scenario, full: bool, topo: Topology) -> RunResult:

@@ -244,7 +244,6 @@ def cluster_spec(table: dict, base_dir: Path) -> ClusterSpec:
 
 
 def _training(table: dict) -> TrainingSpec:
-    check_keys("training", table, _TRAINING_KEYS)
     if "global_batch_size" not in table:
         raise ScenarioError("[training] needs global_batch_size")
     t = TrainingSpec(**fields_of("training", table, TrainingSpec))
@@ -265,7 +264,6 @@ def _training(table: dict) -> TrainingSpec:
 
 
 def _parallel(table: dict, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> ParallelSpec:
-    check_keys("parallelism", table, _PARALLEL_KEYS)
     vals = fields_of("parallelism", table, ParallelSpec)
     for key in ("tp", "pp", "dp", "cp", "ep", "virtual_stages"):
         if key in vals and vals[key] <= 0:
@@ -300,7 +298,6 @@ def _parallel(table: dict, model: ModelSpec, cluster: ClusterSpec, training: Tra
 
 
 def _cost(table: dict, base_dir: Path) -> CostSpec:
-    check_keys("cost", table, _COST_KEYS)
     compute = table.get("compute", "roofline")
     if compute not in COMPUTE_MODELS:
         raise ScenarioError(f"cost.compute must be one of {', '.join(COMPUTE_MODELS)}, got {compute!r}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .hardware.clusters import ClusterSpec
+from .hardware.gpus import FP8_ARCHITECTURES
 from .model.fp8 import RECIPE_ARCHITECTURES
 from .model.spec import ModelSpec
 from .strategy.activation_memory import RECOMPUTE_MODULES
@@ -33,9 +34,9 @@ def validate(scn: Scenario) -> None:
                             f"{c.num_gpus} GPUs ({c.num_nodes} nodes x {c.gpus_per_node})")
     if t.dtype == "fp8" and "fp8" not in c.gpu.peak_flops_per_s:
         raise ScenarioError(f"training.dtype = 'fp8' needs FP8 tensor cores; cluster.gpu {c.gpu.name} has none")
-    if t.dtype == "fp8" and c.gpu.architecture == "ampere":
+    if t.dtype == "fp8" and c.gpu.architecture not in FP8_ARCHITECTURES:
         raise ScenarioError(f"training.dtype = 'fp8' needs FP8 tensor cores (Hopper or later); cluster.gpu "
-                            f"{c.gpu.name} is ampere, whatever its peak_tflops.fp8 says")
+                            f"{c.gpu.name} is {c.gpu.architecture}, whatever its peak_tflops.fp8 says")
     if t.dtype != "fp8" and t.dtype not in c.gpu.peak_flops_per_s:
         raise ScenarioError(f"training.dtype = {t.dtype!r} needs cluster.gpu.peak_tflops.{t.dtype}; gpu "
                             f"{c.gpu.name} lists {', '.join(c.gpu.peak_flops_per_s)}")
@@ -46,9 +47,9 @@ def validate(scn: Scenario) -> None:
     _check_step_size(scn)
 
 
-# A resource guard, not a model constant: one step is lowered into ~20 tasks per layer and
-# micro-batch of each simulated rank (GPT-3 175B on 1,024 GPUs: 18,432 layer passes, 302k tasks,
-# ~200 MiB); 10^7 layer passes would need ~10^8 tasks and tens of GiB, beyond what a run can hold.
+# A resource guard, not a model constant: benchmarks/speed.py's GPT-3 175B step on 1,024 GPUs has
+# 18,432 layer passes (96 layers x 192 micro-batches), 302k tasks (~16 per pass) and a peak RSS of
+# ~200 MiB; 10^7 layer passes would be ~1.6 x 10^8 tasks and ~100 GiB, beyond what a run can hold.
 MAX_LAYER_PASSES = 10**7
 
 

@@ -94,7 +94,6 @@ def _model_base(table: dict, base_dir: Path) -> dict:
 
 def model_from_table(table: dict, base_dir: Path) -> ModelSpec:
     """A [model] table as a ModelSpec: preset or config.json, then the table's own fields, checked."""
-    check_keys("model", table, MODEL_KEYS)
     base = _model_base(table, base_dir)
     fields = fields_of("model", {k: v for k, v in table.items() if k not in ("preset", "hf_config")}, ModelSpec)
     base.update(fields)

@@ -35,5 +35,9 @@ class GPUSpec:
 
 
 ARCHITECTURES = ("ampere", "hopper", "blackwell")
+# FP8 tensor cores came with Hopper (H100 whitepaper: the Transformer Engine's FP8); NVLink SHARP, the
+# in-switch reduction NVLS uses, with its third-generation NVSwitch (same whitepaper).
+FP8_ARCHITECTURES = ("hopper", "blackwell")
+NVLS_ARCHITECTURES = ("hopper", "blackwell")
 
 GPU_PRESETS: PresetFiles = PresetFiles("gpus")

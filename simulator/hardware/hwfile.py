@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..units import GB, MiB, TFLOP, gbit_per_s_to_bytes_per_s
 from .clusters import CLUSTER_PRESETS, FABRICS, TOPOLOGIES, ClusterSpec
-from .gpus import ARCHITECTURES, GPU_PRESETS, GPUSpec
+from .gpus import ARCHITECTURES, GPU_PRESETS, NVLS_ARCHITECTURES, GPUSpec
 
 DTYPES = ("fp32", "bf16", "fp16", "fp8", "fp4")
 _GPU_KEYS = ("preset", "name", "architecture", "peak_tflops", "hbm_bandwidth_GBps", "memory_capacity_MiB",
@@ -154,9 +154,9 @@ def cluster_from_table(table: dict, where: str = "cluster", base: ClusterSpec | 
     if spec.nics_per_node > spec.gpus_per_node:
         raise ValueError(f"{where}.nics_per_node ({spec.nics_per_node}) exceeds gpus_per_node "
                          f"({spec.gpus_per_node}); each NIC serves at least one GPU")
-    if spec.nvls and spec.gpu.architecture == "ampere":  # NVLink SHARP came with NVSwitch gen3 (Hopper)
+    if spec.nvls and spec.gpu.architecture not in NVLS_ARCHITECTURES:
         raise ValueError(f"{where}.nvls = true needs NVLink SHARP (third-generation NVSwitch, Hopper and "
-                         f"later); gpu {spec.gpu.name} is ampere")
+                         f"later); gpu {spec.gpu.name} is {spec.gpu.architecture}")
     return spec
 
 
