@@ -156,3 +156,66 @@ def test_p2p_routes_of_a_group_are_its_pairs_p2p_routes():
         topo.p2p_routes((0, 32))
     with pytest.raises(ValueError):
         topo.route(-1, 3)
+
+
+def _eager_links(c) -> dict:
+    """The links and capacities as the topology built them before its tables were filled lazily: per
+    GPU both directions of its NVSwitch, PCIe switch, host and NIC links; per node and rail its NIC's
+    leaf link; per leaf (sorted) its spine trunk (a reference written out here, not the code's)."""
+    topo = build_topology(c)
+    nvl = c.nvlink_bandwidth_Bps * NVLINK_EFFICIENCY[c.gpu.architecture]
+    pcie = c.pcie_bandwidth_Bps * PCIE_EFFICIENCY
+    nic = c.nic_bandwidth_Bps * IB_EFFICIENCY
+    out: dict = {}
+
+    def add(u, v, b):
+        out[(u, v)] = out[(v, u)] = b
+    g, n = c.gpus_per_node, c.nics_per_node
+    for r in range(c.num_gpus):
+        node, nic_name = r // g, f"nic{r // g}.{r % g * n // g}"
+        add(f"gpu{r}", f"nvs{node}", nvl)
+        add(f"gpu{r}", f"pcie{r}", pcie)
+        add(f"pcie{r}", f"host{node}", pcie)
+        add(f"pcie{r}", nic_name, pcie)
+    if c.num_nodes > 1:
+        leaves = []
+        for node in range(c.num_nodes):
+            for rail in range(n):
+                leaf = (f"leaf{rail}.{node // topo.leaf_down_ports}" if c.topology == "rail-optimized"
+                        else f"leaf{(node * n + rail) // topo.leaf_down_ports}")
+                leaves.append(leaf)
+                add(f"nic{node}.{rail}", leaf, nic)
+        if len(set(leaves)) > 1:
+            for leaf in sorted(set(leaves)):
+                add(leaf, SPINE, nic * topo.spine_planes)
+    return out
+
+
+@pytest.mark.parametrize("nodes, nics, kind", [(1, 8, "fat-tree"), (2, 8, "rail-optimized"), (3, 4, "fat-tree"),
+                                               (21, 8, "rail-optimized"), (21, 2, "fat-tree"), (45, 1, "fat-tree"),
+                                               (45, 8, "fat-tree")])
+def test_link_tables_fill_in_on_use_what_the_eager_build_held(nodes, nics, kind):
+    c = replace(A100, num_nodes=nodes, nics_per_node=nics, topology=kind)
+    eager = _eager_links(c)
+    names = sorted({x for link in eager for x in link}) + ["gpu01", "nic0.9", "leaf999", "spine0", "gpu-1"]
+    topo = build_topology(c)
+    assert dict.__len__(topo.capacity_Bps) == 0  # nothing made before it is used
+    for u in names[::7]:
+        for v in names:  # a pair is a link exactly when the eager build had it, with its capacity
+            assert ((u, v) in topo.capacity_Bps) == ((u, v) in eager), (u, v)
+            assert topo.capacity_Bps.get((u, v)) == eager.get((u, v))
+    with pytest.raises(KeyError):
+        topo.capacity_Bps[("gpu0", f"nvs{nodes}")]
+    # iterating fills in every link, in the eager build's order; then the tables are the same dicts
+    assert list(topo.capacity_Bps.items()) == list(eager.items())
+    assert topo.capacity_Bps == eager and len(topo.latency_s) == len(eager)
+    assert topo.graph.number_of_edges() == len(eager)
+
+
+def test_a_large_clusters_tables_hold_only_the_links_a_route_used():
+    import pickle
+    topo = build_topology(H100.with_nodes(2048))
+    route = topo.route(0, 16383)
+    assert [topo.capacity_Bps[link] for link in route] and dict.__len__(topo.capacity_Bps) == len(route)
+    copy = pickle.loads(pickle.dumps(topo.capacity_Bps))  # a plain dict of every link
+    assert type(copy) is dict and len(copy) == 16384 * 8 + 2048 * 8 * 2 + 2 * len(topo.layout.leaves())

@@ -11,6 +11,8 @@ weights, because ECMP hashing and leaves that split a node's rails make sibling 
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..hardware.topology import SPINE, Topology
 from ..strategy.mesh import DeviceMesh
 from ..tasks import Collective, Task, TaskGraph
@@ -101,33 +103,36 @@ def merge_plans(plans: list[CommPlan]) -> CommPlan:
     return CommPlan(first.algorithm, first.steps, first.concurrent + tuple(others))
 
 
-def _shared_links(topo: Topology) -> tuple[set, str]:
+def _shared_links(topo: Topology) -> tuple[set, bool, str]:
     """The links that carry several GPUs' traffic and can limit a flow, and why ('' when none can):
-    the links of a NIC serving several GPUs, and the trunks of a leaf whose uplinks are narrower than
-    the NICs under it (oversubscription)."""
+    the trunks of a leaf whose uplinks are narrower than the NICs under it (oversubscription), and,
+    when the middle flag is set, the links of every NIC, which serves several GPUs."""
     c = topo.cluster
-    links: set = set()
+    trunks: set = set()
     reasons = []
-    if c.nics_per_node < c.gpus_per_node:
-        links |= {k for k in topo.capacity_Bps if k[0].startswith("nic") or k[1].startswith("nic")}
+    nics_shared = c.nics_per_node < c.gpus_per_node
+    if nics_shared:
         reasons.append(f"{c.gpus_per_node // c.nics_per_node} GPUs share each NIC")
-    nic_Bps: dict = {}
-    for (u, v), cap in topo.capacity_Bps.items():
-        if u.startswith("nic") and v.startswith("leaf"):
-            nic_Bps[v] = nic_Bps.get(v, 0.0) + cap
-    for leaf, total in nic_Bps.items():
-        trunk = topo.capacity_Bps.get((leaf, SPINE))
-        if trunk is not None and trunk < total * (1 - 1e-9):
-            links |= {(leaf, SPINE), (SPINE, leaf)}
-    if any(k[0] == SPINE for k in links):
+    if topo.layout is not None and c.num_nodes > 1:
+        nic_Bps = topo.capacity_Bps[("nic0.0", topo.leaf_name(0, 0))]  # every NIC link alike
+        for leaf, nics in topo.layout.leaves().items():
+            trunk = topo.capacity_Bps.get((leaf, SPINE))
+            if trunk is not None and trunk < nics * nic_Bps * (1 - 1e-9):
+                trunks |= {(leaf, SPINE), (SPINE, leaf)}
+    if trunks:
         reasons.append(f"leaf uplinks oversubscribed {c.oversubscription:g}:1")
-    return links, ", ".join(reasons)
+    return trunks, nics_shared, ", ".join(reasons)
+
+
+def _is_nic_link(link: Any) -> bool:
+    """Whether a link (a LinkId: a (u, v) pair of names) has a NIC at either end."""
+    return link[0].startswith("nic") or link[1].startswith("nic")
 
 
 def shared_binding_links(topo: Topology) -> str:
     """Why a link that carries several GPUs' traffic can limit a flow, or '' when none can: then each
     GPU's transfers only meet their own groups' and the representative alone is exact."""
-    return _shared_links(topo)[1]
+    return _shared_links(topo)[2]
 
 
 def fast_mode_cost(cost: CostModel, mesh: DeviceMesh, graph: TaskGraph,
@@ -136,15 +141,15 @@ def fast_mode_cost(cost: CostModel, mesh: DeviceMesh, graph: TaskGraph,
     representatives' flows crosses a shared link that can bind, else a SiblingCost charging the
     sibling flows that cross such links; (None, why) when some transfer has no symmetric set of
     copies: then only the full mode is exact and the caller falls back to it."""
-    shared, _ = _shared_links(topo)
-    if not shared:
+    trunks, nics_shared, _ = _shared_links(topo)
+    if not (trunks or nics_shared):
         return cost, ""
     network = [t for t in graph.tasks if t.kind == "comm" and cost.duration_s(t) is None]
     contact: set = set()
     for t in network:
         for step in cost.comm_plan(t).steps:
             for f in step.flows:
-                contact.update(link for link in f.links if link in shared)
+                contact.update(link for link in f.links if link in trunks or nics_shared and _is_nic_link(link))
     if not contact:
         return cost, ""
     sc = SiblingCost(cost, mesh, topo, frozenset(contact))

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from ..units import GB, NS, US
 from .clusters import TOPOLOGIES, ClusterSpec
+from .link_table import SPINE, LinkLayout, LinkTable
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -67,8 +68,7 @@ NDR_GBPS = 400
 # uses adaptive-routing-capable transfers on InfiniBand by default (NCCL 2.6.4 release notes;
 # NCCL_IB_ADAPTIVE_ROUTING, default 1 on IB). In the fluid limit a leaf's uplinks then act as one
 # trunk of ``spine_planes`` x the port rate in each direction, shared max-min by every flow that
-# leaves (or enters) the leaf, instead of one statically hashed plane per flow.
-SPINE = "spine"
+# leaves (or enters) the leaf, instead of one statically hashed plane per flow. Its name: ``SPINE``.
 
 
 class _Gpu(NamedTuple):
@@ -96,6 +96,7 @@ class Topology:
     latency_s: dict  # LinkId -> seconds
     leaf_down_ports: int = 0  # NIC-facing ports per leaf switch
     spine_planes: int = 0  # uplinks per leaf, one to each spine plane, trunked by adaptive routing
+    layout: LinkLayout | None = None  # which links exist, by name (link_table)
     _routes: dict = field(default_factory=dict, repr=False)  # src * num_gpus + dst -> route
     _p2p: dict = field(default_factory=dict, repr=False)  # the same -> p2p_route
     _gpus: dict = field(default_factory=dict, repr=False)  # rank -> _Gpu
@@ -143,10 +144,8 @@ class Topology:
         return f"nic{self.node_of(rank)}.{self.rail_of(rank)}"
 
     def leaf_name(self, node: int, rail: int) -> str:
-        c = self.cluster
-        if c.topology == "rail-optimized":
-            return f"leaf{rail}.{node // self.leaf_down_ports}"
-        return f"leaf{(node * c.nics_per_node + rail) // self.leaf_down_ports}"
+        assert self.layout is not None
+        return self.layout.leaf_name(node, rail)
 
     def _gpu(self, rank: int) -> _Gpu:
         """The GPU's place and first and last links, made once per GPU (routes are built from them);
@@ -286,37 +285,14 @@ def build_topology(cluster: ClusterSpec) -> Topology:
     if c.fabric not in FABRIC_EFFICIENCY:
         raise ValueError(f"cluster.fabric {c.fabric!r} unknown; known: {', '.join(FABRIC_EFFICIENCY)}")
     nic = c.nic_bandwidth_Bps * FABRIC_EFFICIENCY[c.fabric]
-    cap: dict = {}
-    lat: dict = {}
-
-    def add(u: str, v: str, bandwidth: float, kind: str) -> None:
-        there, back = (u, v), (v, u)  # one key tuple per direction for both maps
-        cap[there] = cap[back] = bandwidth
-        lat[there] = lat[back] = LINK_LATENCY_S[kind]
-
-    g = c.gpus_per_node
-    for node in range(c.num_nodes):
-        for local in range(g):
-            r = node * g + local
-            add(f"gpu{r}", f"nvs{node}", nvlink, "nvlink")
-            add(f"gpu{r}", f"pcie{r}", pcie, "pcie")
-            add(f"pcie{r}", f"host{node}", pcie, "pcie")
-            add(f"pcie{r}", f"nic{node}.{local * c.nics_per_node // g}", pcie, "pcie")
     nic_Gbps = c.nic_bandwidth_Bps * 8 / GB
     ports = NDR_LEAF_PORTS if nic_Gbps >= NDR_GBPS else HDR_LEAF_PORTS
     down = ports // 2
     planes = max(1, round(down / c.oversubscription))
-    topo = Topology(c, cap, lat, down, planes)
-    if c.num_nodes > 1:
-        leaves = set()
-        for node in range(c.num_nodes):
-            for rail in range(c.nics_per_node):
-                leaf = topo.leaf_name(node, rail)
-                leaves.add(leaf)
-                add(f"nic{node}.{rail}", leaf, nic, "nic")
-        if len(leaves) > 1:
-            # Each leaf has `planes` uplinks at the NIC port rate (oversubscription = down / up),
-            # trunked by adaptive routing (SPINE).
-            for leaf in sorted(leaves):
-                add(leaf, SPINE, nic * planes, "leaf-spine")
+    # Each leaf has `planes` uplinks at the NIC port rate (oversubscription = down / up), trunked by
+    # adaptive routing (SPINE). The tables fill in a link's entry when it is first used (link_table).
+    layout = LinkLayout(c.num_nodes, c.gpus_per_node, c.nics_per_node, c.topology == "rail-optimized", down)
+    cap = LinkTable(layout, {"nvlink": nvlink, "pcie": pcie, "nic": nic, "leaf-spine": nic * planes})
+    lat = LinkTable(layout, LINK_LATENCY_S)
+    topo = Topology(c, cap, lat, down, planes, layout)
     return topo
