@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from simulator.hardware.clusters import CLUSTER_PRESETS
-from simulator.hardware.topology import (IB_EFFICIENCY, NVLINK_EFFICIENCY, PCIE_EFFICIENCY, SPINE,
+from simulator.hardware.topology import (IB_EFFICIENCY, LINK_LATENCY_S, NVLINK_EFFICIENCY, PCIE_EFFICIENCY, SPINE,
                                          build_topology)
 
 A100 = CLUSTER_PRESETS["dgx-a100-80gb"]
@@ -200,6 +200,9 @@ def test_link_tables_fill_in_on_use_what_the_eager_build_held(nodes, nics, kind)
     names = sorted({x for link in eager for x in link}) + ["gpu01", "nic0.9", "leaf999", "spine0", "gpu-1"]
     topo = build_topology(c)
     assert dict.__len__(topo.capacity_Bps) == 0  # nothing made before it is used
+    topo.p2p_routes(tuple(range(0, c.num_gpus, 3)))  # routes enter their GPUs' links, by kind
+    assert 0 < dict.__len__(topo.capacity_Bps) and all(eager[k] == v for k, v in dict.items(topo.capacity_Bps))
+    assert all(v == LINK_LATENCY_S[topo.link_kind(k)] for k, v in dict.items(topo.latency_s))
     for u in names[::7]:
         for v in names:  # a pair is a link exactly when the eager build had it, with its capacity
             assert ((u, v) in topo.capacity_Bps) == ((u, v) in eager), (u, v)
@@ -212,10 +215,13 @@ def test_link_tables_fill_in_on_use_what_the_eager_build_held(nodes, nics, kind)
     assert topo.graph.number_of_edges() == len(eager)
 
 
-def test_a_large_clusters_tables_hold_only_the_links_a_route_used():
+def test_a_large_clusters_tables_hold_only_the_links_of_the_gpus_a_route_used():
     import pickle
     topo = build_topology(H100.with_nodes(2048))
     route = topo.route(0, 16383)
-    assert [topo.capacity_Bps[link] for link in route] and dict.__len__(topo.capacity_Bps) == len(route)
+    assert len(route) == 8 and all(topo.capacity_Bps[link] > 0 for link in route)
+    # each end GPU's ten links, entered with their known kinds: NVSwitch, PCIe switch to NIC, NIC to
+    # leaf and the leaf's trunk, both ways
+    assert dict.__len__(topo.capacity_Bps) == dict.__len__(topo.latency_s) == 20
     copy = pickle.loads(pickle.dumps(topo.capacity_Bps))  # a plain dict of every link
     assert type(copy) is dict and len(copy) == 16384 * 8 + 2048 * 8 * 2 + 2 * len(topo.layout.leaves())

@@ -51,9 +51,7 @@ def _unit_phases(topo: Topology, op: str, group: tuple[int, ...], algorithm: str
     of a large run is a shifted copy of another, and fluid-timing each one alone is the costly part."""
     phases = _phases(topo, op, group, algorithm)
     bw_memo = _memo(topo, "collective_bw")
-    period = topo.translation_period_ranks()
-    shift = (min(group) // period) * period if period else 0
-    bkey = (op, tuple(r - shift for r in group), algorithm)
+    bkey = (op, _shifted(topo, group), algorithm)
     bw = bw_memo.get(bkey)
     if bw is None:
         bw = bw_memo[bkey] = sum(ph.repeat * isolated_time_s([f.size_bytes for f in ph.flows],
@@ -61,6 +59,14 @@ def _unit_phases(topo: Topology, op: str, group: tuple[int, ...], algorithm: str
                                                              [f.weight for f in ph.flows], topo.capacity_Bps)
                                  for ph in phases)
     return phases, bw
+
+
+def _shifted(topo: Topology, group: tuple[int, ...]) -> tuple[int, ...]:
+    """``group`` shifted to the first scalable unit (``Topology.translation_period_ranks``): its
+    links' capacities, and so every time of it run alone, are those of ``group``."""
+    period = topo.translation_period_ranks()
+    shift = (min(group) // period) * period if period else 0
+    return tuple(r - shift for r in group) if shift else group
 
 
 def _phases(topo: Topology, op: str, group: tuple[int, ...], algorithm: str) -> tuple[Phase, ...]:
@@ -240,8 +246,10 @@ def _pipeline_fill_s(topo: Topology, alg: str, size: float, shape: GroupShape, s
 def _bw_lower_bound(topo: Topology, op: str, group: tuple[int, ...], alg: str) -> float:
     """Seconds per byte no schedule of the phases can beat: each phase lasts at least as long as
     its most loaded link needs to carry its bytes (cheap next to fluid-timing the flows). Per byte,
-    so one per (op, group, algorithm), whatever the size and protocol: memoised."""
-    return _memoised(topo, "bw_lower_bound", (op, group, alg), lambda: _link_bound(topo, op, group, alg))
+    so one per (op, group, algorithm), whatever the size and protocol, and per group shifted to the
+    first scalable unit (``_shifted``): memoised."""
+    return _memoised(topo, "bw_lower_bound", (op, _shifted(topo, group), alg),
+                     lambda: _link_bound(topo, op, group, alg))
 
 
 def _link_bound(topo: Topology, op: str, group: tuple[int, ...], alg: str) -> float:

@@ -63,6 +63,10 @@ class LinkLayout:
                     out[leaf] = out.get(leaf, 0) + 1
         return out
 
+    def has_spine(self) -> bool:
+        """Whether the leaves have trunks to a spine (more than one leaf)."""
+        return self._num_leaves() > 1
+
     def _num_leaves(self) -> int:
         if self.num_nodes <= 1:
             return 0
@@ -114,7 +118,8 @@ class LinkLayout:
         its trunk to the spine both ways."""
         g = self.gpus_per_node
         for r in range(self.num_nodes * g):
-            gpu, nvs, pcie, host, nic = f"gpu{r}", f"nvs{r // g}", f"pcie{r}", f"host{r // g}", f"nic{r // g}.{self.rail(r)}"
+            node = r // g
+            gpu, nvs, pcie, host, nic = f"gpu{r}", f"nvs{node}", f"pcie{r}", f"host{node}", f"nic{node}.{self.rail(r)}"
             yield from (((gpu, nvs), "nvlink"), ((nvs, gpu), "nvlink"), ((gpu, pcie), "pcie"), ((pcie, gpu), "pcie"),
                         ((pcie, host), "pcie"), ((host, pcie), "pcie"), ((pcie, nic), "pcie"), ((nic, pcie), "pcie"))
         if self.num_nodes > 1:
@@ -154,6 +159,13 @@ class LinkTable(dict):
             return False
         self[link] = self.values_by_kind[kind]
         return True
+
+    def enter(self, known: list[tuple[tuple[str, str], str]]) -> None:
+        """Make the entries of links whose kinds the caller knows (a route's links, by construction)."""
+        values = self.values_by_kind
+        for link, kind in known:
+            if not dict.__contains__(self, link):
+                dict.__setitem__(self, link, values[kind])
 
     def get(self, link: object, default: float | None = None) -> float | None:  # type: ignore[override]
         try:

@@ -148,17 +148,33 @@ class Topology:
         return self.layout.leaf_name(node, rail)
 
     def _gpu(self, rank: int) -> _Gpu:
-        """The GPU's place and first and last links, made once per GPU (routes are built from them);
-        ``rank`` checked by the caller."""
+        """The GPU's place and first and last links, made once per GPU (routes are built from them),
+        and entered in the link tables with the kinds they are known to have (no name to parse when
+        the engine looks them up); ``rank`` checked by the caller."""
         g = self._gpus.get(rank)
         if g is None:
-            node, local, rail = self.node_of(rank), self.local_of(rank), self.rail_of(rank)
-            gpu, nvs, pcie, nic = f"gpu{rank}", f"nvs{node}", f"pcie{rank}", self.nic_name(rank)
+            c = self.cluster
+            node, local = divmod(rank, c.gpus_per_node)
+            rail = local * c.nics_per_node // c.gpus_per_node
+            gpu, nvs, pcie, nic = f"gpu{rank}", f"nvs{node}", f"pcie{rank}", f"nic{node}.{rail}"
             leaf = self.leaf_name(node, rail)
-            g = self._gpus[rank] = _Gpu(node, local, rail, leaf, (gpu, nvs), (nvs, gpu),
-                                        ((gpu, pcie), (pcie, nic), (nic, leaf)), ((leaf, nic), (nic, pcie), (pcie, gpu)),
-                                        ((leaf, SPINE), (SPINE, leaf)))
+            g = self._gpus[rank] = _Gpu(
+                node, local, rail, leaf, (gpu, nvs), (nvs, gpu), ((gpu, pcie), (pcie, nic), (nic, leaf)),
+                ((leaf, nic), (nic, pcie), (pcie, gpu)), ((leaf, SPINE), (SPINE, leaf)))
+            self._enter(g)
         return g
+
+    def _enter(self, g: _Gpu) -> None:
+        """``g``'s links into both tables (those of the fabric only where it exists)."""
+        known = [(g.up, "nvlink"), (g.down, "nvlink"), (g.out[0], "pcie"), (g.out[1], "pcie"), (g.into[1], "pcie"),
+                 (g.into[2], "pcie")]
+        if self.cluster.num_nodes > 1:
+            known += [(g.out[2], "nic"), (g.into[0], "nic")]
+            if self.spine_planes and self.layout is not None and self.layout.has_spine():
+                known += [(g.spine[0], "leaf-spine"), (g.spine[1], "leaf-spine")]
+        for table in (self.capacity_Bps, self.latency_s):
+            if isinstance(table, LinkTable):
+                table.enter(known)
 
     def _key(self, src_rank: int, dst_rank: int) -> int:
         """The routes' cache key of a pair of GPUs (ValueError outside the cluster)."""
