@@ -155,13 +155,14 @@ def static_lanes(clocks: Clocks, durations: list, rank: int, lanes: list[tuple[i
     end, start, waiters, env = clocks.end, clocks.start, clocks.waiters, clocks.env
     pos = [0] * len(lanes)
     clocks_s = [0.0] * len(lanes)
-    left = sum(len(ids) for ids in lanes)
+    sizes = [len(ids) for ids in lanes]
+    left = sum(sizes)
     while left:
         blocked: list[int] = []
         before = left
         for j, ids in enumerate(lanes):
-            k, clock = pos[j], clocks_s[j]
-            while k < len(ids):
+            k, clock, n = pos[j], clocks_s[j], sizes[j]
+            while k < n:
                 i = ids[k]
                 for d in tasks[i][6]:  # Task.deps
                     e = end[d]
