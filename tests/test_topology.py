@@ -211,7 +211,8 @@ def test_link_tables_fill_in_on_use_what_the_eager_build_held(nodes, nics, kind)
         topo.capacity_Bps[("gpu0", f"nvs{nodes}")]
     # iterating fills in every link, in the eager build's order; then the tables are the same dicts
     assert list(topo.capacity_Bps.items()) == list(eager.items())
-    assert topo.capacity_Bps == eager and len(topo.latency_s) == len(eager)
+    assert topo.capacity_Bps == eager and not topo.capacity_Bps != eager and len(topo.latency_s) == len(eager)
+    assert list(reversed(build_topology(c).capacity_Bps)) == list(reversed(eager))
     assert topo.graph.number_of_edges() == len(eager)
 
 
