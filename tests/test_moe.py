@@ -194,3 +194,58 @@ def test_expert_mean_share_closed_form():
     assert expert_mean_share(fc1, 4) == 512 / math.ceil(512 * (1.5 + 6.5 / 7) / 2 - 1e-9)
     assert expert_mean_share(fc1, 8) == pytest.approx(1 / 1.5)
     assert all(expert_mean_share(op, 4) == 1.0 for op in g.layer if op.tp_split != "expert")
+
+
+# ---- shared experts beside the all-to-alls (moe_shared_expert_overlap) ---------------------------------
+SHARED = dict(MOE, num_experts=8, moe_ffn_hidden_size=256, moe_shared_expert_ffn_hidden_size=512,
+              seq_length=1024)
+
+
+def _shared_run(overlap, **par):
+    from simulator.pipeline import simulate
+    par = {"dp": 4, "ep": 4, **par}
+    return simulate(scn(dict(SHARED, moe_shared_expert_overlap=overlap), nodes=4, gpus=1, batch=8, **par))
+
+
+def test_overlapped_shared_experts_run_between_the_all_to_alls_on_the_compute_stream():
+    g = lower(scn(dict(SHARED, moe_shared_expert_overlap=True), dp=4, ep=4, batch=4)).graph
+    lane = [g.tasks[i].name for i in g.streams[(0, "compute")] if g.tasks[i].name.startswith("F0.L1.")]
+    assert lane[lane.index("F0.L1.mlp"):] == ["F0.L1.mlp", "F0.L1.shared_before", "F0.L1.experts",
+                                              "F0.L1.shared_after", "F0.L1.mlp_out"]
+    by = {t.name: t for t in g.tasks}
+    assert by["F0.L1.shared_before"].deps == (by["F0.L1.mlp"].id,)  # not on the dispatch
+    assert by["F0.L1.dispatch"].id in by["F0.L1.experts"].deps
+    assert by["F0.L1.combine"].id in by["F0.L1.mlp_out"].deps
+    # backward: the shared experts' gradients first, beside the combine's conjugate
+    back = [g.tasks[i].name for i in g.streams[(0, "compute")] if g.tasks[i].name.startswith("B0.L1.")]
+    assert back.index("B0.L1.shared_out.grad") < back.index("B0.L1.shared_in.grad") < back.index("B0.L1.experts")
+
+
+@pytest.mark.parametrize("recompute", [{}, {"recompute": "selective", "recompute_modules": ["moe", "shared_experts"]},
+                                       {"recompute": "full"}])
+def test_overlap_moves_the_shared_experts_without_changing_any_work(recompute):
+    on, off = (lower(scn(dict(SHARED, moe_shared_expert_overlap=o), dp=4, ep=4, batch=4, **recompute)).graph
+               for o in (True, False))
+    flops = lambda g, c: sum(w.flops for t in g.tasks if t.category == c for w in t.work)  # noqa: E731
+    for category in ("compute", "recompute"):
+        assert flops(on, category) == pytest.approx(flops(off, category), rel=1e-12)
+    off_post = [t for t in off.tasks if t.name == "F0.L1.mlp_out"][0]
+    assert {w.name for w in off_post.work} >= {"shared_fc1", "shared_fc2"}
+
+
+def test_overlap_hides_the_shared_experts_behind_exposed_all_to_alls_and_is_never_slower():
+    # EP 4 across 4 single-GPU nodes: the all-to-alls cross the network and are exposed
+    on, off = _shared_run(True), _shared_run(False)
+    t_on, t_off = on.metrics["iteration_time_s"], off.metrics["iteration_time_s"]
+    assert t_on < t_off
+    shared = sum(e.end_s - e.start_s for e in on.trace.on(0) if ".shared_" in e.name)
+    assert t_off - t_on <= shared + 1e-12  # at most what the shared experts took
+    assert on.metrics["mfu"] > off.metrics["mfu"]
+
+
+@pytest.mark.parametrize("model, message", [
+    (dict(MOE, moe_shared_expert_overlap=True), "needs shared experts"),
+    (dict(SHARED, moe_shared_expert_overlap=True, moe_token_dispatcher="allgather"), "alltoall token dispatcher")])
+def test_overlap_without_shared_experts_or_with_the_allgather_dispatcher_is_refused(model, message):
+    with pytest.raises(ValueError, match=message):
+        scn(model, dp=2, ep=2)

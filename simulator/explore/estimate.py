@@ -277,7 +277,8 @@ def _layer_times(scn: Scenario, cache: EstimateCache, b: LayerBlocks) -> tuple[f
         b_c, b_tp = b_c + f_c, b_tp + f_tp
     else:
         b_c += sum(work(w) for w in again.works_without_experts() if w)
-        b_c += (seg_s(b.attn_core, "F") if again.core else 0.0) + (seg_s(b.experts, "F") if again.experts else 0.0)
+        b_c += (seg_s(b.attn_core, "F") if again.core else 0.0) + (sum(seg_s(s, "F") for s in b.between_all_to_alls())
+                                                                  if again.experts else 0.0)
         b_tp += sum(cache.tp_s(scn, op, overlap) for op, overlap in again.collectives(tp))
     w_c = sum(seg_s(s, "W") for s in segs) if split else 0.0
     return f_c, f_tp, b_c, b_tp, w_c

@@ -33,7 +33,8 @@ PARALLEL_STR = ("schedule", "recompute", "sharding")
 BOOL = {"true": True, "false": False}
 # The other columns row_to_raw reads, and those that only describe a row (its provenance, how its step
 # time was derived); any other column is refused, so that a misspelled one is not silently ignored.
-OTHER_COLUMNS = ("mlp", "model_preset", "moe_capacity_factor", "dropout", "moe_pad_to_capacity", "gpu",
+OTHER_COLUMNS = ("mlp", "model_preset", "moe_capacity_factor", "dropout", "moe_pad_to_capacity",
+                 "moe_shared_expert_overlap", "gpu",
                  "num_nodes", "gpus_per_node", "nics_per_node", "nic_bandwidth_Gbps", "sequence_parallel",
                  "tp_comm_overlap", "layers_per_stage", "recompute_modules", "global_batch_size",
                  "micro_batch_size", "dtype", "attention", "grad_dtype", "grad_accumulation_fusion")
@@ -77,7 +78,7 @@ def row_to_raw(row: dict) -> dict:
         model["preset"] = given["model_preset"]
     if "moe_capacity_factor" in given:
         model["moe_capacity_factor"] = _number(given, "moe_capacity_factor", float)
-    for k in ("dropout", "moe_pad_to_capacity"):  # dropout empty: the model's style decides
+    for k in ("dropout", "moe_pad_to_capacity", "moe_shared_expert_overlap"):  # dropout empty: the model's style decides
         if k in given:
             model[k] = _bool(given, k)
     cluster = {"preset": given.get("gpu", "dgx-a100-80gb")}

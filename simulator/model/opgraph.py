@@ -260,7 +260,7 @@ def _dense_mlp(m: ModelSpec, t: int, width: int, d: int, prefix: str = "") -> li
 def _mlp_ops(m: ModelSpec, b: int, d: int, dense: bool = False) -> list[Op]:
     """The MLP block: a dense MLP (``dense``: also an MoE model's first dense layers), or the router,
     the routed experts and the shared experts, which Megatron-core's MoELayer adds after the routed
-    ones (moe_shared_expert_overlap off)."""
+    ones (with moe_shared_expert_overlap, strategy/blocks runs them beside the all-to-alls)."""
     h, t = m.hidden_size, b * m.seq_length
     ops = [_norm("ln2", "mlp", m, t, d)] if m.norms_per_layer != 1 else []  # a parallel block's shared norm: ln1
     if not m.is_moe or dense:

@@ -50,6 +50,10 @@ class ModelSpec:
     # Token dispatcher (Megatron-core moe_token_dispatcher_type): "alltoall" (dispatch and combine
     # all-to-alls over EP) or "allgather" (all-gather the tokens over EP, reduce-scatter the outputs).
     moe_token_dispatcher: str = "alltoall"
+    # Megatron-core moe_shared_expert_overlap (default False; NeMo 2's DeepSeekConfig sets it True): the
+    # shared experts run on a side stream inside the alltoall dispatcher, fc1 and the activation beside
+    # the dispatch all-to-all, fc2 beside the combine (moe/shared_experts.py, token_dispatcher.py).
+    moe_shared_expert_overlap: bool = False
     # Fine-grained MoE (DeepSeekMoE, Dai et al. 2024; Qwen3-MoE): experts narrower than the dense
     # MLP (0 -> ffn_hidden_size), shared experts every token passes through (their total width, as
     # Megatron-core's moe_shared_expert_intermediate_size), and dense MLPs in the first layers
@@ -190,6 +194,12 @@ class ModelSpec:
         if self.moe_token_dispatcher not in MOE_DISPATCHERS:
             raise ValueError(f"moe_token_dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, got "
                              f"{self.moe_token_dispatcher!r}")
+        if self.moe_shared_expert_overlap and not (self.is_moe and self.moe_shared_expert_ffn_hidden_size):
+            raise ValueError("moe_shared_expert_overlap needs shared experts (num_experts > 1 and "
+                             "moe_shared_expert_ffn_hidden_size > 0)")
+        if self.moe_shared_expert_overlap and self.moe_token_dispatcher != "alltoall":
+            raise ValueError(f"moe_shared_expert_overlap runs inside the alltoall token dispatcher "
+                             f"(Megatron-core), not with moe_token_dispatcher = {self.moe_token_dispatcher!r}")
 
     def moe_mean_load(self) -> float:
         """Token slots the experts compute per routed slot (T·k), balanced routing: the capacity

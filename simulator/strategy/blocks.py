@@ -64,6 +64,12 @@ def _segment(name: str, ops: tuple[Op, ...], tp: int, sp: bool, cp: int, ep: int
     return Segment(name, shard_ops(ops, tp, sp, cp, ep, etp), b, w, bw, **_cut(name, b, w, bw))
 
 
+# The shared experts' ops (model/opgraph), split as SharedExpertMLP runs them when overlapped:
+# linear_fc1_forward_and_act beside the dispatch, linear_fc2_forward beside the combine.
+SHARED_IN = frozenset({"shared_fc1", "shared_act"})
+SHARED_OUT = frozenset({"shared_fc2"})
+
+
 @dataclass(frozen=True)
 class LayerBlocks:
     """One layer cut at its communication points.
@@ -91,6 +97,10 @@ class LayerBlocks:
     layer_w: Work
     attn: Segment  # attn_pre + attn_core + attn_post as one segment (no CP exchange inside: cp = 1)
     parallel_norms: int = 0
+    # moe_shared_expert_overlap: the shared experts' fc1 + activation and their fc2, out of mlp_post,
+    # run beside the dispatch and the combine (layer_emit._experts); None otherwise
+    shared_in: Segment | None = None
+    shared_out: Segment | None = None
     _picked: dict = field(default_factory=dict, compare=False, repr=False)  # forward_of's memo
 
     def forward_of(self, ops: frozenset[str]) -> Work:
@@ -132,8 +142,13 @@ class LayerBlocks:
 
     def segments(self) -> tuple[Segment, ...]:
         """The layer's segments in forward order."""
-        return tuple(s for s in (self.attn_pre, self.attn_core, self.attn_post, self.mlp_pre, self.experts,
-                                 self.mlp_post) if s is not None)
+        return tuple(s for s in (self.attn_pre, self.attn_core, self.attn_post, self.mlp_pre, self.shared_in,
+                                 self.experts, self.shared_out, self.mlp_post) if s is not None)
+
+    def between_all_to_alls(self) -> tuple[Segment, ...]:
+        """What runs between an MoE layer's dispatch and combine: the routed experts, and with
+        moe_shared_expert_overlap the shared experts' two segments beside them."""
+        return tuple(s for s in (self.shared_in, self.experts, self.shared_out) if s is not None)
 
 
 def build_blocks(graph: OpGraph, tp: int, sp: bool, cp: int, ep: int,
@@ -150,17 +165,23 @@ def build_blocks(graph: OpGraph, tp: int, sp: bool, cp: int, ep: int,
     def seg(name: str, ops: tuple[Op, ...]) -> Segment:
         return _segment(name, ops, tp, sp, cp, ep, grad_accum_bytes_per_param, etp)
 
+    shared_in = shared_out = None
     if experts_at:
         lo, hi = experts_at[0], experts_at[-1] + 1
-        mlp_pre, experts, mlp_post = seg("mlp_pre", mlp[:lo]), seg("experts", mlp[lo:hi]), seg("mlp_post", mlp[hi:])
+        post = mlp[hi:]
+        if graph.model.moe_shared_expert_overlap:  # Megatron-core SharedExpertMLP's overlapped parts
+            shared_in = seg("shared_in", tuple(op for op in post if op.name in SHARED_IN))
+            shared_out = seg("shared_out", tuple(op for op in post if op.name in SHARED_OUT))
+            post = tuple(op for op in post if op.name not in SHARED_IN | SHARED_OUT)
+        mlp_pre, experts, mlp_post = seg("mlp_pre", mlp[:lo]), seg("experts", mlp[lo:hi]), seg("mlp_post", post)
     else:
         mlp_pre, experts, mlp_post = seg("mlp", mlp), None, None
     core = seg("attn_core", attn[core_at:core_at + 1])
     attn_pre, attn_post = seg("attn_pre", attn[:core_at]), seg("attn_post", attn[core_at + 1:])
-    segs = [s for s in (attn_pre, core, attn_post, mlp_pre, experts, mlp_post) if s is not None]
+    segs = [s for s in (attn_pre, core, attn_post, mlp_pre, shared_in, experts, shared_out, mlp_post) if s is not None]
     return LayerBlocks(
         attn_pre=attn_pre, attn_core=core, attn_post=attn_post,
-        mlp_pre=mlp_pre, experts=experts, mlp_post=mlp_post,
+        mlp_pre=mlp_pre, experts=experts, mlp_post=mlp_post, shared_in=shared_in, shared_out=shared_out,
         embed=seg("embed", graph.embed), head=seg("head", graph.head),
         core_flops_fwd=sum(w.flops for w in core.fwd),
         core_steps={"F": split_work(core.fwd, cp), "B": split_work(core.bwd_b, cp), "BW": split_work(core.bwd, cp)},

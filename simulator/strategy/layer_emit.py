@@ -177,11 +177,14 @@ def _experts(ctx: LowerCtx, rank: int, part: str, dep: int, name: str, meta: dic
     """The routed experts between the EP dispatch and combine all-to-alls (with MoE parallel folding,
     the expert-TP all-gather and reduce-scatter inside them). ``again``: (work, meta, pending bytes)
     of a recompute run right before the experts' kernels ("moe_act", ``_rerun``)."""
-    seg = _moe(ctx.layer_blocks(meta["layer"]).experts, meta["layer"])
+    b = ctx.layer_blocks(meta["layer"])
+    seg = _moe(b.experts, meta["layer"])
     work = {"F": seg.fwd, "B": seg.bwd_b, "BW": seg.bwd}[part]
     if ctx.par.ep == 1:
+        dep = _shared(ctx, rank, part, dep, name, meta, category, b, "before")
         dep = _one(_rerun(ctx, rank, dep, f"{name}.R.expert_act", *again), rank) if again else dep
-        return ctx.compute(rank, f"{name}.experts", work, (dep,), category, **meta)
+        e = ctx.compute(rank, f"{name}.experts", work, (dep,), category, **meta)
+        return _shared(ctx, rank, part, e, name, meta, category, b, "after")
     group = ctx.group("ep", rank)
     size = a2a_bytes(ctx)
     # Megatron-core MoEAllGatherTokenDispatcher: every rank gathers all the EP group's tokens (h wide,
@@ -191,6 +194,7 @@ def _experts(ctx: LowerCtx, rank: int, part: str, dep: int, name: str, meta: dic
     if gather:
         size = _local_tokens(ctx) * ctx.scn.model.hidden_size * ctx.dtype_bytes * len(group)
     a = ctx.comm(rank, "comm_ep", f"{name}.dispatch", op, size, group, "ep", "comm_ep", (dep,), **meta)
+    _shared(ctx, rank, part, dep, name, meta, category, b, "before")  # beside the all-to-all, on the compute stream
     etp = ctx.par.expert_tp
     folded = etp > 1 and etp != ctx.par.tp  # with etp = tp the SP all-gather before the MLP block stands for it
     if folded:  # Megatron-core alltoall dispatcher: the received tokens all-gathered over the expert-TP group
@@ -201,7 +205,31 @@ def _experts(ctx: LowerCtx, rank: int, part: str, dep: int, name: str, meta: dic
     if folded:
         e = ctx.comm(rank, "comm_ep", f"{name}.etp_reduce_scatter", "reduce_scatter", size * etp,
                      ctx.group("etp", rank), "ep", "comm_ep", (e,), **meta)
-    return ctx.comm(rank, "comm_ep", f"{name}.combine", coll, size, group, "ep", "comm_ep", (e,), **meta)
+    c = ctx.comm(rank, "comm_ep", f"{name}.combine", coll, size, group, "ep", "comm_ep", (e,), **meta)
+    _shared(ctx, rank, part, e, name, meta, category, b, "after")  # what follows on the compute stream waits for it
+    return c
+
+
+def _shared(ctx: LowerCtx, rank: int, part: str, dep: int, name: str, meta: dict, category: str,
+            b: LayerBlocks, where: str) -> int:
+    """With moe_shared_expert_overlap, the shared experts' part that Megatron-core runs on its side
+    stream beside an all-to-all (here in program order on the compute stream, which the all-to-all
+    leaves free): forward, fc1 + activation after the dispatch is launched ("before" the routed
+    experts) and fc2 after the combine ("after"); backward, all of them first, beside the combine's
+    conjugate (set_tensor_grad_fn_sequence_sr gives their grad_fns the highest sequence number, so
+    autograd runs them as soon as they are ready). ``dep`` when there are none to run there."""
+    if b.shared_in is None or b.shared_out is None:
+        return dep
+    if part == "F":
+        seg = b.shared_in if where == "before" else b.shared_out
+        return ctx.compute(rank, f"{name}.shared_{where}", seg.fwd, (dep,), category, **meta)
+    if where == "after":
+        return dep
+    x = dep
+    for seg in (b.shared_out, b.shared_in):
+        x = ctx.compute(rank, f"{name}.{seg.name}.grad", seg.bwd_b if part == "B" else seg.bwd, (x,), category,
+                        **meta)
+    return x
 
 
 def column_backward(ctx: LowerCtx, rank: int, seg: Segment, dep: int | None, name: str, meta: dict,

@@ -112,7 +112,8 @@ def recomputed_forward(recompute: str, modules: tuple[str, ...], model: ModelSpe
         mlp_norm=picked(_LN2, "layernorm" in modules and mlp_norm),
         mlp_pre=picked(_DENSE_MLP, dense_mlp) or picked(_ROUTER, moe),
         experts=moe,
-        mlp_post=picked(_COMBINED, moe),
+        # with moe_shared_expert_overlap the shared experts re-run beside the all-to-alls (layer_emit._experts)
+        mlp_post=picked(_COMBINED if b.shared_in is None else _COMBINED - _SHARED, moe),
         mlp_tp=moe or dense_mlp,
         shared=picked(_SHARED, "shared_experts" in modules and moe_layer),
         act=picked(_ACT, "moe_act" in modules and moe_layer),
