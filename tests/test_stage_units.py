@@ -143,11 +143,11 @@ def test_recompute_allocation_is_tagged_r():
 @pytest.mark.parametrize("sp,overlap,moe", [(False, False, False), (True, False, False), (True, True, False),
                                             (True, True, True)])
 def test_the_lowerings_blocking_tp_collectives_are_blocking_tps(sp, overlap, moe):
-    """layer_emit.blocking_tp is the one rule for which TP collectives block a layer's compute stream
+    """blocking_tp.blocking_tp is the one rule for which TP collectives block a layer's compute stream
     (and with which userbuffers site): the lowering emits exactly those on the compute stream of one
     layer's forward and backward, the estimator sums the same list."""
     from simulator.explore.estimate import EstimateCache
-    from simulator.strategy.layer_emit import blocking_tp
+    from simulator.strategy.blocking_tp import blocking_tp
     model = {"preset": "mixtral-8x7b", "num_layers": 2} if moe else {"preset": "gpt3-1.3b", "num_layers": 2}
     par = {"tp": 4, "pp": 1, "sequence_parallel": sp, "tp_comm_overlap": overlap, **({"ep": 2} if moe else {})}
     scn = scenario_from_dict({"name": "t", "model": model, "cluster": {"preset": "dgx-h100", "num_nodes": 1},

@@ -216,7 +216,7 @@ PARALLEL_GRID = [(h, tp, sp, mlp) for h in (256, 1024, 4096) for tp in (2, 8) fo
 @pytest.mark.parametrize("h, tp, sp, mlp", PARALLEL_GRID, ids=[f"h{h}-tp{tp}{'-sp' * sp}-{m}" for h, tp, sp, m in
                                                                  PARALLEL_GRID])
 def test_parallel_block_is_never_slower_than_the_sequential_one_with_tp(h, tp, sp, mlp):
-    """Same GEMMs, fewer TP collectives (strategy/layer_emit.blocking_tp), one more memory-bound add over
+    """Same GEMMs, fewer TP collectives (strategy/blocking_tp.blocking_tp), one more memory-bound add over
     the unreduced branch outputs: with TP > 1 a parallel block never takes longer on the same plan, and
     exposes less TP communication; with one shared norm (GPT-J) less than with two (GPT-NeoX)."""
     nodes = tp // 8 if tp > 8 else 1

@@ -29,7 +29,7 @@ from ..model.opgraph import OpGraph, build_op_graph
 from ..scenario import Scenario
 from ..strategy.actions import Action
 from ..strategy.blocks import LayerBlocks, Work, build_blocks, layer_blocks
-from ..strategy.layer_emit import blocking_tp
+from ..strategy.blocking_tp import blocking_tp
 from ..strategy.recompute import recomputed_forward
 from ..strategy.schedules import schedule_actions, splits_backward
 from ..strategy.sharding import grad_accumulation_bytes_per_param
@@ -132,7 +132,7 @@ class EstimateCache:
 
     def tp_s(self, scn: Scenario, op: str, overlap: tuple = ()) -> float:
         """Uncontended time of one TP collective of the hidden-state tensor b·(s/cp)·h; with ``overlap``
-        (strategy.layer_emit.overlap_site, via blocking_tp) what its GEMM overlap leaves exposed, as the engine costs it."""
+        (strategy.blocking_tp.overlap_site, via blocking_tp) what its GEMM overlap leaves exposed, as the engine costs it."""
         p, t, m = scn.parallel, scn.training, scn.model
         if p.tp == 1:
             return 0.0

@@ -43,7 +43,7 @@ from .activation_memory import standalone_norms
 from .blocks import LayerBlocks, Work
 
 if TYPE_CHECKING:  # layer_emit imports this module: a type-only import
-    from .layer_emit import BlockingTP
+    from .blocking_tp import BlockingTP
 
 # the op graph's op names (model/opgraph.py) each module re-runs
 _UP_PROJ = frozenset({"q_up", "q_proj", "kv_up", "rope"})  # MLA's up projections and RoPE
