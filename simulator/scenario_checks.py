@@ -176,6 +176,9 @@ def _check_sharding(p: ParallelSpec) -> None:
     if p.sharding == "megatron-distopt" and p.zero_stage > 1:
         raise ScenarioError(f"parallelism.sharding = 'megatron-distopt' runs zero_stage 0 or 1, got "
                             f"zero_stage = {p.zero_stage}")
+    if p.sharding == "deepspeed-2021" and p.zero_stage != 3:  # zero_impl models its ZeRO-3 coordinator only
+        raise ScenarioError(f"parallelism.sharding = 'deepspeed-2021' is DeepSpeed's 2021 ZeRO-3 engine: it needs "
+                            f"zero_stage 3, got zero_stage = {p.zero_stage}")
     if p.sharding in ("fsdp1", "fsdp2") and p.zero_stage not in (2, 3):
         raise ScenarioError(f"parallelism.sharding = {p.sharding!r} needs zero_stage 2 (SHARD_GRAD_OP) or 3 "
                             f"(FULL_SHARD), got zero_stage = {p.zero_stage}")

@@ -152,6 +152,7 @@ def test_hsdp_gathers_inside_the_node_and_all_reduces_shards_across_nodes():
     ({"zero_stage": 3, "sharding": "zero"}, "parallelism.sharding 'zero' is unknown"),
     ({"zero_stage": 3, "sharding": "megatron-distopt"}, "runs zero_stage 0 or 1, got zero_stage = 3"),
     ({"zero_stage": 1, "sharding": "fsdp2"}, "needs zero_stage 2 (SHARD_GRAD_OP) or 3"),
+    ({"zero_stage": 1, "sharding": "deepspeed-2021"}, "2021 ZeRO-3 engine: it needs zero_stage 3, got zero_stage = 1"),
     ({"zero_stage": 3, "sharding": "fsdp1", "shard_group_size": 3}, "shard_group_size = 3 does not divide dp*cp"),
     ({"zero_stage": 3, "sharding": "deepspeed", "shard_group_size": 2}, "needs sharding fsdp1 or fsdp2"),
 ])
