@@ -16,7 +16,7 @@ from . import nccl_tuner as tuner
 from .nccl_env import DEFAULT, NcclEnv, env_for
 from .algorithms import (GroupShape, Phase, direct_flows, group_shape, hierarchical_phases,
                          nvls_flows, nvls_tree_flows, p2p_flows, ring_hops, ring_orders, tree_flows)
-from .fairshare import isolated_time_s
+from .fairshare import ARRAY_MIN_FLOWS, isolated_time_s
 from .plan import CommPlan, CommStep, make_flows
 
 
@@ -252,6 +252,12 @@ def _bw_lower_bound(topo: Topology, op: str, group: tuple[int, ...], alg: str) -
                      lambda: _link_bound(topo, op, group, alg))
 
 
+def _bound_pays(topo: Topology, op: str, group: tuple[int, ...], alg: str) -> bool:
+    """Whether the link-load bound is cheaper than the fluid timing it may spare: fewer flows in the
+    largest phase than the array form of max-min sharing starts at (``fairshare.ARRAY_MIN_FLOWS``)."""
+    return max((len(ph.flows) for ph in _phases(topo, op, group, alg)), default=0) < ARRAY_MIN_FLOWS
+
+
 def _link_bound(topo: Topology, op: str, group: tuple[int, ...], alg: str) -> float:
     total = 0.0
     for ph in _phases(topo, op, group, alg):
@@ -274,9 +280,11 @@ def _pick(topo: Topology, op: str, size: float, group: tuple[int, ...],
           algorithm: str | None) -> tuple[str, str, float]:
     best = None
     for alg, proto in _candidates(op, size, group, topo, algorithm):
-        # skip the costly fluid timing of a candidate whose lower bound already loses
-        if best is not None and _estimate(topo, op, size, group, alg, proto,
-                                          _bw_lower_bound(topo, op, group, alg)) >= best[2]:
+        # skip the costly fluid timing of a candidate whose lower bound already loses (the bound is a
+        # Python pass over every flow's links: from ARRAY_MIN_FLOWS flows on, the fluid timing runs in
+        # numpy and costs less than the bound, which can only skip a candidate that would lose anyway)
+        if best is not None and _bound_pays(topo, op, group, alg) and _estimate(
+                topo, op, size, group, alg, proto, _bw_lower_bound(topo, op, group, alg)) >= best[2]:
             continue
         t = _estimate(topo, op, size, group, alg, proto)
         if best is None or t < best[2]:
