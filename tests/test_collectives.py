@@ -338,3 +338,23 @@ def test_p2p_uses_ll_up_to_16_kb_per_channel_and_broadcast_steps_pay_tree_latenc
     topo = build_topology(A100)
     t = collective_time_s(_coll("broadcast", 8, range(8)), topo, "ring/simple")
     assert t == pytest.approx((8.4 + 8 * 4.0) * US, rel=1e-3)
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather"])
+def test_pruning_by_the_link_load_bound_never_changes_the_pick(op, monkeypatch):
+    """Large phases skip the bound (it costs more than the numpy fluid timing it would spare); the bound
+    only ever skips a candidate that loses, so pricing every candidate picks the same one, same time."""
+    import simulator.cost.collectives as C
+    group = tuple(range(0, 1040))  # 130 nodes: the ring and tree phases hold >= 1,024 flows
+    topo = build_topology(A100.with_nodes(130))
+    assert not any(C._bound_pays(topo, op, group, alg) for alg in ("ring", "tree") if op == "all_reduce" or alg == "ring")
+
+    def picks(prune_always: bool) -> list:
+        topo = build_topology(A100.with_nodes(130))
+        if prune_always:
+            monkeypatch.setattr(C, "_bound_pays", lambda *a: True)
+        out = [C._pick(topo, op, size, group, None) for size in (65536.0, 1e9)]
+        monkeypatch.undo()
+        return out
+
+    assert picks(False) == picks(True)
