@@ -347,7 +347,8 @@ def test_pruning_by_the_link_load_bound_never_changes_the_pick(op, monkeypatch):
     import simulator.cost.collectives as C
     group = tuple(range(0, 1040))  # 130 nodes: the ring and tree phases hold >= 1,024 flows
     topo = build_topology(A100.with_nodes(130))
-    assert not any(C._bound_pays(topo, op, group, alg) for alg in ("ring", "tree") if op == "all_reduce" or alg == "ring")
+    algs = ("ring", "tree") if op == "all_reduce" else ("ring",)
+    assert not any(C._bound_pays(topo, op, group, alg) for alg in algs)
 
     def picks(prune_always: bool) -> list:
         topo = build_topology(A100.with_nodes(130))
