@@ -113,7 +113,7 @@ def _shared_links(topo: Topology) -> tuple[set, bool, str]:
     nics_shared = c.nics_per_node < c.gpus_per_node
     if nics_shared:
         reasons.append(f"{c.gpus_per_node // c.nics_per_node} GPUs share each NIC")
-    if topo.layout is not None and c.num_nodes > 1:
+    if c.num_nodes > 1:
         nic_Bps = topo.capacity_Bps[("nic0.0", topo.leaf_name(0, 0))]  # every NIC link alike
         for leaf, nics in topo.layout.leaves().items():
             trunk = topo.capacity_Bps.get((leaf, SPINE))

@@ -51,6 +51,7 @@ class LinkLayout:
         return f"leaf{(node * self.nics_per_node + rail) // self.leaf_down_ports}"
 
     def rail(self, rank: int) -> int:
+        """The NIC (rail) of GPU ``rank``'s node that it uses: local index x NICs // GPUs per node."""
         g = self.gpus_per_node
         return rank % g * self.nics_per_node // g
 
@@ -110,7 +111,7 @@ class LinkLayout:
                   and leaf == self.leaf_name(*ia))
             return "nic" if ok else None
         if (pa, pb) == ("leaf", "spine"):
-            return "leaf-spine" if not ib and self._is_leaf(ia) and self._num_leaves() > 1 else None
+            return "leaf-spine" if not ib and self._is_leaf(ia) and self.has_spine() else None
         return None
 
     def links(self) -> Iterator[tuple[tuple[str, str], str]]:

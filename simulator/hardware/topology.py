@@ -92,11 +92,10 @@ class Topology:
     """The cluster's link graph with per-link capacity (bytes/s per direction) and latency."""
 
     cluster: ClusterSpec
-    capacity_Bps: dict  # LinkId -> application-level bytes/s in the link's direction
-    latency_s: dict  # LinkId -> seconds
-    leaf_down_ports: int = 0  # NIC-facing ports per leaf switch
+    capacity_Bps: LinkTable  # LinkId -> application-level bytes/s in the link's direction
+    latency_s: LinkTable  # LinkId -> seconds
+    layout: LinkLayout  # which links exist, by name, and the leaves' NIC-facing ports (link_table)
     spine_planes: int = 0  # uplinks per leaf, one to each spine plane, trunked by adaptive routing
-    layout: LinkLayout | None = None  # which links exist, by name (link_table)
     _routes: dict = field(default_factory=dict, repr=False)  # src * num_gpus + dst -> route
     _p2p: dict = field(default_factory=dict, repr=False)  # the same -> p2p_route
     _gpus: dict = field(default_factory=dict, repr=False)  # rank -> _Gpu
@@ -123,6 +122,11 @@ class Topology:
     def num_gpus(self) -> int:
         return self.cluster.num_gpus
 
+    @property
+    def leaf_down_ports(self) -> int:
+        """NIC-facing ports per leaf switch."""
+        return self.layout.leaf_down_ports
+
     def _check(self, rank: int) -> None:
         if not 0 <= rank < self.cluster.num_gpus:
             raise ValueError(f"rank {rank} is outside the cluster's {self.cluster.num_gpus} GPUs")
@@ -136,15 +140,14 @@ class Topology:
         return rank % self.cluster.gpus_per_node
 
     def rail_of(self, rank: int) -> int:
-        """Index of the NIC (rail) a GPU uses: GPU i -> NIC i * nics // gpus."""
-        c = self.cluster
-        return self.local_of(rank) * c.nics_per_node // c.gpus_per_node
+        """Index of the NIC (rail) a GPU uses: GPU i -> NIC i * nics // gpus (``LinkLayout.rail``)."""
+        self._check(rank)
+        return self.layout.rail(rank)
 
     def nic_name(self, rank: int) -> str:
         return f"nic{self.node_of(rank)}.{self.rail_of(rank)}"
 
     def leaf_name(self, node: int, rail: int) -> str:
-        assert self.layout is not None
         return self.layout.leaf_name(node, rail)
 
     def _gpu(self, rank: int) -> _Gpu:
@@ -153,9 +156,8 @@ class Topology:
         the engine looks them up); ``rank`` checked by the caller."""
         g = self._gpus.get(rank)
         if g is None:
-            c = self.cluster
-            node, local = divmod(rank, c.gpus_per_node)
-            rail = local * c.nics_per_node // c.gpus_per_node
+            node, local = divmod(rank, self.cluster.gpus_per_node)
+            rail = self.layout.rail(rank)
             gpu, nvs, pcie, nic = f"gpu{rank}", f"nvs{node}", f"pcie{rank}", f"nic{node}.{rail}"
             leaf = self.leaf_name(node, rail)
             g = self._gpus[rank] = _Gpu(
@@ -170,11 +172,10 @@ class Topology:
                  (g.into[2], "pcie")]
         if self.cluster.num_nodes > 1:
             known += [(g.out[2], "nic"), (g.into[0], "nic")]
-            if self.spine_planes and self.layout is not None and self.layout.has_spine():
+            if self.layout.has_spine():
                 known += [(g.spine[0], "leaf-spine"), (g.spine[1], "leaf-spine")]
-        for table in (self.capacity_Bps, self.latency_s):
-            if isinstance(table, LinkTable):
-                table.enter(known)
+        self.capacity_Bps.enter(known)
+        self.latency_s.enter(known)
 
     def _key(self, src_rank: int, dst_rank: int) -> int:
         """The routes' cache key of a pair of GPUs (ValueError outside the cluster)."""
@@ -310,5 +311,4 @@ def build_topology(cluster: ClusterSpec) -> Topology:
     layout = LinkLayout(c.num_nodes, c.gpus_per_node, c.nics_per_node, c.topology == "rail-optimized", down)
     cap = LinkTable(layout, {"nvlink": nvlink, "pcie": pcie, "nic": nic, "leaf-spine": nic * planes})
     lat = LinkTable(layout, LINK_LATENCY_S)
-    topo = Topology(c, cap, lat, down, planes, layout)
-    return topo
+    return Topology(c, cap, lat, layout, planes)
