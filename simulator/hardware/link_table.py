@@ -22,7 +22,7 @@ SPINE = "spine"
 PREFIXES = ("gpu", "nvs", "pcie", "host", "nic", "leaf", "spine")  # end-point kinds, in link order
 
 
-_NAME = re.compile(r"(gpu|nvs|pcie|host|nic|leaf|spine)((?:0|[1-9][0-9]*)(?:\.(?:0|[1-9][0-9]*))*)?")
+_NAME = re.compile(f"({'|'.join(PREFIXES)})" + r"((?:0|[1-9][0-9]*)(?:\.(?:0|[1-9][0-9]*))*)?")
 
 
 def _split(name: object) -> tuple[str, tuple[int, ...]] | None:
