@@ -69,7 +69,8 @@ def device_provenance(device: str, command: str) -> dict:
         prov["cudnn"] = torch.backends.cudnn.version()
         nccl = torch.cuda.nccl.version()  # a tuple (2, 21, 5); an int (2708) in old releases
         prov["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
-        prov["timing"] = "torch.cuda.Event per call after 3 warm-up calls; median"
+        prov["timing"] = ("3 warm-up calls, then 5 batches queued behind torch.cuda._sleep, CUDA events around"
+                          " each batch; median of the per-call batch means")
     else:
         prov["device"] = f"cpu: {_cpu_name()}"
         prov["driver"] = platform.platform()

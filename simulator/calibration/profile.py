@@ -33,6 +33,12 @@ TP_DEGREES = (1, 2, 4, 8)  # tensor-parallel sizes inside one 8-GPU node (DGX A1
 # Adam shard sizes profiled on a GPU, 2^20..2^28 parameters: from a small TP shard to a 268M-parameter
 # ZeRO-less stage; sizes outside are extended by the table reader (bandwidth-bound, linear).
 ADAM_SIZES = tuple(2 ** e for e in range(20, 29, 2))
+# Queued GPU timing (queued_cuda_times): batches per kernel, and the sleep that holds the GPU while the
+# host queues a batch, sized for the slowest clock of the kernel's cycle count: 3 GHz is above every
+# datasheet boost clock (H100 SXM 1,980 MHz), so the sleep lasts at least the host's time, plus a margin.
+QUEUED_BATCHES = 5
+SLEEP_CLOCK_HZ = 3.0e9
+SLEEP_MARGIN_S = 200e-6
 COPY_SIZES_BYTES = tuple(2 ** e for e in range(16, 31, 2))  # host <-> device copies, 64 KiB .. 1 GiB
 
 
@@ -129,8 +135,41 @@ def cuda_event_times(fn, reps: int) -> list[float]:
     return sorted(a.elapsed_time(b) * 1e-3 for a, b in events)
 
 
+def queued_cuda_times(fn, reps: int, batches: int = QUEUED_BATCHES) -> list[float]:
+    """Sorted seconds per call of ``batches`` batches of about ``reps / batches`` calls each, every
+    batch queued behind a sleep kernel so that the events bracket the calls back to back on the GPU.
+
+    Bracketing each call alone times the host's dispatch too wherever a kernel is shorter than its
+    launch: measured on an H100 here, an eager launch takes 6.0 us of host time
+    (scenarios/calibration/h100/gpu_kernels.csv, ``host`` rows), longer than most norm and
+    elementwise kernels of a small model, and the first tables made on that GPU timed such kernels at
+    several times their trace durations. The simulator prices the host floor separately
+    (cost/compute.with_host_floor_s), so the tables must hold the GPU's time alone."""
+    import torch
+
+    n = max(1, math.ceil(reps / batches))
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    fn()
+    host_s = time.perf_counter() - t  # the host's cost of one call (the GPU was idle: no wait)
+    torch.cuda.synchronize()
+    sleep_cycles = int(SLEEP_CLOCK_HZ * (1.25 * n * host_s + SLEEP_MARGIN_S))
+    out = []
+    for _ in range(batches):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(sleep_cycles)  # the GPU waits here while the host queues the batch
+        a.record()
+        for _ in range(n):
+            fn()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b) * 1e-3 / n)  # elapsed_time is in milliseconds (CUDA event API)
+    return sorted(out)
+
+
 def time_callable(fn, device: str) -> tuple[float, int]:
-    """(median seconds per call, repetitions) after warm-up; CUDA events on a GPU, perf_counter on the CPU."""
+    """(median seconds per call, calls timed) after warm-up; on a GPU the calls run queued back to
+    back (queued_cuda_times), on the CPU each call is timed with perf_counter."""
     import torch
 
     cuda = device.startswith("cuda")
@@ -138,26 +177,21 @@ def time_callable(fn, device: str) -> tuple[float, int]:
         fn()
     if cuda:
         torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        one_s = start.elapsed_time(end) * 1e-3  # elapsed_time is in milliseconds (CUDA event API)
+        one_s = queued_cuda_times(fn, 1, 1)[0]
     else:
         t = time.perf_counter()
         fn()
         one_s = time.perf_counter() - t
     reps = max(MIN_REPS, min(MAX_REPS, math.ceil(TARGET_TIME_S / max(one_s, 1e-9))))
     if cuda:
-        times = cuda_event_times(fn, reps)
-    else:
-        times = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-        times.sort()
+        times = queued_cuda_times(fn, reps)
+        return times[len(times) // 2], len(times) * math.ceil(reps / QUEUED_BATCHES)
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    times.sort()
     return times[len(times) // 2], reps
 
 
