@@ -105,6 +105,16 @@ BLOCK_SCALED_GEMM_RATE: dict[tuple[str, str], float] = {
     ("mxfp8", "blackwell"): 6.812 / 7.161,
 }
 
+# Per-tensor-scaled FP8 GEMMs of the backward pass on Hopper: Transformer Engine runs dgrad and wgrad
+# with split accumulators (partial sums promoted to FP32 outside the tensor cores) and fprop with fast
+# accumulation (transformer_engine/pytorch/module/base.py: _2X_ACC_FPROP = False, _2X_ACC_DGRAD =
+# _2X_ACC_WGRAD = True; the recipes' MMParams likewise). Rate with split over fast accumulation,
+# measured on an H100 SXM here: the 39 layer GEMM shapes of Llama 3.1 8B, 70B TP4 and GPT-3 175B TP8
+# in their three layouts, torch._scaled_mm both ways, fast/split time 0.936 (0.84..1.00)
+# (scenarios/calibration/h100/gpu_fp8_accum.csv). Blackwell's MMA accumulates in FP32: not applied.
+# The block-scaled recipes' rates above already include their accumulation.
+FP8_SPLIT_ACCUMULATOR_RATE: dict[str, float] = {"hopper": 0.936}
+
 # Host time of one eager PyTorch op issued from Python while the GPU waits (an OpWork of kind "host",
 # shape (ops,)): PyTorch operator micro-benchmark of a tiny view op on a CUDA tensor, "Forward
 # Execution Time (us) : 3.333" (split, pytorch/pytorch PR #32194, 2020), measured by others.
@@ -224,10 +234,10 @@ class RooflineCompute:
                 # GEMMs, each with its own waves and main-loop length, two kernels as B and W alone
                 dgrad, wgrad = gemm_grad_shapes((m, n, k))
                 half = op.flops / 2
-                flop_s = (self._gemm_s(half, *dgrad, op.precision) + self._gemm_s(half, *wgrad, op.precision)
-                          + self.eff.kernel_overhead_s)
+                flop_s = (self._gemm_s(half, *dgrad, op.precision, True)
+                          + self._gemm_s(half, *wgrad, op.precision, True) + self.eff.kernel_overhead_s)
             else:
-                flop_s = self._gemm_s(op.flops, m, n, k, op.precision)
+                flop_s = self._gemm_s(op.flops, m, n, k, op.precision, op.backward)
         elif op.kind == "attention" and op.flops > 0 and self.attention == "unfused":
             return self._unfused_attention_s(op)
         elif op.kind == "attention" and op.flops > 0:
@@ -254,8 +264,9 @@ class RooflineCompute:
         executed = CAUSAL_EXECUTED_FRACTION * op.flops * (FLASH_BWD_RECOMPUTE if op.backward else 1.0)
         return executed / (self.peak_flops_per_s * eff)
 
-    def _gemm_s(self, flops: float, m: int, n: int, k: int, precision: str = "") -> float:
-        """A GEMM's time; ``precision`` an FP8 tag of model/fp8.py or "" (the training dtype)."""
+    def _gemm_s(self, flops: float, m: int, n: int, k: int, precision: str = "", backward: bool = False) -> float:
+        """A GEMM's time; ``precision`` an FP8 tag of model/fp8.py or "" (the training dtype);
+        ``backward``: a dgrad or wgrad GEMM (per-tensor FP8 runs them with split accumulators)."""
         fp8 = precision in FP8_PRECISIONS
         if fp8 and not self.eff.fp8_block_k:
             raise ValueError(f"gpu {self.gpu.name} has no FP8 tensor cores (training.dtype = 'fp8')")
@@ -266,6 +277,8 @@ class RooflineCompute:
             if rate is None:
                 raise ValueError(f"gpu {self.gpu.name} ({self.gpu.architecture}) has no {precision} GEMM")
             peak *= rate
+        elif fp8 and backward:
+            peak *= FP8_SPLIT_ACCUMULATOR_RATE.get(self.gpu.architecture, 1.0)
         rate = peak * self.eff.gemm_max
         over = self.eff.tile_overhead_iters
         # Either orientation of the output can be tiled, with or without split-K; cuBLAS's heuristic
