@@ -166,7 +166,8 @@ def test_tensor_core_kernels_run_at_the_sustained_clock_memory_kernels_at_full_b
     hot, cold = RooflineCompute(h100, "bf16"), RooflineCompute(unthrottled, "bf16")
     assert hot.clock_ratio == pytest.approx(1575 / quoted_MHz)
     overhead = EFFICIENCIES["hopper"].kernel_overhead_s
-    gemm = OpWork("g", "gemm", gemm_flops(8192, 8192, 8192), 3 * 8192 * 8192 * 2, (8192, 8192, 8192))
+    shape = (6144, 2816, 8192)  # 4 x 132 tiles: no split tile, no fp32 fixup traffic
+    gemm = OpWork("g", "gemm", gemm_flops(*shape), 3 * 8192 * 8192 * 2, shape)
     assert (hot.op_time_s(gemm) - overhead) == pytest.approx((cold.op_time_s(gemm) - overhead) * quoted_MHz / 1575)
     norm = OpWork("ln", "norm", 0.0, 1e9, (1, 1))
     assert hot.op_time_s(norm) == cold.op_time_s(norm)
@@ -218,23 +219,47 @@ def test_cuda_graphs_speed_up_a_host_bound_model_and_leave_a_gpu_bound_one_alone
 
 
 def test_a_small_output_gemm_splits_k_to_fill_the_gpu():
-    """CUTLASS's parallel split-K (efficient_gemm.md, "Parallelized Reductions"): an output of 20 tiles
-    on 132 SMs runs its K in s slices on 20·s CTAs, each with a 1/s main loop, and reduces the fp32
-    partials (8·s + 2 bytes per element); the heuristic's pick is the fastest of s = 1..26."""
+    """CUTLASS's parallel split-K (efficient_gemm.md, "Parallelized Reductions"), as Ampere runs it: an
+    output of 20 tiles on 108 SMs runs its K in s slices on 20·s CTAs, each with a 1/s main loop, and
+    reduces the fp32 partials (8·s + 2 bytes per element); the heuristic's pick is the fastest of
+    s = 1..21."""
     from simulator.cost.compute import k_efficiency, split_k_candidates, split_k_gemm_s
-    rc = RooflineCompute(GPU_PRESETS["h100-sxm5-80gb"], "bf16")
+    rc = RooflineCompute(A100, "bf16")
+    assert not rc.eff.stream_k
     m, n, k = 512, 1280, 8192  # 4 x 5 tiles of 128 x 256
     flops = 2.0 * m * n * k
     rate = rc.peak_flops_per_s * rc.eff.gemm_max
-    assert list(split_k_candidates(m, n, k, 132, 64)) == list(range(1, 27))
-    times = {s: split_k_gemm_s(flops, rate, m, n, k, s, 132, 64, rc.eff.tile_overhead_iters, rc.mem_Bps)
-             for s in range(1, 27)}
+    over = rc.eff.tile_overhead_iters
+    assert list(split_k_candidates(m, n, k, 108, 32)) == list(range(1, 22))
+    times = {s: split_k_gemm_s(flops, rate, m, n, k, s, 108, 32, over, rc.mem_Bps) for s in range(1, 22)}
     best = min(times, key=times.get)
-    assert best == 6  # 120 CTAs in one wave
-    one_wave = flops / (rate * (20 / 132) * k_efficiency(k, 64, rc.eff.tile_overhead_iters))
+    assert best == 5  # 100 CTAs in one wave
+    one_wave = flops / (rate * (20 / 108) * k_efficiency(k, 32, over))
     assert times[1] == pytest.approx(one_wave)
     op = OpWork("g", "gemm", flops, 0.0, (m, n, k))
     assert rc.op_time_s(op) == pytest.approx(times[best] + rc.eff.kernel_overhead_s)
     assert rc.op_time_s(op) < times[1] / 3
     # four waves and more: no split (the data-parallel tiling of before)
-    assert list(split_k_candidates(8192, 8192, 8192, 132, 64)) == [1]
+    assert list(split_k_candidates(8192, 8192, 8192, 108, 32)) == [1]
+
+
+def test_hopper_gemms_deal_their_main_loop_evenly_to_the_sms():
+    """Stream-K (cuBLAS's persistent Hopper kernels, measured without wave steps): the busiest SM runs
+    ceil(tiles · iterations / SMs) main-loop iterations plus the prologue/epilogue of its whole tiles
+    and of at most two pieces of the remainder; each extra piece writes and reads an fp32 tile."""
+    rc = RooflineCompute(H100, "bf16")
+    assert rc.eff.stream_k
+    rate, over, tile = rc.peak_flops_per_s * rc.eff.gemm_max, rc.eff.tile_overhead_iters, 128 * 256
+    iter_s = 2.0 * tile * 64 * 132 / rate
+    floor = rc.eff.kernel_overhead_s
+
+    def time_s(m, n, k):
+        return rc.op_time_s(OpWork("g", "gemm", gemm_flops(m, n, k), 0.0, (m, n, k))) - floor
+
+    # 528 tiles = 4 per SM, 192 iterations each: no remainder, no fixup
+    assert time_s(6144, 2816, 12288) == pytest.approx((4 * 192 + 4 * over) * iter_s)
+    # 36 tiles on 132 SMs: 53 iterations each, two pieces, 96 extra pieces' fp32 partials
+    assert time_s(256, 4608, 12288) == pytest.approx((53 + 2 * over) * iter_s + 8.0 * 96 * tile / rc.mem_Bps)
+    # no wave steps: from 2.18 to 3 waves' worth of tiles the rate changes by under 5%
+    rates = [gemm_flops(m, 4608, 12288) / time_s(m, 4608, 12288) for m in range(2048, 2817, 256)]
+    assert max(rates) / min(rates) < 1.05

@@ -124,7 +124,8 @@ def test_block_scaled_gemm_lies_between_bf16_and_half_of_it(gpu, precision, shap
     # the per-tensor kernel's main loop at the block-scaled rate; the launch floor unchanged
     floor = EFFICIENCIES[gpu.architecture].kernel_overhead_s
     rate = BLOCK_SCALED_GEMM_RATE[precision, gpu.architecture]
-    assert block - floor == pytest.approx((tensor - floor) / rate)
+    # (up to the fp32 fixup of a stream-K kernel's split tiles: memory traffic, not main loop)
+    assert block - floor == pytest.approx((tensor - floor) / rate, rel=2e-3)
 
 
 def test_block_scaled_rates_are_the_published_ratios():

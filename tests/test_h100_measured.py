@@ -27,7 +27,7 @@ def _gemm(shape, precision="", backward=False):
 
 
 def test_fp8_dgrad_and_wgrad_run_split_accumulators_on_hopper_only():
-    shape = (8192, 8192, 8192)
+    shape = (6144, 2816, 8192)  # 4 x 132 tiles: no fp32 fixup traffic, which no accumulator changes
     h100 = RooflineCompute(H100, "fp8")
     fprop, grad = (h100.op_time_s(_gemm(shape, "fp8", b)) for b in (False, True))
     over = h100.eff.kernel_overhead_s
@@ -85,3 +85,41 @@ def test_measured_split_accumulation_rate_is_the_constant():
     ratios = [t["fast"] / t["split"] for t in times.values()]
     assert len(ratios) == 39
     assert sum(ratios) / len(ratios) == pytest.approx(FP8_SPLIT_ACCUMULATOR_RATE["hopper"], abs=5e-4)
+
+
+def test_the_gemm_model_reproduces_every_measured_h100_gemm():
+    """256 GEMMs of at least 50 us measured back to back at the power limit (square, k sweep, m sweeps
+    across wave boundaries, the layer GEMMs in three layouts, BF16 and FP8): MAPE under 4%, none off by
+    more than 15%. Shorter ones are launch-bound in the measurement and left out."""
+    rc = RooflineCompute(H100, "fp8")
+    errors = []
+    for name, section in (("gpu_kernels.csv", "gemm"), ("gpu_waves.csv", "waves"), ("gpu_fp8_accum.csv", "fp8_accum")):
+        for r in _measured_gemms(name, section):
+            t = float(r["time_s"])
+            if t < 50e-6 or r["name"].endswith(".split"):
+                continue
+            split = r["dtype"] == "fp8" and r["pass"] != "fwd" and not r["name"].endswith(".fast")
+            op = _gemm((int(r["m"]), int(r["n"]), int(r["k"])), "fp8" if r["dtype"] == "fp8" else "", split)
+            errors.append((rc.op_time_s(op) - rc.eff.kernel_overhead_s) / t - 1)
+    assert len(errors) == 256
+    assert sum(abs(e) for e in errors) / len(errors) < 0.04
+    assert max(abs(e) for e in errors) < 0.15
+
+
+def test_large_gemms_beside_held_sms_lose_what_was_measured():
+    """A GEMM beside CTAs that hold SMs (as NCCL's do) runs its tiles in waves on the SMs left, at the
+    clock the power limit allows fewer busy SMs. Against the measured H100 (gpu_contention.csv): the
+    two large GEMMs within +10% at 8 to 66 SMs held; the one- and two-wave GEMMs, whose persistent
+    kernels lose more (up to 2.5x), are a known shortfall and only bounded here."""
+    from simulator.cost.sm_share import with_sms_taken
+    rc = RooflineCompute(H100, "bf16")
+    with open(MEASURED / "gpu_contention.csv") as f:
+        rows = [r for r in csv.DictReader(f) if int(r["hog_ctas"])]
+    assert len(rows) == 20
+    for r in rows:
+        op = _gemm((int(r["m"]), int(r["n"]), int(r["k"])))
+        over = rc.eff.kernel_overhead_s
+        ratio = (with_sms_taken(rc, int(r["hog_ctas"])).op_time_s(op) - over) / (rc.op_time_s(op) - over)
+        error = ratio / float(r["ratio"]) - 1
+        large = int(r["m"]) == 8192
+        assert (-0.01 < error < 0.10) if large else (-0.40 < error < 0.15), (r, ratio)

@@ -173,7 +173,7 @@ def test_the_summary_the_readme_prints_is_what_the_run_prints():
 
 # ---- "What is modelled": named constants ------------------------------------------------------------
 def test_fp8_gemms_run_at_transformer_engines_measured_rate_over_bf16():
-    """README: "the 5B layer's twelve GEMMs (M = 15,872) on H200 take 1.91x / 1.93x / 1.96x less time in
+    """README: "the 5B layer's twelve GEMMs (M = 15,872) on H200 take 1.91x / 1.92x / 1.93x less time in
     FP8 than in BF16 (fprop / dgrad / wgrad), where Transformer Engine's GEMM benchmark measured 1.91x /
     1.90x / 1.90x (pre-quantized per-tensor FP8, H200 NVL)" (TE docs/examples/gemm_profiling)."""
     from simulator.cost.compute import RooflineCompute
@@ -190,7 +190,7 @@ def test_fp8_gemms_run_at_transformer_engines_measured_rate_over_bf16():
         ratio = sum(map(bf16.op_time_s, ops)) / sum(fp8.op_time_s(dataclasses.replace(o, precision="fp8"))
                                                       for o in ops)
         assert round(measured[kind], 2) == {"fprop": 1.91, "dgrad": 1.90, "wgrad": 1.90}[kind]
-        assert round(ratio, 2) == {"fprop": 1.91, "dgrad": 1.93, "wgrad": 1.96}[kind]
+        assert round(ratio, 2) == {"fprop": 1.91, "dgrad": 1.92, "wgrad": 1.93}[kind]
         assert abs(ratio / measured[kind] - 1) < 0.04
 
 
@@ -281,7 +281,7 @@ def test_reliability_defaults_are_the_documented_ones():
 # ---- "## Not modelled yet": the 1.7B H100 row's dispatch figures; what search tries by default -------
 def test_the_1_7b_h100_rows_kernels_take_2_7x_to_18x_their_dispatch():
     """README: "its tasks' kernels take 2.7x to 18x, median, their dispatch: 0.017 s of dispatch under
-    0.36 s of kernels per step" (the least and the median ratio over the first rank's compute tasks)."""
+    0.35 s of kernels per step" (the least and the median ratio over the first rank's compute tasks)."""
     import statistics
 
     from simulator.cost.compute import EAGER_KERNEL_HOST_S, RooflineCompute
@@ -296,7 +296,7 @@ def test_the_1_7b_h100_rows_kernels_take_2_7x_to_18x_their_dispatch():
     dispatch = [EAGER_KERNEL_HOST_S * sum(rc.kernel_launches(o) for o in t.work) for t in tasks]
     ratios = [k / d for k, d in zip(kernels, dispatch)]
     assert (round(min(ratios), 1), round(statistics.median(ratios))) == (2.7, 18)
-    assert (round(sum(dispatch), 3), round(sum(kernels), 2)) == (0.017, 0.36)
+    assert (round(sum(dispatch), 3), round(sum(kernels), 2)) == (0.017, 0.35)
 
 
 def test_search_does_not_try_the_v_shaped_or_dualpipe_schedules_unless_asked():

@@ -68,14 +68,16 @@ def test_p2p_ctas_follow_the_fabrics_nccl_environment():
     assert collective_ctas(a2a, "p2p/simple", group_shape(group, build_topology(a3_high)), a3_high) == 8
 
 
-def test_a_one_wave_gemm_beside_24_ctas_takes_twice_as_long():
+def test_a_one_wave_gemm_beside_24_ctas_takes_nearly_twice_as_long():
     # NVIDIA developer forum 337991 (H100): a 132-CTA GEMM next to a 24-CTA ncclAllGather nearly
-    # doubles: 108 SMs left, 132 tiles in 2 waves; (132 / 108) x (216 / 132) = 2 exactly.
+    # doubles: 108 SMs left, 132 tiles in 2 waves, at the clock the power limit allows 108 busy SMs,
+    # (132 / 108)^(1/3) above the full GPU's (measured here: 1.72x, gpu_contention.csv).
     rc = RooflineCompute(H100.gpu, "bf16")
-    gemm = OpWork("g", "gemm", 2.0 * 1536 * 2816 * 8192, 0.0, (1536, 2816, 8192))
+    gemm = OpWork("g", "gemm", 2.0 * 1536 * 2816 * 8192, 0.0, (1536, 2816, 8192))  # 132 tiles, no remainder
     busy = with_sms_taken(rc, 24)
     overhead = rc.eff.kernel_overhead_s
-    assert busy.op_time_s(gemm) - overhead == pytest.approx(2.0 * (rc.op_time_s(gemm) - overhead), rel=1e-12)
+    assert busy.op_time_s(gemm) - overhead == pytest.approx(
+        2.0 * (rc.op_time_s(gemm) - overhead) / (132 / 108) ** (1 / 3), rel=1e-12)
     # an HBM-bound kernel keeps its time: bandwidth, not SMs, bounds it
     norm = OpWork("n", "norm", 0.0, 1e9)
     assert busy.op_time_s(norm) == rc.op_time_s(norm)

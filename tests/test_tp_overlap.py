@@ -56,7 +56,11 @@ def test_overlap_tags_the_six_chunked_and_four_bulk_collectives_of_a_dense_layer
 
 def test_a_step_with_overlap_lies_between_compute_alone_and_no_overlap():
     plain, over = simulate(scenario(False)).metrics, simulate(scenario(True)).metrics
-    assert over["time_breakdown_s"]["comm_tp"] < plain["time_breakdown_s"]["comm_tp"]
+    # what overlaps leaves the busiest rank: here the chunks' transfers outlast their GEMM chunks, so
+    # the GEMM hides behind the transfers (compute shrinks) rather than the transfers behind the GEMM
+    exposed = [m["time_breakdown_s"]["compute"] + m["time_breakdown_s"]["comm_tp"] for m in (plain, over)]
+    assert over["time_breakdown_s"]["comm_tp"] <= plain["time_breakdown_s"]["comm_tp"] + 1e-12
+    assert exposed[1] < exposed[0]
     assert over["iteration_time_s"] < plain["iteration_time_s"]
     # never faster than the same step with every TP collective removed
     assert over["iteration_time_s"] >= plain["iteration_time_s"] - plain["time_breakdown_s"]["comm_tp"] - 1e-9
