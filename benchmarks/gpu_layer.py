@@ -1,13 +1,14 @@
 """Time whole transformer layers on a CUDA GPU under sustained load: a Llama 3.1 8B layer (RMSNorm,
 fused QKV GEMM, causal GQA attention through torch's cuDNN/Flash SDPA, output projection, residual
-add, RMSNorm, SwiGLU MLP) at sequence 8192, micro-batch 1, BF16, forward and backward of a stack
-of layers back to back, with the SM clock and power they run at. This is the kernel mix of a training
+add, RMSNorm, SwiGLU MLP) at sequence 8192, micro-batch 1, BF16, or one TP rank's shard of a GPT-3
+175B layer at TP 4 (LayerNorm, biases, GELU; sequence 2048), forward and backward of a stack of
+layers back to back, with the SM clock and power they run at and the kernels' device time by kind. This is the kernel mix of a training
 step, not one kernel: its clock is what the GPU holds when GEMMs alternate with attention and
 memory-bound kernels (``gpu_kernels.py`` measures each kernel alone).
 
-    python benchmarks/gpu_layer.py --out DIR
+    python benchmarks/gpu_layer.py --out DIR [--model gpt3-175b-tp4]
 
-Writes ``DIR/gpu_layer.json`` and prints it. Rotary embedding is left out (it is not in this layer);
+Writes ``DIR/gpu_layer.json`` (``gpu_layer_<model>.json`` for other models) and prints it. Rotary embedding is left out (it is not in this layer);
 GQA keys and values are expanded to all heads when the SDPA backend takes no GQA inputs.
 """
 
@@ -22,59 +23,104 @@ import torch
 import torch.nn.functional as F
 from gpu_kernels import Sampler, provenance, timed  # run as a script: benchmarks/ is on sys.path
 
-HIDDEN, FFN, HEADS, KV_HEADS, SEQ, LAYERS = 4096, 14336, 32, 8, 8192, 4  # Llama 3.1 8B (HF config)
+# Per-GPU shards of one layer (Hugging Face / paper configs): tp divides heads and widths as
+# Megatron's column- and row-parallel linears do (the TP collectives themselves are not run here).
+MODELS = {
+    "llama3.1-8b": dict(hidden=4096, ffn=14336, heads=32, kv_heads=8, seq=8192, tp=1, mlp="swiglu",
+                        norm="rmsnorm", bias=False),
+    "gpt3-175b-tp4": dict(hidden=12288, ffn=49152, heads=96, kv_heads=96, seq=2048, tp=4, mlp="gelu",
+                          norm="layernorm", bias=True),
+}
+LAYERS = 4
 SUSTAIN_S = 15.0
 
 
 class Layer(torch.nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, hidden, ffn, heads, kv_heads, tp, mlp, norm, bias, **_) -> None:
         super().__init__()
-        self.hd = HIDDEN // HEADS
-        kw = dict(bias=False, device="cuda", dtype=torch.bfloat16)
-        self.n1 = torch.nn.RMSNorm(HIDDEN, eps=1e-5, device="cuda", dtype=torch.bfloat16)
-        self.qkv = torch.nn.Linear(HIDDEN, (HEADS + 2 * KV_HEADS) * self.hd, **kw)
-        self.proj = torch.nn.Linear(HIDDEN, HIDDEN, **kw)
-        self.n2 = torch.nn.RMSNorm(HIDDEN, eps=1e-5, device="cuda", dtype=torch.bfloat16)
-        self.fc1 = torch.nn.Linear(HIDDEN, 2 * FFN, **kw)
-        self.fc2 = torch.nn.Linear(FFN, HIDDEN, **kw)
+        self.heads, self.kv, self.hd, self.mlp = heads // tp, kv_heads // tp, hidden // heads, mlp
+        kw = dict(bias=bias, device="cuda", dtype=torch.bfloat16)
+        Norm = torch.nn.RMSNorm if norm == "rmsnorm" else torch.nn.LayerNorm  # noqa: N806
+        self.n1 = Norm(hidden, eps=1e-5, device="cuda", dtype=torch.bfloat16)
+        self.qkv = torch.nn.Linear(hidden, (self.heads + 2 * self.kv) * self.hd, **kw)
+        self.proj = torch.nn.Linear(self.heads * self.hd, hidden, **kw)
+        self.n2 = Norm(hidden, eps=1e-5, device="cuda", dtype=torch.bfloat16)
+        self.fc1 = torch.nn.Linear(hidden, (2 if mlp == "swiglu" else 1) * ffn // tp, **kw)
+        self.fc2 = torch.nn.Linear(ffn // tp, hidden, **kw)
         self.gqa = True
 
     def attention(self, q, k, v):
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION]):
-            if self.gqa:
+            if self.gqa and self.kv != self.heads:
                 try:
                     return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
                 except (RuntimeError, TypeError):
                     self.gqa = False
-            rep = HEADS // KV_HEADS
-            return F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
-                                                  is_causal=True)
+            rep = self.heads // self.kv
+            if rep > 1:
+                k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
     def forward(self, x):
         b, s, _ = x.shape
-        q, k, v = self.qkv(self.n1(x)).split([HIDDEN, KV_HEADS * self.hd, KV_HEADS * self.hd], dim=-1)
-        q = q.view(b, s, HEADS, self.hd).transpose(1, 2)
-        k = k.view(b, s, KV_HEADS, self.hd).transpose(1, 2)
-        v = v.view(b, s, KV_HEADS, self.hd).transpose(1, 2)
-        a = self.attention(q, k, v).transpose(1, 2).reshape(b, s, HIDDEN)
-        x = x + self.proj(a)
-        gate, up = self.fc1(self.n2(x)).chunk(2, dim=-1)
-        return x + self.fc2(F.silu(gate) * up)
+        q, k, v = self.qkv(self.n1(x)).split([self.heads * self.hd, self.kv * self.hd, self.kv * self.hd], -1)
+        q = q.view(b, s, self.heads, self.hd).transpose(1, 2)
+        k = k.view(b, s, self.kv, self.hd).transpose(1, 2)
+        v = v.view(b, s, self.kv, self.hd).transpose(1, 2)
+        x = x + self.proj(self.attention(q, k, v).transpose(1, 2).reshape(b, s, self.heads * self.hd))
+        h = self.fc1(self.n2(x))
+        if self.mlp == "swiglu":
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        else:
+            h = F.gelu(h, approximate="tanh")
+        return x + self.fc2(h)
+
+
+CATEGORIES = (("attention", ("flash", "fmha", "cudnn", "sdpa", "attention")),
+              ("gemm", ("gemm", "xmma", "cutlass", "nvjet", "cublas", "matmul")),
+              ("norm", ("norm",)))
+
+
+def kernel_breakdown(step, iters: int = 3) -> dict:
+    """Device time per layer and step of each kernel category, and the longest kernels, over ``iters``
+    steps under torch.profiler (kernel durations are the device's; the profiler's host cost is not in
+    them)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            step()
+        torch.cuda.synchronize()
+    per_name = {}
+    for e in prof.key_averages():
+        us = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
+        if us > 0:
+            per_name[e.key] = per_name.get(e.key, 0.0) + us * 1e-6 / (iters * LAYERS)
+    cats: dict = {}
+    for name, sec in per_name.items():
+        low = name.lower()
+        cat = next((c for c, keys in CATEGORIES if any(k in low for k in keys)), "elementwise")
+        cats[cat] = cats.get(cat, 0.0) + sec
+    top = sorted(per_name.items(), key=lambda kv: -kv[1])[:25]
+    return {"per_layer_s": cats, "top_kernels_per_layer_s": top}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--model", default="llama3.1-8b", choices=sorted(MODELS))
     args = ap.parse_args()
+    cfg = MODELS[args.model]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     sampler = Sampler()
     sampler.start()
-    layers = torch.nn.Sequential(*(Layer() for _ in range(LAYERS)))
-    x = torch.randn(1, SEQ, HIDDEN, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    g = torch.randn(1, SEQ, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    layers = torch.nn.Sequential(*(Layer(**cfg) for _ in range(LAYERS)))
+    x = torch.randn(1, cfg["seq"], cfg["hidden"], device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    g = torch.randn(1, cfg["seq"], cfg["hidden"], device="cuda", dtype=torch.bfloat16)
 
     def fwd():
         with torch.no_grad():
@@ -83,8 +129,7 @@ def main() -> int:
     def fwd_bwd():
         layers(x).backward(g)
 
-    doc = {"provenance": provenance(sampler), "model": dict(hidden=HIDDEN, ffn=FFN, heads=HEADS,
-                                                             kv_heads=KV_HEADS, seq=SEQ, layers=LAYERS)}
+    doc = {"provenance": provenance(sampler), "model": dict(cfg, name=args.model, layers=LAYERS)}
     t_f, a0, a1 = timed(fwd)
     doc["forward_per_layer_s"], doc["forward_clock"] = t_f / LAYERS, sampler.window(a0, a1)
     start = time.perf_counter()
@@ -97,9 +142,10 @@ def main() -> int:
     med = lambda key: sorted(r[key] for r in tail)[len(tail) // 2]  # noqa: E731
     doc.update(gqa_native=layers[0].gqa, fwd_bwd_per_layer_s=med("per_layer_s"), fwd_bwd_sm_MHz=med("sm_MHz"),
                fwd_bwd_power_W=med("power_W"), series=series)
+    doc["kernels_in_mix"] = kernel_breakdown(fwd_bwd)
     sampler.stop()
-    (out / "gpu_layer.json").write_text(json.dumps(doc, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in doc.items() if k != "series"}, indent=1))
+    (out / ("gpu_layer.json" if args.model == "llama3.1-8b" else f"gpu_layer_{args.model}.json")).write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in doc.items() if k not in ("series", "provenance")}, indent=1))
     return 0
 
 
