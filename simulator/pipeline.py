@@ -133,6 +133,7 @@ def gc_paused():
     was = gc.isenabled()
     gc.disable()
     state = _OldestGeneration
+    entry = -1  # objects the collector tracked on the way in
     if was and not gc.get_freeze_count():
         full_runs = gc.get_stats()[2]["collections"]
         if full_runs != state.full_runs:  # CPython ran one since: it walked the moved objects
@@ -141,13 +142,14 @@ def gc_paused():
             gc.collect()
             state.moved, state.baseline = 0, _tracked_objects()
             state.full_runs = gc.get_stats()[2]["collections"]
+        entry = _tracked_objects()
     try:
         yield
     finally:
         if was:
-            if not gc.get_freeze_count():
-                state.moved += gc.get_count()[0]  # tracked objects allocated (net) since gen 0 was last swept
-                gc.freeze()
+            if entry >= 0 and not gc.get_freeze_count():
+                gc.freeze()  # the survivors (and any cyclic garbage) move to the oldest generation
+                state.moved += max(0, gc.get_freeze_count() - entry)
                 gc.unfreeze()
             gc.enable()
 
@@ -167,7 +169,11 @@ def simulate_metrics(scn: Scenario, full: bool = False, topology: Topology | Non
     plan: ~0.06 s of ~2 s)."""
     _check_topology(scn, topology)
     with gc_paused():
-        return _simulate(scn, full, topology or build_topology(scn.cluster)).metrics
+        result = _simulate(scn, full, topology or build_topology(scn.cluster))
+        result.sim.network.release()
+        metrics = result.metrics
+        del result  # freed here, before the survivors are counted on the way out
+    return metrics
 
 
 def _check_topology(scn: Scenario, topology: Topology | None) -> None:
@@ -234,6 +240,7 @@ def _contended_durations(graph: TaskGraph, per_collective: PerCollective, cost: 
     if times is None:
         first = simulate_graph(graph, per_collective, durations=static)
         times = first.start_s, first.end_s
+        first.network.release()
     stretched = stretched_durations(graph, *times, durations, list(map(ctas_of.__getitem__, shapes)),
                                     cost.contention_ratio, one)
     return durations if stretched is None else stretched
