@@ -75,7 +75,7 @@ class FlowNetwork:
         for held in (self._subsets, self._coupled_on, self._rates, self._splits, self._shapes, self._live,
                      self._heap):
             held.clear()
-        self._on_timer = None
+        del self._on_timer
 
     def run(self, plan: CommPlan, start_s: float | None = None) -> Generator[Event, Any, float]:
         """Execute ``plan``: ``elapsed_s = yield from net.run(plan)`` returns when its last step
