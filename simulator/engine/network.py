@@ -154,12 +154,16 @@ class FlowNetwork:
         if sub is None:
             sub = shape.subsets[idx] = Subset(shape, idx)
             self._subsets.append(sub)
-            for link in sub.links:
-                holders = self._coupled_on.setdefault(link, [])
-                for other in holders:
-                    if other.overlaps is not None:
-                        other.overlaps.add(sub)
-                holders.append(sub)
+            on = self._coupled_on
+            holders = [on[link] if link in on else on.setdefault(link, []) for link in sub.links]
+            near: set[Subset] = set().union(*holders)  # the subsets sharing a link, each once
+            for other in near:
+                if other.overlaps is not None:
+                    other.overlaps.add(sub)
+            for h in holders:
+                h.append(sub)
+            near.add(sub)
+            sub.overlaps = near  # what _overlaps would gather: the holders of its links, itself too
         return sub
 
     def _overlaps(self, sub: Subset) -> set[Subset]:
