@@ -21,6 +21,7 @@ import json
 import platform
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -325,7 +326,7 @@ def provenance(sampler: Sampler) -> dict:
                 memory_MiB=p.total_memory // 2**20, torch=torch.__version__, cuda=torch.version.cuda,
                 cudnn=str(torch.backends.cudnn.version()), python=platform.python_version(),
                 date=time.strftime("%Y-%m-%d %H:%M:%S %Z"), clock_source=sampler.source,
-                command="python benchmarks/gpu_kernels.py --out DIR")
+                command=" ".join(["python", *sys.argv]))  # the script run, with its arguments
     if shutil.which("nvidia-smi"):
         q = "driver_version,power.limit,clocks.max.sm,clocks.max.mem,clocks.sm,temperature.gpu"
         prov["nvidia_smi"] = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv"],
