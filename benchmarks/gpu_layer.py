@@ -2,14 +2,15 @@
 fused QKV GEMM, causal GQA attention through torch's cuDNN/Flash SDPA, output projection, residual
 add, RMSNorm, SwiGLU MLP) at sequence 8192, micro-batch 1, BF16, or one TP rank's shard of a GPT-3
 175B layer at TP 4 (LayerNorm, biases, GELU; sequence 2048), forward and backward of a stack of
-layers back to back, with the SM clock and power they run at and the kernels' device time by kind. This is the kernel mix of a training
-step, not one kernel: its clock is what the GPU holds when GEMMs alternate with attention and
-memory-bound kernels (``gpu_kernels.py`` measures each kernel alone).
+layers back to back, with the SM clock and power they run at and the kernels' device time by kind.
+This is the kernel mix of a training step, not one kernel: its clock is what the GPU holds when
+GEMMs alternate with attention and memory-bound kernels (``gpu_kernels.py`` measures each alone).
 
     python benchmarks/gpu_layer.py --out DIR [--model gpt3-175b-tp4]
 
-Writes ``DIR/gpu_layer.json`` (``gpu_layer_<model>.json`` for other models) and prints it. Rotary embedding is left out (it is not in this layer);
-GQA keys and values are expanded to all heads when the SDPA backend takes no GQA inputs.
+Writes ``DIR/gpu_layer.json`` (``gpu_layer_<model>.json`` for other models) and prints it. Rotary
+embedding is left out; GQA keys and values are expanded to all heads when the SDPA backend takes no
+GQA inputs.
 """
 
 from __future__ import annotations
@@ -144,7 +145,8 @@ def main() -> int:
                fwd_bwd_power_W=med("power_W"), series=series)
     doc["kernels_in_mix"] = kernel_breakdown(fwd_bwd)
     sampler.stop()
-    (out / ("gpu_layer.json" if args.model == "llama3.1-8b" else f"gpu_layer_{args.model}.json")).write_text(json.dumps(doc, indent=1) + "\n")
+    name = "gpu_layer.json" if args.model == "llama3.1-8b" else f"gpu_layer_{args.model}.json"
+    (out / name).write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps({k: v for k, v in doc.items() if k not in ("series", "provenance")}, indent=1))
     return 0
 
