@@ -30,6 +30,10 @@ import torch
 import torch.nn.functional as F
 
 MIN_TIME_S = 0.15  # back-to-back measurement per kernel (median of per-call CUDA-event times)
+# Each batch of 8 calls waits behind a sleep kernel (1 ms at 2 GHz) so kernels shorter than their launch
+# run back to back and are timed as kernels (as calibration/profile.queued_cuda_times; the committed
+# first run did not: its GEMMs under ~50 us are launch-bound).
+QUEUE_SLEEP_CYCLES = 2_000_000
 WARMUP_CALLS = 5
 SUSTAIN_BF16_S = 30.0  # continuous 8192^3 BF16 GEMMs: time to reach the power-limited steady state
 SUSTAIN_FP8_S = 15.0
@@ -111,13 +115,15 @@ class Sampler(threading.Thread):
 
 
 def timed(fn) -> tuple[float, float, float]:
-    """(median seconds per call, wall start, wall end) of back-to-back calls for at least MIN_TIME_S."""
+    """(median seconds per call, wall start, wall end) of back-to-back calls for at least MIN_TIME_S,
+    in batches of 8 queued behind a sleep kernel."""
     for _ in range(WARMUP_CALLS):
         fn()
     torch.cuda.synchronize()
     times, t0 = [], time.perf_counter()
     while True:
         evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(8)]
+        torch.cuda._sleep(QUEUE_SLEEP_CYCLES)  # the GPU waits while the host queues the batch
         for a, b in evs:
             a.record()
             fn()
