@@ -9,8 +9,7 @@ LayerNorm, SwiGLU, the FP8 cast), and the host cost of an eager kernel launch.
 Writes ``DIR/gpu_kernels.csv`` (one row per measurement) and ``DIR/gpu_kernels.json`` (provenance,
 the sustained-load time series, errors) and prints a summary. Needs torch with CUDA; clocks and power
 come from NVML (nvidia-ml-py) or nvidia-smi. Each kernel runs back to back for at least
-``MIN_TIME_S`` after its warm-up, right after a sustained GEMM load, so that its clock is the clock a
-training step holds rather than an idle GPU's boost clock.
+``MIN_TIME_S`` after its warm-up, after a sustained GEMM load: the clock a training step holds.
 """
 
 from __future__ import annotations
