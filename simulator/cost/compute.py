@@ -50,7 +50,7 @@ class Efficiency:
 #   256-16384, m sweeps 256-8192 at n, k = 4608, 12288 and 12288, 1536, and the layer GEMMs of Llama
 #   3.1 8B, 70B TP 4 and GPT-3 175B TP 8 in BF16 and FP8. gemm_max (BF16 0.81, FP8 0.79) and one
 #   tile_overhead_iters (1.5) are their least-squares fit (log time) through stream_k_gemm_s at this
-#   sustained clock; the GEMMs then come within -9.6%..+12.5% (MAPE 2.9%; the waves-and-split-K model
+#   sustained clock; the GEMMs then come within -11.6%..+13.5% (MAPE 3.0%; the waves-and-split-K model
 #   of before: 7.9%, up to +63% at partial waves). The sustained 8192^3 product ran at 665 TFLOP/s with the SM clock at
 #   1,350 MHz and 697 W; the model, 679. cuBLAS on Hopper shows no wave steps: throughput is flat in m
 #   from 512 rows on (gpu_waves.csv), as persistent stream-K scheduling gives (Osama et al. 2023,
