@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING
 
 from ..scenario import Scenario
 from ..strategy.mesh import DeviceMesh
-from ..strategy.sharding import layer_submodules
+from ..strategy.sharding import layer_submodules, unit_persistent_sizes
 from ..strategy.stage_units import copy_sync_bytes, stage_param_counts, unit_params
-from ..strategy.zero_impl import FSDP, chunk_fetches, hsdp_groups, list_all_gather_host_work
+from ..strategy.zero_impl import (FSDP, chunk_fetches, hsdp_groups, list_all_gather_host_work, persistent_copy_host_work,
+                                  persistent_gather_work)
 
 if TYPE_CHECKING:
     from .estimate import EstimateCache, RankProfile
@@ -101,7 +102,19 @@ def ds2021_host_s(scn: Scenario, cache: "EstimateCache", stage: int) -> float:
         nbytes = f.params / max(f.tensors, 1) * scn.training.dtype_bytes
         one = cache.work_s(scn, list_all_gather_host_work(n, nbytes))
         total += max(f.tensors, 1) * one
-    return cache.layout(scn).microbatches(scn.num_microbatches) * total
+    return cache.layout(scn).microbatches(scn.num_microbatches) * total + _persistent_host_s(scn, cache, stage, n)
+
+
+def _persistent_host_s(scn: Scenario, cache: "EstimateCache", stage: int, n: int) -> float:
+    """The host work of the post-step gather of the persistent tensors (``grad_sync.ds2021_persistent_gather``)."""
+    graph, layout, par = cache.graph(scn), cache.layout(scn), scn.parallel
+    units = [[unit_persistent_sizes(graph, par.tp, par.ep, str(u)) for u in layout.units(vs)] for vs in layout.held(stage)]
+    sizes = tuple(x for chunk in units for unit in chunk for x in unit)
+    if not sizes:
+        return 0.0
+    head = cache.work_s(scn, persistent_gather_work(n, sizes, scn.training.dtype_bytes)[0])
+    return head + sum(cache.work_s(scn, persistent_copy_host_work(n, unit, scn.training.dtype_bytes))
+                      for chunk in units for unit in chunk if unit)
 
 
 def pp_stream_s(scn: Scenario, cache: "EstimateCache", rank: int, prof: "RankProfile") -> float:

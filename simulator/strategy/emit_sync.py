@@ -14,9 +14,10 @@ from typing import Callable, Iterator
 
 from ..tasks import OpWork
 from .context import LowerCtx
-from .grad_sync import (STREAM_DP_RS, gather_parameters, last_compute, optimizer_step, reduce_gradients,
-                        zero3_gather, zero3_reduce)
+from .grad_sync import (STREAM_DP_RS, ds2021_persistent_gather, gather_parameters, last_compute, optimizer_step,
+                        reduce_gradients, zero3_gather, zero3_reduce)
 from .schedules import StageMap
+from .sharding import unit_persistent_sizes
 from .stage_units import StageLayout, copy_sync_bytes
 from .zero_impl import DEEPSPEED, FSDP2_COPY_PASSES, chunk_fetches
 
@@ -161,6 +162,11 @@ class ParamGradSync:
             waits = [ctx.comm(r, "comm_dp", "copy_grad_all_reduce", "all_reduce", size, tuple(sorted((r, peer))),
                               "pp", "comm_dp", tuple([end] + waits))]
         step = optimizer_step(ctx, r, [end] + waits, params["dense"], params["expert"])
+        if self.zero3 and ctx.par.sharding == "deepspeed-2021":
+            units = [u for vs in self.smap.stages_of(s, self.nv // self.p) for u in self._units(vs)]
+            g, par = ctx.graph, ctx.par
+            step = ds2021_persistent_gather(ctx, r, step, [(u if u in ("embed", "head") else f"L{u}",
+                                                            unit_persistent_sizes(g, par.tp, par.ep, u)) for u in units])
         if ctx.par.zero_stage in (1, 2) and not ctx.par.overlap_param_gather and not self.zero3:
             ready = [(-1,) + self._params(u) for vs in self.smap.stages_of(s, self.nv // self.p)
                      for u in self._units(vs)[::-1]]

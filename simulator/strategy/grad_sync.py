@@ -24,7 +24,8 @@ from __future__ import annotations
 from ..tasks import OpWork
 from .context import COMPUTE, LowerCtx
 from .fsdp1 import post_backward_work, unshard_work
-from .zero_impl import FSDP2_COPY_PASSES, hsdp_groups, list_all_gather_host_work
+from .zero_impl import (FSDP2_COPY_PASSES, hsdp_groups, list_all_gather_host_work, persistent_copy_host_work,
+                        persistent_gather_work)
 
 # Megatron-core DistributedDataParallelConfig: bucket_size = max(40M, 1M x dp) parameters.
 BUCKET_MIN_PARAMS = 40_000_000
@@ -149,6 +150,25 @@ def _ds2021_host(ctx: LowerCtx, rank: int, name: str, ranks: int, full_bytes: fl
     synced = tuple(t for t in (ctx.builder.last_on(rank, s) for s in (STREAM_DP, STREAM_DP_RS)) if t is not None)
     return ctx.compute(rank, f"{name}.host", list_all_gather_host_work(ranks, full_bytes), deps + synced,
                        "comm_dp")
+
+
+def ds2021_persistent_gather(ctx: LowerCtx, rank: int, dep: int, units: list[tuple[str, tuple[int, ...]]]) -> int:
+    """DeepSpeed 2021 ZeRO-3 after the optimizer step: the persistent tensors of ``units`` ((unit name,
+    element counts)) all-gathered in one list collective, then copied out per tensor and rank
+    (``zero_impl.persistent_gather_work``, ``persistent_copy_host_work``: host work on the compute
+    stream, no kernel of the next step is issued meanwhile). Returns the last task (``dep`` if none)."""
+    group = shard_groups(ctx, rank)[0]
+    sizes = tuple(n for _, unit in units for n in unit)
+    if len(group) == 1 or not sizes:
+        return dep
+    head, nbytes = persistent_gather_work(len(group), sizes, ctx.dtype_bytes)
+    t = ctx.compute(rank, "persistent_param_all_gather.host", head, (dep,), "comm_dp")
+    t = ctx.comm(rank, STREAM_DP, "persistent_param_all_gather", "all_gather", nbytes, group, "dp", "comm_dp", (t,))
+    for name, unit in units:
+        if unit:
+            work = persistent_copy_host_work(len(group), unit, ctx.dtype_bytes)
+            t = ctx.compute(rank, f"{name}.persistent_copy_out", work, (t,), "comm_dp")
+    return t
 
 
 def zero3_reduce(ctx: LowerCtx, rank: int, name: str, dense: float, expert: float, dep: int,

@@ -29,7 +29,7 @@ from math import ceil, prod
 
 from ..model.opgraph import TP_SPLITS, Op, OpGraph, attention_bytes, gemm_bytes, gemm_flops
 from ..tasks import OpWork, Task, gemm_grad_shapes
-from .zero_impl import submodule_params
+from .zero_impl import persistent_sizes, submodule_params
 
 BACKWARD_PARTS = ("B", "W", "BW")
 
@@ -288,6 +288,29 @@ def linear_params(graph: OpGraph, tp: int, ep: int, ops: tuple[Op, ...] | None =
         else:
             out.append((p, 0))
     return out
+
+
+def param_tensors(ops: Sequence[Op], tp: int, ep: int) -> list[int]:
+    """Elements of each parameter tensor one rank holds of the dense ``ops``: a GEMM's weight and its
+    bias, a norm's weight (and bias) of its width each, any other op's parameters (an embedding's) as one."""
+    out = []
+    for op in ops:
+        p = _op_params_per_rank(op, tp, ep) if op.params and op.tp_split != "expert" else 0
+        if p and op.kind == "gemm":
+            _, n, k = sharded_shape(op, tp, False, 1)
+            out += [n * k] + ([p - n * k] if p > n * k else [])
+        elif p and op.kind == "norm" and p % op.shape[-1] == 0:
+            out += [op.shape[-1]] * (p // op.shape[-1])
+        elif p:
+            out.append(p)
+    return out
+
+
+def unit_persistent_sizes(graph: OpGraph, tp: int, ep: int, unit: str) -> tuple[int, ...]:
+    """The DeepSpeed-persistent tensors (``zero_impl.persistent_sizes``) of a lowering unit: "embed",
+    "head" or a layer's global index."""
+    ops = graph.embed if unit == "embed" else graph.head if unit == "head" else graph.layer_ops(int(unit))
+    return persistent_sizes(param_tensors(ops, tp, ep))
 
 
 def layer_submodules(graph: OpGraph, tp: int, ep: int) -> tuple[list[float], ...]:

@@ -39,6 +39,9 @@ collectives in each (one rule per framework, used by the lowering, the static es
   v0.4.0) sends reduce_ipg_grads to buffered_reduce_fallback, an all-reduce of each flattened
   ``reduce_bucket_size`` bucket, after ``reduction_stream.synchronize()`` (the host waits for the
   previous bucket): 2x the bytes of a reduce-scatter, and the backward stalls behind each bucket.
+  After the optimizer step (``_post_step``) the persistent parameters (below the threshold: biases,
+  norms) are gathered again in one list all-gather whose copy-out loops in Python over every
+  (tensor, rank) pair (``persistent_gather_work``): its host time grows with the group, too.
 - "megatron-distopt": Megatron-core's distributed optimizer (ZeRO-1; see ``grad_sync``).
 """
 
@@ -72,6 +75,9 @@ FSDP2_COPY_PASSES = 2
 # flatten_for_scatter_gather, one copy_ per list entry). Together they cost the host what one eager
 # kernel op issued from Python costs (a view op's Python dispatch + a kernel's launch): the host-side
 # floor of cost/compute (EAGER_KERNEL_HOST_S per kernel) charges it, once per copy kernel.
+# DeepSpeed 2021 _allgather_params copies each gathered tensor out of each rank's shard from Python with
+# three view ops before the copy_ (partition_parameters.py v0.3.13-v0.4.0; see persistent_copy_host_work).
+PERSISTENT_COPY_VIEW_OPS = 3
 
 
 @dataclass(frozen=True)
@@ -122,16 +128,59 @@ def coalesce(sizes: list[float], owners: list[int], bucket: float = DS_PREFETCH_
 
 
 @functools.lru_cache(maxsize=256)
+def rank_copies(ranks: int, full_bytes: float) -> tuple[OpWork, ...]:
+    """A 2021 list all-gather's per-rank host work: ``ranks`` copy kernels of one rank's chunk (read +
+    write) out of the flat NCCL buffer, each with its rank's view op; the host issues them at the
+    eager floor (cost/compute.with_host_floor_s), so 1,536 ranks cost 1,536 x ~7.4 us."""
+    return (OpWork("ds2021_rank_copy", "memcpy", 0.0, 2 * full_bytes / ranks, (1, 1)),) * ranks
+
+
+@functools.lru_cache(maxsize=256)
 def list_all_gather_host_work(ranks: int, full_bytes: float) -> tuple[OpWork, ...]:
     """The work DeepSpeed 2021 puts on the issuing thread for one parameter's all-gather over ``ranks``
-    ranks: the torch.zeros full-size output buffer and ``ranks`` copy kernels of one rank's chunk (read
-    + write) out of the flat NCCL buffer, each with its rank's view op; the host issues them at the
-    eager floor (cost/compute.with_host_floor_s), so 1,536 ranks cost 1,536 x ~7.4 us. One tuple per
-    (ranks, bytes), shared by every gather of that size (the cost model caches a task's time by its
-    work's identity)."""
-    chunk = 2 * full_bytes / ranks
-    return (OpWork("ds2021_zero_fill", "memcpy", 0.0, full_bytes, (1, 1)),
-            *(OpWork("ds2021_rank_copy", "memcpy", 0.0, chunk, (1, 1)),) * ranks)
+    ranks: the torch.zeros full-size output buffer and the ``rank_copies``. One tuple per (ranks,
+    bytes), shared by every gather of that size (the cost model caches a task's time by its work's
+    identity)."""
+    return (OpWork("ds2021_zero_fill", "memcpy", 0.0, full_bytes, (1, 1)), *rank_copies(ranks, full_bytes))
+
+
+def persistent_sizes(tensors: Sequence[int]) -> tuple[int, ...]:
+    """The tensors (elements) DeepSpeed never partitions away: those below
+    stage3_param_persistence_threshold (biases, norms), kept gathered through the step."""
+    return tuple(t for t in tensors if 0 < t < DS_PERSISTENCE_THRESHOLD)
+
+
+def _partition(elements: int, ranks: int) -> int:
+    """One rank's shard of a tensor: DeepSpeed pads the tensor to a multiple of the group
+    (``_aligned_size``), so every shard holds ceil(elements / ranks)."""
+    return -(-elements // ranks)
+
+
+@functools.lru_cache(maxsize=256)
+def persistent_copy_host_work(ranks: int, sizes: tuple[int, ...], dtype_bytes: int) -> tuple[OpWork, ...]:
+    """DeepSpeed 2021's copy-out of gathered persistent tensors of ``sizes`` elements (``_allgather_params``
+    after its list all-gather): per tensor and per rank whose shard holds part of it, three Python
+    view ops (``partitions[i].narrow``, ``replicated_tensor.view(-1)``, ``.narrow``) and a ``copy_``
+    of the shard, issued from Python (the view ops at EAGER_OP_HOST_S, the copy at the eager floor)."""
+    views = OpWork("ds2021_persistent_views", "host", 0.0, 0.0, (PERSISTENT_COPY_VIEW_OPS,))
+    out: list[OpWork] = []
+    for n in sizes:
+        part = _partition(n, ranks)
+        copy = OpWork("ds2021_persistent_copy", "memcpy", 0.0, 2.0 * part * dtype_bytes, (1, 1))
+        out += [views, copy] * -(-n // part)
+    return tuple(out)
+
+
+def persistent_gather_work(ranks: int, sizes: tuple[int, ...], dtype_bytes: int) -> tuple[tuple[OpWork, ...], float]:
+    """(host work before the collective, bytes all-gathered) of DeepSpeed 2021's post-step gather of
+    the persistent tensors of ``sizes`` elements (stage3 ``_post_step``: ``all_gather`` of the list,
+    async_op=False, so ``_allgather_params``): each tensor's own shard copied into the flat buffer (a
+    view op and a copy each), then the ``rank_copies`` of the list all-gather; each rank sends its
+    padded shards of every tensor."""
+    own = sum(_partition(n, ranks) for n in sizes) * dtype_bytes
+    shards = (OpWork("ds2021_own_shard_view", "host", 0.0, 0.0, (len(sizes),)),
+              *(OpWork("ds2021_own_shard_copy", "memcpy", 0.0, 2.0 * own / len(sizes), (1, 1)),) * len(sizes))
+    return shards + rank_copies(ranks, own * ranks), own * ranks
 
 
 def deepspeed_prefetch_allowed(live_params: float) -> bool:
