@@ -1,6 +1,7 @@
 """Accuracy benchmark: every bundled published run simulated, the predicted-vs-measured table with the
 per-row breakdown, MAPE, largest and signed mean error, overall, per source and over the shared rows
-(``training_runs.csv`` + ``training_runs_2.csv``). Targets (H100 fidelity issue, shared rows): MAPE
+(``training_runs.csv`` + ``training_runs_2.csv``), and the runs the memory model would refuse (every one of
+them ran). Targets (H100 fidelity issue, shared rows): MAPE
 <= 10 %, every row within +-25 %, signed mean error within +-5 % (no systematic optimism).
 
     python benchmarks/validate.py [CSV ...]
@@ -41,6 +42,10 @@ def main(argv: list[str]) -> int:
     print()
     print(_line("all rows", summary(results)))
     print(_line("shared rows", shared))
+    ok_rows = [r for r in results if r["status"] == "ok"]
+    refused = [f"{r['name']} ({r['memory_total_bytes'] / 2**30:.1f} GiB)" for r in ok_rows if not r["fits_in_memory"]]
+    print(f"memory: {len(ok_rows) - len(refused)} of {len(ok_rows)} published runs (all of which ran) predicted to fit; "
+          f"predicted out of memory: {', '.join(refused) or 'none'}")
     print(f"{time.perf_counter() - t0:.1f} s")
     ok = shared["mape"] is not None and shared["mape"] <= TARGET_MAPE and shared["max_abs_error"] <= TARGET_MAX \
         and abs(shared["mean_error"]) <= TARGET_MEAN and not shared["failed"]

@@ -83,6 +83,8 @@ class TrainingSpec:
     grad_accumulation_fusion: bool = True  # weight-gradient GEMMs accumulate into fp32 main_grad directly
     cuda_graphs: bool = False  # kernels replayed from CUDA graphs: no per-kernel eager host dispatch
     fp8_recipe: str = "delayed"  # TE FP8 scaling recipe (dtype "fp8"): delayed | current | blockwise | mxfp8
+    # the optimizer's master copy and moments (Apex DistributedFusedAdam ``dtype``, NeMo optim.dtype)
+    optimizer_state_dtype: str = "fp32"
 
     @property
     def dtype_bytes(self) -> int:
@@ -93,6 +95,11 @@ class TrainingSpec:
     @property
     def grad_dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.grad_dtype]
+
+    @property
+    def optimizer_state_bytes(self) -> int:
+        """Bytes of one element of the optimizer's state tensors (master copy, moments)."""
+        return DTYPE_BYTES[self.optimizer_state_dtype]
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,6 +267,8 @@ def _training(table: dict) -> TrainingSpec:
         raise ScenarioError(f"training.grad_dtype must be fp32, bf16 or fp16, got {t.grad_dtype!r}")
     if t.fp8_recipe not in FP8_RECIPES:
         raise ScenarioError(f"training.fp8_recipe must be one of {', '.join(FP8_RECIPES)}, got {t.fp8_recipe!r}")
+    if t.optimizer_state_dtype not in ("fp32", "bf16"):
+        raise ScenarioError(f"training.optimizer_state_dtype must be fp32 or bf16, got {t.optimizer_state_dtype!r}")
     return t
 
 

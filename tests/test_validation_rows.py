@@ -63,9 +63,13 @@ def test_bundled_today_rows_are_the_shared_rows_with_only_published_settings():
         if r["dropout"]:
             assert r["dropout"] == "false" and "pdrop 0.0" in r["settings_from_source"]
             assert r["name"].startswith("llmfoundry-")
-        if r["grad_dtype"]:
+        if r["grad_dtype"] and r["name"].startswith("dgxc-"):  # the recipe's YAML: optim.grad_sync_dtype
+            assert r["grad_dtype"] == "bf16" and "grad_sync_dtype: bf16" in r["settings_from_source"]
+        elif r["grad_dtype"]:
             mode = "DEFAULT" if "mixed-precision mode DEFAULT" in r["notes"] else "PURE"
             assert mode in r["notes"] and r["grad_dtype"] == ("fp32" if mode == "DEFAULT" else "bf16")
+        if r["optimizer_state_dtype"]:  # DistributedFusedAdam's state dtype, where the YAML sets it
+            assert r["optimizer_state_dtype"] == "bf16" and "optim.dtype: bf16" in r["settings_from_source"]
     if SHARED_2.is_file():
         shared = read_rows([SHARED_2])
         assert [r["name"] for r in today] == [r["name"] for r in shared]

@@ -17,17 +17,17 @@ from matplotlib.lines import Line2D
 from ..engine.goodput_sim import BREAKDOWN_KEYS, GoodputRun
 from ..reliability import SECONDS_PER_DAY
 from ..scenario import Scenario
-from .memory import OPTIMIZER_BYTES_PER_PARAM, model_state_bytes
+from .memory import model_state_bytes, optimizer_bytes_per_param
 
 
 def checkpoint_bytes(scn: Scenario) -> float:
     """Bytes of one full checkpoint: the weights in the training precision and the optimizer state
-    (fp32 master weights and Adam moments, 2 + 12 bytes per parameter for bf16 Adam), counted once over
+    (master weights and Adam moments, 2 + 12 bytes per parameter for bf16 Adam with fp32 state), counted once over
     the data-parallel replicas (each shard is written by one rank) and without gradients: the model
     state of memory.model_state_bytes on an unsharded rank holding every parameter."""
     t = scn.training
     state = model_state_bytes(scn.model.num_params(), 0, 1, t.dtype_bytes, t.grad_dtype_bytes,
-                              optimizer_bytes_per_param=OPTIMIZER_BYTES_PER_PARAM[t.optimizer])
+                              optimizer_bytes_per_param=optimizer_bytes_per_param(t))
     return state["params"] + state["optimizer"]
 
 

@@ -14,11 +14,12 @@ import numpy as np
 from ..model.fp8 import weight_copy_bytes_per_param
 from ..model.opgraph import build_op_graph
 from ..model.spec import ModelSpec
-from ..scenario import Scenario
+from ..scenario import Scenario, TrainingSpec
 from ..strategy.schedules import schedule_actions
-from ..strategy.sharding import params_per_rank
+from ..strategy.sharding import layer_submodules, params_per_rank
 from ..strategy.stage_units import (activation_rules, rank_param_counts, scenario_layout,  # noqa: F401
                                    stage_layout, stage_param_counts)  # (stage_layout re-exported)
+from ..strategy.zero_impl import DEEPSPEED, deepspeed_live_params
 from ..tasks import InternalError
 from ..trace import Trace, TraceEvent
 from ..units import DTYPE_BYTES, MiB
@@ -51,9 +52,9 @@ NCCL_CHANNELS = 32
 # and distributed optimizer (zero_stage <= 1) reduce in place: buckets are views into the contiguous
 # grad buffer (megatron/core/distributed/param_and_grad_buffer.py), no extra memory.
 ZERO_REDUCE_BUCKET_ELEMENTS = 5e8
-# ZeRO-3 / FSDP hold the full (TP-sharded) parameters of the layer being computed plus the
-# prefetched next one (FSDP forward/backward prefetch of one unit, PyTorch FSDP docs), and the
-# layer's unsharded gradient until its reduce-scatter.
+# FSDP holds the full (TP-sharded) parameters of the layer being computed plus the prefetched next
+# one (FSDP forward/backward prefetch of one unit, PyTorch FSDP docs), and the layer's unsharded
+# gradient until its reduce-scatter. DeepSpeed gathers per submodule (``zero3_gathered_bytes``).
 ZERO3_GATHERED_LAYERS = 2
 # Fragmentation of PyTorch's caching allocator in LLM training: a defragmenting allocator removes
 # on average 15 percentage points of it (up to 33), 9.2 GB (up to 25 GB) per A100 80GB, across eight
@@ -67,6 +68,17 @@ FRAGMENTATION_FRACTION = 0.15
 # parameters on their all-gather and release) count as buffers.
 ACTIVATION_PHASES = ("F", "B", "W", "R")
 BREAKDOWN_KEYS = ("params", "grads", "optimizer", "activations", "buffers", "total")
+
+
+def optimizer_bytes_per_param(tr: TrainingSpec) -> int:
+    """OPTIMIZER_BYTES_PER_PARAM (fp32 state) with the state in ``training.optimizer_state_dtype``: Apex
+    DistributedFusedAdam keeps its parameter shard and both moments in its ``dtype`` (NeMo
+    ``optim.dtype``; apex/contrib/optimizers/distributed_fused_adam.py, StateBucket), 6 B for bf16 Adam."""
+    opt = OPTIMIZER_BYTES_PER_PARAM.get(tr.optimizer)
+    if opt is None:
+        raise ValueError(f"training.optimizer {tr.optimizer!r} has no memory rule; known: "
+                         f"{', '.join(OPTIMIZER_BYTES_PER_PARAM)}")
+    return opt * tr.optimizer_state_bytes // DTYPE_BYTES["fp32"]
 
 
 def model_state_bytes(params: int, zero_stage: int, dp: int, dtype_bytes: int, grad_dtype_bytes: int,
@@ -197,10 +209,27 @@ def static_buffers(scn: Scenario, counts: dict, trace_has_buffers: bool = False)
         # holds stay BF16 but are counted. (ZeRO-3 gathers a layer's weights per use: no persistent copy.)
         out["fp8_weight_cache"] = params * weight_copy_bytes_per_param(tr.fp8_recipe)
     if par.zero_stage >= 3 and not trace_has_buffers and par.dp * par.cp > 1:
+        out["zero3_gathered"] = zero3_gathered_bytes(scn)
+    return out
+
+
+def zero3_gathered_bytes(scn: Scenario) -> float:
+    """Parameters gathered at once and the unsharded gradient they produce, bytes on one rank. FSDP:
+    ZERO3_GATHERED_LAYERS layers and one layer's gradient. DeepSpeed (``zero_impl.deepspeed_live_params``):
+    the submodules its prefetch rule holds at once, the largest submodule's gradient until its bucket
+    takes it, and for the 2021 engine ProcessGroupNCCL's flattened output beside the gathered buffer
+    (one more largest fetch, freed after the copy-out)."""
+    par, tr = scn.parallel, scn.training
+    pbytes = _param_bytes(tr.dtype)
+    if par.sharding not in DEEPSPEED:
         layer = layer_param_counts(scn.model, par.tp, par.ep, par.etp)
         per_layer = layer["dense"] + layer["expert"]
-        out["zero3_gathered"] = per_layer * (ZERO3_GATHERED_LAYERS * _param_bytes(tr.dtype) + tr.grad_dtype_bytes)
-    return out
+        return per_layer * (ZERO3_GATHERED_LAYERS * pbytes + tr.grad_dtype_bytes)
+    graph = build_op_graph(scn.model, tr.micro_batch_size, tr.dtype, tr.fp8_recipe, tr.attention)
+    kinds = {tuple(subs) for subs in layer_submodules(graph, par.tp, par.ep)}
+    live, largest = (max(v) for v in zip(*(deepspeed_live_params(k) for k in kinds)))
+    flat = largest * pbytes if par.sharding == "deepspeed-2021" else 0.0
+    return live * pbytes + flat + largest * tr.grad_dtype_bytes
 
 
 def _param_bytes(dtype: str) -> int:
@@ -217,10 +246,7 @@ def memory_report(scn: Scenario, stage_params: dict, trace: Trace) -> MemoryRepo
     step's dynamic peak. The dynamic part must return to zero by the end of the step.
     """
     par, tr = scn.parallel, scn.training
-    opt_bpp = OPTIMIZER_BYTES_PER_PARAM.get(tr.optimizer)
-    if opt_bpp is None:
-        raise ValueError(f"training.optimizer {tr.optimizer!r} has no memory rule; known: "
-                         f"{', '.join(OPTIMIZER_BYTES_PER_PARAM)}")
+    opt_bpp = optimizer_bytes_per_param(tr)
     if not stage_params:
         raise ValueError("memory_report: stage_params is empty (no rank to account)")
     dense_dp = par.shard_group_size or par.dp * par.cp  # HSDP shards inside its shard group

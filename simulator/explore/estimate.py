@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..analysis.memory import (FRAGMENTATION_FRACTION, MIN_PARAM_BYTES, OPTIMIZER_BYTES_PER_PARAM, model_state_bytes,
+from ..analysis.memory import (FRAGMENTATION_FRACTION, MIN_PARAM_BYTES, model_state_bytes, optimizer_bytes_per_param,
                                static_buffers)
 from ..cost.collectives import collective_time_s
 from ..cost.model import CostModel
@@ -234,10 +234,7 @@ def memory_totals(scn: Scenario, cache: EstimateCache | None = None) -> list[flo
     """memory_bytes["total"] of every pipeline stage, as ``memory_report`` accounts it."""
     par, tr = scn.parallel, scn.training
     cache = cache or EstimateCache()
-    opt = OPTIMIZER_BYTES_PER_PARAM.get(tr.optimizer)
-    if opt is None:
-        raise ValueError(f"training.optimizer {tr.optimizer!r} has no memory rule; known: "
-                         f"{', '.join(OPTIMIZER_BYTES_PER_PARAM)}")
+    opt = optimizer_bytes_per_param(tr)
     pbytes = max(DTYPE_BYTES[tr.dtype], MIN_PARAM_BYTES)
     dense_dp = par.shard_group_size or par.dp * par.cp  # HSDP shards inside its shard group
     out = []

@@ -37,7 +37,8 @@ OTHER_COLUMNS = ("mlp", "model_preset", "moe_capacity_factor", "dropout", "moe_p
                  "moe_shared_expert_overlap", "gpu",
                  "num_nodes", "gpus_per_node", "nics_per_node", "nic_bandwidth_Gbps", "sequence_parallel",
                  "tp_comm_overlap", "layers_per_stage", "recompute_modules", "global_batch_size",
-                 "micro_batch_size", "dtype", "attention", "grad_dtype", "grad_accumulation_fusion")
+                 "micro_batch_size", "dtype", "attention", "grad_dtype", "grad_accumulation_fusion",
+                 "optimizer_state_dtype")
 DESCRIPTIVE_COLUMNS = ("source", "name", "kind", "notes", "quote", "source_url", "settings_from_source",
                        "measured_metric", "measured_value", "iteration_time_s", "target_iteration_time_s")
 KNOWN_COLUMNS = frozenset(MODEL_COLUMNS + PARALLEL_INT + PARALLEL_STR + OTHER_COLUMNS + DESCRIPTIVE_COLUMNS)
@@ -98,7 +99,7 @@ def row_to_raw(row: dict) -> dict:
     if "recompute_modules" in given:  # Megatron-Core --recompute-modules, semicolon-separated
         par["recompute_modules"] = _items(given, "recompute_modules")
     training: dict = {k: _int(given, k) for k in ("global_batch_size", "micro_batch_size") if k in given}
-    for k in ("dtype", "attention", "grad_dtype"):
+    for k in ("dtype", "attention", "grad_dtype", "optimizer_state_dtype"):
         if k in given:
             training[k] = given[k]
     if "grad_accumulation_fusion" in given:
@@ -126,6 +127,7 @@ def evaluate_row(row: dict) -> dict:
     p = scn.parallel
     out.update(status="ok", predicted_s=m["iteration_time_s"], error=m["iteration_time_s"] / out["measured_s"] - 1,
                num_gpus=m["num_gpus"], mfu=m["mfu"], hfu=m["hfu"], breakdown=m["time_breakdown_s"],
+               fits_in_memory=m["fits_in_memory"], memory_total_bytes=m["memory_bytes"]["total"],
                busiest_rank=m["busiest_rank"]["rank"], busiest_breakdown=m["busiest_rank"]["time_breakdown_s"],
                plan=f"tp{p.tp} pp{p.pp} dp{p.dp}" + (f" v{p.virtual_stages}" if p.virtual_stages > 1 else "")
                + f" mb{scn.training.micro_batch_size} z{p.zero_stage} {p.recompute}")

@@ -206,6 +206,12 @@ def zero3_reduce(ctx: LowerCtx, rank: int, name: str, dense: float, expert: floa
     return out
 
 
+def adam_state_rw_bytes(tr) -> int:
+    """Bytes Adam reads and writes of its state per parameter: ADAM_STATE_RW_BYTES at fp32, scaled to
+    ``training.optimizer_state_dtype``."""
+    return ADAM_STATE_RW_BYTES * tr.optimizer_state_bytes // 4
+
+
 def optimizer_step(ctx: LowerCtx, rank: int, deps: list[int], dense: float, expert: float) -> int:
     """Adam over this rank's shard (ZeRO >= 1 shards it over the data-parallel group), on the GPU or,
     with offload, on the host CPU followed by the copy of the updated 16-bit shard back to the GPU."""
@@ -217,7 +223,8 @@ def optimizer_step(ctx: LowerCtx, rank: int, deps: list[int], dense: float, expe
         # gradient clipping first reads every gradient of the shard for the global L2 norm
         # (Megatron clip_grad_norm_fp32 with multi_tensor_l2norm; clip_grad = 1.0 by default)
         work = (OpWork("grad_norm", "optimizer", 0.0, shard * gbytes, (int(shard),)),
-                OpWork("adam", "optimizer", 0.0, shard * (ADAM_STATE_RW_BYTES + gbytes), (int(shard),)))
+                OpWork("adam", "optimizer", 0.0, shard * (adam_state_rw_bytes(ctx.scn.training) + gbytes),
+                       (int(shard),)))
         return ctx.compute(rank, "optimizer", work, deps, "optimizer", phase="O")
     step = ctx.host(rank, "cpu_adam", (OpWork("cpu_adam", "optimizer", 0.0, 0.0, (int(shard),)),), deps, phase="O")
     return ctx.comm(rank, STREAM_OFFLOAD, "params_to_gpu", "h2d", shard * ctx.dtype_bytes, (rank,), "host",

@@ -183,6 +183,17 @@ def persistent_gather_work(ranks: int, sizes: tuple[int, ...], dtype_bytes: int)
     return shards + rank_copies(ranks, own * ranks), own * ranks
 
 
+def deepspeed_live_params(layer_subs: Sequence[float]) -> tuple[float, float]:
+    """(most parameter elements gathered at once, largest single fetch) of a run of layers with
+    submodules ``layer_subs``, under DeepSpeed's prefetch rule: a fetch, and the next one while it may be
+    prefetched (``coalesce`` over two consecutive layers, ``deepspeed_prefetch_allowed``)."""
+    n = len(layer_subs)
+    fetches = coalesce(list(layer_subs) * 2, [0] * n + [1] * n)
+    nxt = fetches[1:] + [Fetch((), 0.0)]
+    return (max(f.params + (g.params if g.prefetch else 0.0) for f, g in zip(fetches, nxt)),
+            max((f.params for f in fetches), default=0.0))
+
+
 def deepspeed_prefetch_allowed(live_params: float) -> bool:
     """prefetch_next_sub_modules issues a prefetch only while fewer than stage3_max_live_parameters
     elements are gathered."""
