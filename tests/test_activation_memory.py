@@ -234,3 +234,19 @@ def test_parallel_block_w_pass(norms, per_sbh):
     """Qi et al. 2024 Table 1's 32sbh, less fc1's input with a shared norm (QKV's input serves both)."""
     model = replace(GPT3, parallel_attn_mlp=True, parallel_norms=norms)
     assert weight_grad_bytes(model, B, 1, False, 1) == pytest.approx(per_sbh * SBH)
+
+
+# --- FP8 (Transformer Engine): the linear layers keep their inputs in FP8 ------------------------
+
+def test_fp8_keeps_the_linear_inputs_in_one_byte_and_copies_the_attention_output():
+    """GPT layer, t = 1: QKV's and fc1's norm outputs (2 sbh each) and fc2's GELU output (8 sbh) are kept
+    in FP8 (half), the attention output stays BF16 for the attention's backward with an FP8 copy for
+    the projection's weight gradient (+1 sbh): 34 - 1 - 1 - 4 + 1 = 29 sbh; the W pass keeps the FP8
+    inputs (1 + 1 + 1 + 4) and the BF16 output gradients (18): 25 sbh against 32."""
+    bf16 = layer_activation_bytes(GPT3, B, 1, False, 1, "selective")
+    fp8 = layer_activation_bytes(GPT3, B, 1, False, 1, "selective", fp8=True)
+    assert (bf16 / SBH, fp8 / SBH) == pytest.approx((34, 29))
+    assert weight_grad_bytes(GPT3, B, 1, False, 1, fp8=True) == pytest.approx(25 * SBH)
+    assert layer_activation_bytes(GPT3, B, 1, False, 1, "full", fp8=True) == pytest.approx(2 * SBH)  # the input
+    names = {x.name for x in activation_terms(GPT3, B, 1, False, 1, fp8=True)}
+    assert "proj_input_fp8" in names and "proj_input" in names

@@ -7,7 +7,7 @@ per-rank peak comes from the simulated schedule; the paper's closed forms are th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..model.spec import ModelSpec
@@ -25,6 +25,14 @@ RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "moe_act", "layernorm", "mlp", 
 DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
 MASK_BYTES = 1  # dropout masks are stored as uint8 (Korthikanti et al. 2022, sec. 4.1)
 LOGITS_BYTES = DTYPE_BYTES["fp32"]  # Megatron-LM casts logits to fp32 for the vocab-parallel cross entropy
+# FP8 training (Transformer Engine): a linear layer keeps its input for the weight gradient in FP8, one
+# byte per element (TE 1.11 module/linear.py ``saved_inputmat`` = the FP8 ``inputmat`` or its transpose;
+# layernorm_linear.py and layernorm_mlp.py save ``ln_out`` and ``gelu_out`` as cast to FP8). Where a
+# BF16 tensor is also kept for another backward (the attention output, which the fused attention
+# kernel saves), the FP8 copy comes on top of it.
+FP8_SAVED_BYTES = 1
+FP8_SAVED_INPUTS = ("qkv_input", "fc1_input", "fc2_input", "expert_fc1_input", "expert_fc2_input", "shared_fc2_input")
+FP8_COPIED_INPUTS = ("proj_input",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +93,7 @@ def _check(model: ModelSpec, micro_batch_size: int, tp: int, cp: int, ep: int, d
 
 def activation_terms(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool, cp: int,
                      dtype_bytes: int = 2, ep: int = 1, dense_mlp: bool = False,
-                     etp: int = 0) -> list[ActivationTerm]:
+                     etp: int = 0, fp8: bool = False) -> list[ActivationTerm]:
     """Every tensor one layer keeps from its forward to its backward, bytes on one rank.
 
     Notation of Korthikanti et al. 2022 (sec. 4.1): T = (s/cp)*b local tokens, h hidden, f the MLP
@@ -138,7 +146,21 @@ def activation_terms(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool,
         terms += _mlp_terms("", d, tokens, h, model.ffn_hidden_size, tp, r, model.gated_mlp, ("mlp",))
     if drop:  # a parallel block's MLP branch: before the reduction (_mlp_input_terms)
         terms.append(ActivationTerm("mlp_dropout_mask", MASK_BYTES * tokens * h / (1 if model.parallel_attn_mlp else r)))
-    return terms
+    return fp8_saved_inputs(terms, d) if fp8 else terms
+
+
+def fp8_saved_inputs(terms: list[ActivationTerm], d: int) -> list[ActivationTerm]:
+    """The terms as FP8 training keeps them (FP8_SAVED_INPUTS): the linear layers' inputs in FP8, and an
+    FP8 copy of the attention output for the projection's weight gradient beside the BF16 one."""
+    out = []
+    for x in terms:
+        if x.name in FP8_SAVED_INPUTS:
+            x = replace(x, bytes=x.bytes * FP8_SAVED_BYTES / d)
+        elif x.name in FP8_COPIED_INPUTS:
+            out.append(replace(x, name=x.name + "_fp8", bytes=x.bytes * FP8_SAVED_BYTES / d))
+            x = replace(x, weight_grad=False)
+        out.append(x)
+    return out
 
 
 def _attention_terms(model: ModelSpec, micro_batch_size: int, t: int, r: int, cp: int, d: int,
@@ -254,7 +276,7 @@ def _check_recompute(recompute: str) -> None:
 def layer_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool, cp: int,
                            recompute: str, dtype_bytes: int = 2, ep: int = 1, attention: str = "unfused",
                            dense_mlp: bool = False, etp: int = 0,
-                           modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES) -> float:
+                           modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES, fp8: bool = False) -> float:
     """Bytes one transformer layer keeps for one micro-batch on one rank until its backward.
 
     none: every forward tensor (Korthikanti et al. 2022: sbh(34 + 5as/h) unsharded, sbh(10 + 24/t +
@@ -267,7 +289,7 @@ def layer_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp:
     dropped exactly as selective recompute drops them.
     """
     _check_recompute(recompute)
-    terms = activation_terms(model, micro_batch_size, tp, sp, cp, dtype_bytes, ep, dense_mlp, etp)
+    terms = activation_terms(model, micro_batch_size, tp, sp, cp, dtype_bytes, ep, dense_mlp, etp, fp8)
     if recompute == "full":
         return next(x.bytes for x in terms if x.name == "attn_norm_input")
     dropped = set(modules) if recompute == "selective" else set()
@@ -277,17 +299,19 @@ def layer_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp:
 
 
 def weight_grad_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool, cp: int,
-                      dtype_bytes: int = 2, ep: int = 1, dense_mlp: bool = False, etp: int = 0) -> float:
+                      dtype_bytes: int = 2, ep: int = 1, dense_mlp: bool = False, etp: int = 0,
+                      fp8: bool = False) -> float:
     """Bytes the W pass of one layer needs: each weight GEMM's input X and output gradient dY.
     For a GPT layer with t = 1 this is 32sbh, Qi et al. 2024 Table 1 (X: 2+2+2+8, dY: 6+2+8+2)."""
-    terms = activation_terms(model, micro_batch_size, tp, sp, cp, dtype_bytes, ep, dense_mlp, etp)
+    terms = activation_terms(model, micro_batch_size, tp, sp, cp, dtype_bytes, ep, dense_mlp, etp, fp8)
     return sum(x.bytes for x in terms if x.weight_grad)
 
 
 def layer_activation_split(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool, cp: int,
                            recompute: str, dtype_bytes: int = 2, ep: int = 1,
                            attention: str = "unfused", dense_mlp: bool = False, etp: int = 0,
-                           modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES) -> tuple[float, float]:
+                           modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES,
+                           fp8: bool = False) -> tuple[float, float]:
     """(freed at B, freed at W) for schedules that split the backward (zero-bubble).
 
     F allocates ``layer_activation_bytes``. B consumes what only the input gradient needs and
@@ -298,8 +322,8 @@ def layer_activation_split(model: ModelSpec, micro_batch_size: int, tp: int, sp:
     keep X and dY for W; the lowering applies a negative "freed" amount as an allocation at B.
     """
     total = layer_activation_bytes(model, micro_batch_size, tp, sp, cp, recompute, dtype_bytes, ep, attention,
-                                   dense_mlp, etp, modules)
-    at_w = weight_grad_bytes(model, micro_batch_size, tp, sp, cp, dtype_bytes, ep, dense_mlp, etp)
+                                   dense_mlp, etp, modules, fp8)
+    at_w = weight_grad_bytes(model, micro_batch_size, tp, sp, cp, dtype_bytes, ep, dense_mlp, etp, fp8)
     return total - at_w, at_w
 
 
@@ -322,7 +346,8 @@ def layer_memory(scn: Scenario, split_backward: bool, dense_mlp: bool = False, r
     (``OpGraph.layer_ops``: an MoE model's first dense layers)."""
     m, par, tr = scn.model, scn.parallel, scn.training
     args = (m, tr.micro_batch_size, par.tp, par.sequence_parallel, par.cp)
-    kw: dict[str, Any] = {"dense_mlp": dense_mlp and m.is_moe, "etp": par.etp, "modules": par.recompute_modules}
+    kw: dict[str, Any] = {"dense_mlp": dense_mlp and m.is_moe, "etp": par.etp, "modules": par.recompute_modules,
+                          "fp8": tr.dtype == "fp8"}
     d, att, ep = tr.dtype_bytes, tr.attention, par.ep
     stored = layer_activation_bytes(*args, par.recompute, d, ep, att, **kw)
     transient = 0.0  # what the recompute re-materialises: stored without it less stored with it
