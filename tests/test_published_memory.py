@@ -52,7 +52,8 @@ def test_deepspeed_holds_its_prefetched_submodules_not_two_layers():
 
 @pytest.mark.parametrize("row", ["dgxc-llama31-8b-fp8-8gpu", "dgxc-llama31-405b-bf16-576gpu", "dgxc-llama31-405b-fp8-576gpu",
                                  "dgxc-nemotron4-340b-bf16-128gpu", "dgxc-nemotron4-340b-fp8-128gpu",
-                                 "dgxc-gpt3-175b-fp8-128gpu", "narayanan-zero3-530b-640"])
+                                 "dgxc-gpt3-175b-fp8-128gpu", "dgxc-dsv3-671b-bf16-1024gpu",
+                                 "narayanan-zero3-530b-640"])
 def test_published_runs_fit_in_memory(row):
     """Runs that were measured did not run out of memory: with their recipes' optimizer settings
     (grad_dtype / optimizer_state_dtype), DeepSpeed's gather rule and FP8's one-byte saved inputs,

@@ -29,7 +29,8 @@ LOGITS_BYTES = DTYPE_BYTES["fp32"]  # Megatron-LM casts logits to fp32 for the v
 # byte per element (TE 1.11 module/linear.py ``saved_inputmat`` = the FP8 ``inputmat`` or its transpose;
 # layernorm_linear.py and layernorm_mlp.py save ``ln_out`` and ``gelu_out`` as cast to FP8). Where a
 # BF16 tensor is also kept for another backward (the attention output, which the fused attention
-# kernel saves), the FP8 copy comes on top of it.
+# kernel saves), the FP8 copy comes on top of it. The block-scaled recipes' scales (MXFP8: one byte per
+# 32 elements) are not counted.
 FP8_SAVED_BYTES = 1
 FP8_SAVED_INPUTS = ("qkv_input", "fc1_input", "fc2_input", "expert_fc1_input", "expert_fc2_input", "shared_fc2_input")
 FP8_COPIED_INPUTS = ("proj_input",)
