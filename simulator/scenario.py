@@ -85,6 +85,9 @@ class TrainingSpec:
     fp8_recipe: str = "delayed"  # TE FP8 scaling recipe (dtype "fp8"): delayed | current | blockwise | mxfp8
     # the optimizer's master copy and moments (Apex DistributedFusedAdam ``dtype``, NeMo optim.dtype)
     optimizer_state_dtype: str = "fp32"
+    # dtype fp8: the linear layers' weights stored in FP8 (TE fp8_model_init; NeMo fp8_params,
+    # Megatron-Core --fp8-param-gather), gathered by the distributed optimizer in FP8
+    fp8_params: bool = False
 
     @property
     def dtype_bytes(self) -> int:
@@ -95,6 +98,13 @@ class TrainingSpec:
     @property
     def grad_dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.grad_dtype]
+
+    @property
+    def param_bytes(self) -> int:
+        """Bytes of a stored model parameter: the training dtype, BF16 under FP8 training (TE casts the
+        weights per GEMM), one byte with ``fp8_params`` (an upper bound's complement: the embedding and
+        output rows, which stay BF16, are counted at one byte too, and their transposes at one)."""
+        return 1 if self.fp8_params else max(DTYPE_BYTES[self.dtype], DTYPE_BYTES["bf16"])
 
     @property
     def optimizer_state_bytes(self) -> int:
@@ -269,6 +279,9 @@ def _training(table: dict) -> TrainingSpec:
         raise ScenarioError(f"training.fp8_recipe must be one of {', '.join(FP8_RECIPES)}, got {t.fp8_recipe!r}")
     if t.optimizer_state_dtype not in ("fp32", "bf16"):
         raise ScenarioError(f"training.optimizer_state_dtype must be fp32 or bf16, got {t.optimizer_state_dtype!r}")
+    if t.fp8_params and (t.dtype != "fp8" or t.fp8_recipe not in ("delayed", "current")):
+        raise ScenarioError(f"training.fp8_params needs dtype fp8 with a per-tensor recipe (delayed, current), "
+                            f"got dtype {t.dtype!r}, fp8_recipe {t.fp8_recipe!r}")
     return t
 
 

@@ -140,6 +140,9 @@ def _check_batch_and_schedule(m: ModelSpec, p: ParallelSpec, t: TrainingSpec) ->
     if p.cp_algorithm not in ("ring", "all-gather"):
         raise ScenarioError(f"parallelism.cp_algorithm must be 'ring' or 'all-gather', got {p.cp_algorithm!r}")
     _check_sharding(p)
+    if t.fp8_params and p.zero_stage > 1:  # Megatron-Core's --fp8-param-gather: DDP or the distributed optimizer
+        raise ScenarioError(f"training.fp8_params needs zero_stage 0 or 1 (DDP or Megatron-Core's distributed "
+                            f"optimizer, which gathers the FP8 parameters), got zero_stage = {p.zero_stage}")
     if p.offload_optimizer and p.zero_stage == 0:
         raise ScenarioError("parallelism.offload_optimizer needs zero_stage >= 1 (ZeRO-Offload shards the "
                             "optimizer state), got zero_stage = 0")

@@ -61,3 +61,29 @@ def test_published_runs_fit_in_memory(row):
     r = next(x for x in read_rows([]) if x["name"] == row)
     m = simulate_metrics(scenario_from_dict(row_to_raw(r), default_name=row))
     assert m["fits_in_memory"], (row, m["memory_bytes"]["total"] / 2**30)
+
+
+def test_fp8_params_store_the_weights_in_one_byte_and_gather_them_in_fp8():
+    """fp8_params (TE fp8_model_init, NeMo fp8_params): the parameter is the FP8 copy, 1 B, and TE caches
+    only its transpose, 1 B: 2 B per parameter against BF16's 2 + 2; the distributed optimizer gathers
+    1 B per parameter. Per-tensor recipes and ZeRO <= 1 only."""
+    from simulator.strategy.lower import lower
+    base = {"model": {"preset": "gpt3-1.3b"}, "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+            "parallelism": {"dp": 8, "zero_stage": 1}}
+    def make(fp8_params, **training):
+        return scenario_from_dict({**base, "training": {"global_batch_size": 8, "dtype": "fp8",
+                                                        "fp8_params": fp8_params, **training}})
+    off, on = make(False), make(True)
+    m_off, m_on = simulate_metrics(off)["memory_bytes"], simulate_metrics(on)["memory_bytes"]
+    assert m_on["params"] == pytest.approx(m_off["params"] / 2)
+    assert m_off["buffers"] - m_on["buffers"] == pytest.approx(m_on["params"], rel=1e-2)  # the cache's 1 B
+    gathered = [sum(t.comm.size_bytes for t in lower(s).graph.tasks if t.name.startswith("param_all_gather"))
+                for s in (off, on)]
+    assert gathered[1] == pytest.approx(gathered[0] / 2)
+    with pytest.raises(ScenarioError, match="fp8_params"):
+        make(True, fp8_recipe="blockwise")
+    with pytest.raises(ScenarioError, match="fp8_params"):
+        scenario_from_dict({**base, "training": {"global_batch_size": 8, "fp8_params": True}})
+    with pytest.raises(ScenarioError, match="fp8_params"):
+        scenario_from_dict({**base, "parallelism": {"dp": 8, "zero_stage": 3},
+                            "training": {"global_batch_size": 8, "dtype": "fp8", "fp8_params": True}})

@@ -30,11 +30,11 @@ from ..units import DTYPE_BYTES, MiB
 # SGD with momentum keeps the fp32 master copy and one fp32 momentum buffer: 8 bytes/param.
 OPTIMIZER_BYTES_PER_PARAM = {"adam": 12, "adamw": 12, "sgd": 8}
 # FP8 training (Transformer Engine) keeps the weights in bf16 and casts them to FP8 per GEMM
-# (Micikevicius et al. 2022, "FP8 Formats for Deep Learning", sec. 4; TE's fp8_autocast).
-MIN_PARAM_BYTES = DTYPE_BYTES["bf16"]
-# ...and keeps each linear layer's weight quantized in both usages across micro-batches (TE Linear's
-# weight workspaces), bytes per parameter by scaling recipe: model/fp8.py WEIGHT_COPY_BYTES (2 for
-# the per-tensor recipes: the FP8 weight and its transpose).
+# (Micikevicius et al. 2022, "FP8 Formats for Deep Learning", sec. 4; TE's fp8_autocast), unless
+# ``training.fp8_params`` stores them in FP8 (``TrainingSpec.param_bytes``), and keeps each linear
+# layer's weight quantized in both usages across micro-batches (TE Linear's weight workspaces), bytes
+# per parameter by scaling recipe: model/fp8.py WEIGHT_COPY_BYTES (2 for the per-tensor recipes: the
+# FP8 weight and its transpose; the transpose alone with fp8_params).
 FP8_WEIGHT_COPY_BYTES = weight_copy_bytes_per_param("delayed")
 # CUDA context with lazy module loading (CUDA >= 11.7, PyTorch's default): "around 400MB"
 # (PyTorch maintainers, pytorch/pytorch#109888; #86509 measured 287 MB for a minimal program).
@@ -207,7 +207,8 @@ def static_buffers(scn: Scenario, counts: dict, trace_has_buffers: bool = False)
         # micro-batches of a step (``is_first_microbatch``): 1 + 1 B per parameter, plus the block
         # recipes' scales. An upper bound: the embedding and output layer rows a first or last stage
         # holds stay BF16 but are counted. (ZeRO-3 gathers a layer's weights per use: no persistent copy.)
-        out["fp8_weight_cache"] = params * weight_copy_bytes_per_param(tr.fp8_recipe)
+        # with fp8_params the FP8 copy is the parameter itself: only its transpose is cached
+        out["fp8_weight_cache"] = params * (weight_copy_bytes_per_param(tr.fp8_recipe) - tr.fp8_params)
     if par.zero_stage >= 3 and not trace_has_buffers and par.dp * par.cp > 1:
         out["zero3_gathered"] = zero3_gathered_bytes(scn)
     return out
@@ -220,7 +221,7 @@ def zero3_gathered_bytes(scn: Scenario) -> float:
     takes it, and for the 2021 engine ProcessGroupNCCL's flattened output beside the gathered buffer
     (one more largest fetch, freed after the copy-out)."""
     par, tr = scn.parallel, scn.training
-    pbytes = _param_bytes(tr.dtype)
+    pbytes = tr.param_bytes
     if par.sharding not in DEEPSPEED:
         layer = layer_param_counts(scn.model, par.tp, par.ep, par.etp)
         per_layer = layer["dense"] + layer["expert"]
@@ -230,10 +231,6 @@ def zero3_gathered_bytes(scn: Scenario) -> float:
     live, largest = (max(v) for v in zip(*(deepspeed_live_params(k) for k in kinds)))
     flat = largest * pbytes if par.sharding == "deepspeed-2021" else 0.0
     return live * pbytes + flat + largest * tr.grad_dtype_bytes
-
-
-def _param_bytes(dtype: str) -> int:
-    return max(DTYPE_BYTES[dtype], MIN_PARAM_BYTES)
 
 
 def memory_report(scn: Scenario, stage_params: dict, trace: Trace) -> MemoryReport:
@@ -253,10 +250,10 @@ def memory_report(scn: Scenario, stage_params: dict, trace: Trace) -> MemoryRepo
     expert_dp = par.expert_dp  # MoE parallel folding: tp·cp·dp/(ep·etp) (strategy/mesh)
     per_rank, timeline, act_timeline, detail = {}, {}, {}, {}
     for rank, counts in stage_params.items():
-        state = _add(model_state_bytes(counts.get("dense", 0), par.zero_stage, dense_dp, _param_bytes(tr.dtype),
+        state = _add(model_state_bytes(counts.get("dense", 0), par.zero_stage, dense_dp, tr.param_bytes,
                                        tr.grad_dtype_bytes, par.offload_optimizer, opt_bpp),
                      model_state_bytes(counts.get("expert", 0), par.zero_stage, expert_dp,
-                                       _param_bytes(tr.dtype), tr.grad_dtype_bytes, par.offload_optimizer,
+                                       tr.param_bytes, tr.grad_dtype_bytes, par.offload_optimizer,
                                        opt_bpp))
         start, end, delta, phases = trace.memory_columns(rank)  # all the timeline reads: no event need be made
         is_buf = np.array([p not in ACTIVATION_PHASES for p in phases], dtype=bool)  # is_buffer_event

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..analysis.memory import (FRAGMENTATION_FRACTION, MIN_PARAM_BYTES, model_state_bytes, optimizer_bytes_per_param,
+from ..analysis.memory import (FRAGMENTATION_FRACTION, model_state_bytes, optimizer_bytes_per_param,
                                static_buffers)
 from ..cost.collectives import collective_time_s
 from ..cost.model import CostModel
@@ -235,7 +235,7 @@ def memory_totals(scn: Scenario, cache: EstimateCache | None = None) -> list[flo
     par, tr = scn.parallel, scn.training
     cache = cache or EstimateCache()
     opt = optimizer_bytes_per_param(tr)
-    pbytes = max(DTYPE_BYTES[tr.dtype], MIN_PARAM_BYTES)
+    pbytes = tr.param_bytes
     dense_dp = par.shard_group_size or par.dp * par.cp  # HSDP shards inside its shard group
     out = []
     graph, layout = cache.graph(scn), cache.layout(scn)

@@ -50,7 +50,7 @@ def _dp_streams_s(scn: Scenario, cache: "EstimateCache", stage: int) -> float:
     mesh = DeviceMesh(pp=par.pp, dp=par.dp, cp=par.cp, tp=par.tp, ep=par.ep, etp=par.etp)
     group = mesh.group("dp_cp", mesh.rank(pp=stage))
     params = stage_param_counts(cache.graph(scn), par, cache.layout(scn), stage)["dense"]
-    grads, weights = params * tr.grad_dtype_bytes, params * tr.dtype_bytes
+    grads, weights = params * tr.grad_dtype_bytes, params * tr.param_bytes
     m = cache.layout(scn).microbatches(scn.num_microbatches)  # passes of each held virtual stage
     coll = lambda op, size: cache.collective_s(scn, op, size, group)  # noqa: E731
     if par.zero_stage == 0:

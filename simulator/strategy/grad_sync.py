@@ -245,7 +245,7 @@ def gather_parameters(ctx: LowerCtx, rank: int, ready: list[Ready], deps: list[i
         for params, group, kind in zip((dense, expert), _groups(ctx, rank), ("", ".expert")):
             if params > 0 and len(group) > 1:
                 tasks.append(ctx.comm(rank, STREAM_DP, f"param_all_gather{k}{kind}", "all_gather",
-                                      params * ctx.dtype_bytes, group, "dp", "comm_dp", deps))
+                                      params * ctx.scn.training.param_bytes, group, "dp", "comm_dp", deps))
         out.append((tid, tasks))
     return out
 
