@@ -165,8 +165,9 @@ class ParamGradSync:
         if self.zero3 and ctx.par.sharding == "deepspeed-2021":
             units = [u for vs in self.smap.stages_of(s, self.nv // self.p) for u in self._units(vs)]
             g, par = ctx.graph, ctx.par
-            step = ds2021_persistent_gather(ctx, r, step, [(u if u in ("embed", "head") else f"L{u}",
-                                                            unit_persistent_sizes(g, par.tp, par.ep, u)) for u in units])
+            named = [(u if u in ("embed", "head") else f"L{u}", unit_persistent_sizes(g, par.tp, par.ep, u))
+                     for u in units]
+            step = ds2021_persistent_gather(ctx, r, step, named)
         if ctx.par.zero_stage in (1, 2) and not ctx.par.overlap_param_gather and not self.zero3:
             ready = [(-1,) + self._params(u) for vs in self.smap.stages_of(s, self.nv // self.p)
                      for u in self._units(vs)[::-1]]
