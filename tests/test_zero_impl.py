@@ -258,7 +258,8 @@ def test_deepspeed_2021_host_work_grows_with_the_group():
 def test_deepspeed_2021_synchronizes_the_device_and_all_reduces_gradient_buckets():
     """Each 2021 gather's host task waits for every earlier collective of the rank (torch.cuda.
     synchronize); gradients are all-reduced per reduce_bucket_size bucket (contiguous_gradients =
-    false), each after the previous bucket (reduction_stream.synchronize): 2x a reduce-scatter's bytes."""
+    false), each after the previous bucket (reduction_stream.synchronize): 2x a reduce-scatter's bytes,
+    after allreduce_and_copy's flatten, divide and copy-back kernels."""
     g = lower(scn(SMALL, zero_stage=3, sharding="deepspeed-2021", m=2, training={"grad_dtype": "bf16"})).graph
     by_id = {t.id: t for t in g.tasks}
     comm_before = set()
@@ -274,7 +275,10 @@ def test_deepspeed_2021_synchronizes_the_device_and_all_reduces_gradient_buckets
     phi = lower(scn(SMALL, zero_stage=3, sharding="deepspeed-2021", m=2)).stage_params[0]["dense"]
     assert sum(t.comm.size_bytes for t in reductions) == pytest.approx(2 * phi * 2)  # 2 micro-batches, bf16
     for prev, t in zip(reductions, reductions[1:]):
-        host = by_id[t.deps[0]]
+        kernels = by_id[t.deps[0]]  # flatten, divide, copy back: 6 bytes per bucket byte, on the compute stream
+        assert kernels.name.endswith(".flatten_div_copy") and kernels.stream == "compute"
+        assert kernels.work[0].bytes == pytest.approx(6 * t.comm.size_bytes)
+        host = by_id[kernels.deps[0]]
         assert host.name.endswith(".host") and prev.id in host.deps
     # the optimizer step waits for every bucket's all-reduce
     step = [t for t in g.tasks if "adam" in t.name.lower() or "optimizer" in t.name.lower()]

@@ -36,6 +36,9 @@ DEEPSPEED_REDUCE_BUCKET_PARAMS = 500_000_000
 # Fused Adam (apex / torch foreach) per parameter: read grad, read+write fp32 master, m, v (24 B),
 # write the 16-bit model copy (2 B): memory-bound (Rajbhandari et al. 2020 §3 state sizes).
 ADAM_STATE_RW_BYTES = 24
+# DeepSpeed 2021 allreduce_and_copy (stage3.py v0.3.13): flatten(bucket) reads and writes it, div_ reads
+# and writes it, the copy back into the gradients reads and writes it: 6 bytes moved per bucket byte.
+DS2021_BUCKET_PASSES = 6
 STREAM_DP = "comm_dp"
 STREAM_DP_RS = "comm_dp_rs"  # reduce-scatters on their own stream (FSDP2, DeepSpeed); HSDP's replica all-reduce
 STREAM_OFFLOAD = "offload"
@@ -105,12 +108,19 @@ def _ds2021_all_reduce(ctx: LowerCtx, rank: int, name: str, params: float, group
     """DeepSpeed 2021 ZeRO-3 with its default contiguous_gradients = false (constants.py v0.3.13-v0.4.0):
     reduce_ipg_grads falls back to buffered_reduce_fallback, an all-reduce of each flattened
     reduce_bucket_size bucket on the reduction stream, issued after reduction_stream.synchronize() has
-    made the host wait for the previous bucket (so the compute stream waits too)."""
+    made the host wait for the previous bucket (so the compute stream waits too). Around it
+    allreduce_and_copy flattens the bucket's gradients, divides them by the group and copies the result
+    back into them (DS2021_BUCKET_PASSES): elementwise kernels that take the SMs in turn with the
+    backward's GEMMs, charged on the compute stream as FSDP1's are (``fsdp1``), before the collective
+    (the copy-back's SM time moved ahead of it: the chain to the next bucket's sync is as long)."""
     prev = ctx.builder.last_on(rank, stream)
     wait = ctx.compute(rank, f"{name}.host", (OpWork(f"{name}.reduction_stream_sync", "host", 0.0, 0.0, (1,)),),
                        (dep,) + (() if prev is None else (prev,)), "comm_dp")
-    return ctx.comm(rank, stream, name, "all_reduce", params * ctx.scn.training.grad_dtype_bytes, group, "dp",
-                    "comm_dp", (wait,))
+    nbytes = params * ctx.scn.training.grad_dtype_bytes
+    work = (OpWork("ds2021_bucket_flatten_div_copy", "elementwise", 0.0, DS2021_BUCKET_PASSES * nbytes,
+                   (int(params), 1)),)
+    kernels = ctx.compute(rank, f"{name}.flatten_div_copy", work, (wait,), "comm_dp")
+    return ctx.comm(rank, stream, name, "all_reduce", nbytes, group, "dp", "comm_dp", (kernels,))
 
 
 def shard_groups(ctx: LowerCtx, rank: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
