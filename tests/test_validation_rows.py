@@ -80,6 +80,12 @@ def test_bundled_today_rows_are_the_shared_rows_with_only_published_settings():
         assert [r["iteration_time_s"] for r in shared] == [r["target_iteration_time_s"] for r in shared]
 
 
+def test_row_columns_for_the_optimizer_and_fp8_weights_reach_the_scenario():
+    raw = row_to_raw(small_row(grad_dtype="bf16", optimizer_state_dtype="bf16", fp8_params="true", dtype="fp8"))
+    assert raw["training"]["optimizer_state_dtype"] == "bf16" and raw["training"]["fp8_params"] is True
+    assert raw["training"]["grad_dtype"] == "bf16"
+
+
 def test_row_columns_for_overlap_nics_and_experts_reach_the_scenario():
     raw = row_to_raw(small_row(tp_comm_overlap="true", sequence_parallel="true", nics_per_node="4",
                                nic_bandwidth_Gbps="400", num_experts="8", moe_top_k="2", ep="2"))
@@ -129,7 +135,9 @@ def test_empty_cells_get_exactly_the_user_defaults(tmp_path):
     from_file = load_scenario(toml)
     assert from_row.parallel == from_file.parallel and from_row.training == from_file.training
     assert from_row.parallel.virtual_stages == 2 and from_row.training.micro_batch_size == 1
-    assert evaluate_row(small_row())["predicted_s"] == simulate(from_file).metrics["iteration_time_s"]
+    row, m = evaluate_row(small_row()), simulate(from_file).metrics
+    assert row["predicted_s"] == m["iteration_time_s"]
+    assert (row["fits_in_memory"], row["memory_total_bytes"]) == (m["fits_in_memory"], m["memory_bytes"]["total"])
 
 
 def test_invalid_row_is_a_failed_row_with_its_reason():
