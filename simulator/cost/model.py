@@ -45,6 +45,9 @@ class CostModel:
         self.algorithms = dict(scn.cost.collective_algorithms)
         self._contended: dict[tuple[int, bool], RooflineCompute] = {}  # (SMs taken, margin known) -> roofline
         self._ctas: dict[Collective, int] = {}
+        # the same by the Collective object (stamped tasks share theirs): hashing a Collective hashes its
+        # group, thousands of ranks; the object is kept beside its answer so that its id stays its own
+        self._ctas_of: dict[int, tuple[Collective, int]] = {}
         self._ratios: dict[tuple[int, int], float] = {}  # (work, SMs taken) -> ratio
 
     # ---- engine protocol ----------------------------------------------------------------------
@@ -110,10 +113,14 @@ class CostModel:
             return 0
         if c.overlap:  # userbuffers: a bulk site holds its configured SMs, the others are charged
             return BULK_SITES.get(c.overlap[0], 0)
+        hit = self._ctas_of.get(id(c))
+        if hit is not None and hit[0] is c:
+            return hit[1]
         n = self._ctas.get(c)
         if n is None:
             algorithm = plan_collective(c, self.topo, self.algorithms.get(c.op)).algorithm
             n = self._ctas[c] = collective_ctas(c, algorithm, group_shape(c.group, self.topo), self.scn.cluster)
+        self._ctas_of[id(c)] = (c, n)
         return n
 
     def contention_ratio(self, task: Task, sms_taken: int) -> float:
