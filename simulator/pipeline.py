@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .analysis.memory import MemoryReport, memory_report
 from .analysis.metrics import Metrics, StepTimes, busiest_rank, critical_rank, exposed_breakdown, summarize
-from .cost.model import CostModel
+from .cost.model import CostModel, memo_by_collective
 from .cost.plan import CommPlan
 from .cost.siblings import fast_mode_cost
 from .engine.sim import SimResult, TaskCost, simulate_graph, task_durations
@@ -82,24 +82,10 @@ class PerCollective:
         self._alone_of_id: dict[int, tuple] = {}
 
     def comm_plan(self, task: Task) -> CommPlan:
-        return _memo(self._plan_of_id, self._plans, task, self.cost.comm_plan)
+        return memo_by_collective(self._plan_of_id, self._plans, task, self.cost.comm_plan)
 
     def isolated_s(self, task: Task) -> float:
-        return _memo(self._alone_of_id, self._alone, task, self.cost.isolated_s)
-
-
-def _memo(by_id: dict, by_value: dict, task: Task, answer):
-    """``answer(task)`` memoised by the task's Collective: first by its identity (the tasks of one
-    shape share the object), else by value (equal collectives of other shapes)."""
-    comm = task.comm
-    hit = by_id.get(id(comm))
-    if hit is not None and hit[0] is comm:
-        return hit[1]
-    value = by_value.get(comm)
-    if value is None:
-        value = by_value[comm] = answer(task)
-    by_id[id(comm)] = (comm, value)
-    return value
+        return memo_by_collective(self._alone_of_id, self._alone, task, self.cost.isolated_s)
 
 
 class _OldestGeneration:

@@ -45,9 +45,7 @@ class CostModel:
         self.algorithms = dict(scn.cost.collective_algorithms)
         self._contended: dict[tuple[int, bool], RooflineCompute] = {}  # (SMs taken, margin known) -> roofline
         self._ctas: dict[Collective, int] = {}
-        # the same by the Collective object (stamped tasks share theirs): hashing a Collective hashes its
-        # group, thousands of ranks; the object is kept beside its answer so that its id stays its own
-        self._ctas_of: dict[int, tuple[Collective, int]] = {}
+        self._ctas_of: dict[int, tuple[Collective, int]] = {}  # by identity (memo_by_collective)
         self._ratios: dict[tuple[int, int], float] = {}  # (work, SMs taken) -> ratio
 
     # ---- engine protocol ----------------------------------------------------------------------
@@ -113,15 +111,13 @@ class CostModel:
             return 0
         if c.overlap:  # userbuffers: a bulk site holds its configured SMs, the others are charged
             return BULK_SITES.get(c.overlap[0], 0)
-        hit = self._ctas_of.get(id(c))
-        if hit is not None and hit[0] is c:
-            return hit[1]
-        n = self._ctas.get(c)
-        if n is None:
-            algorithm = plan_collective(c, self.topo, self.algorithms.get(c.op)).algorithm
-            n = self._ctas[c] = collective_ctas(c, algorithm, group_shape(c.group, self.topo), self.scn.cluster)
-        self._ctas_of[id(c)] = (c, n)
-        return n
+        return memo_by_collective(self._ctas_of, self._ctas, task, self._collective_ctas)
+
+    def _collective_ctas(self, task: Task) -> int:
+        c = task.comm
+        assert c is not None, task.name  # kernel_ctas asks only for communication tasks
+        algorithm = plan_collective(c, self.topo, self.algorithms.get(c.op)).algorithm
+        return collective_ctas(c, algorithm, group_shape(c.group, self.topo), self.scn.cluster)
 
     def contention_ratio(self, task: Task, sms_taken: int) -> float:
         """How much longer the compute task runs on the SMs that ``sms_taken`` leave than on the whole
@@ -185,3 +181,18 @@ class CostModel:
         if self.missing:
             print(f"warning: calibration tables lack {len(self.missing)} op(s), roofline used for: "
                   f"{', '.join(sorted(self.missing))}", file=sys.stderr)
+
+
+def memo_by_collective(by_id: dict, by_value: dict, task: Task, answer):
+    """``answer(task)`` memoised by the task's Collective: first by its identity (the tasks of one
+    shape share the object; a lookup by identity skips hashing its group, thousands of ranks), else
+    by value (equal collectives of other shapes)."""
+    comm = task.comm
+    hit = by_id.get(id(comm))
+    if hit is not None and hit[0] is comm:
+        return hit[1]
+    value = by_value.get(comm)
+    if value is None:
+        value = by_value[comm] = answer(task)
+    by_id[id(comm)] = (comm, value)
+    return value
