@@ -78,3 +78,13 @@ def test_the_copy_out_grows_with_the_group():
     t = {n: rc.work_time_s(persistent_copy_host_work(n, layer, 2)) for n in (384, 768, 1536)}
     assert t[768] == pytest.approx(2 * t[384]) and t[1536] == pytest.approx(2 * t[768])
     assert 96 * t[1536] > 20.0  # GPT-3 175B's 96 layers at 1,536 ranks: ~21 s per step
+
+
+def test_deepspeed_live_params_follow_the_prefetch_rule():
+    """A fetch and the next one while the first holds fewer than stage3_max_live_parameters (1e9):
+    GPT-3 175B's submodules all prefetch (fc1 + fc2 the most); MT-NLG 530B's QKV and fc1/fc2 exceed the
+    limit, so only the projection's successor (fc1) is prefetched beside it."""
+    from simulator.strategy.zero_impl import deepspeed_live_params
+    assert deepspeed_live_params([4.5e8, 1.5e8, 6e8, 6e8]) == (1.2e9, 6e8)
+    assert deepspeed_live_params([1.26e9, 4.2e8, 1.68e9, 1.68e9]) == (4.2e8 + 1.68e9, 1.68e9)
+    assert deepspeed_live_params([]) == (0.0, 0.0)

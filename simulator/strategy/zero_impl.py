@@ -190,7 +190,7 @@ def deepspeed_live_params(layer_subs: Sequence[float]) -> tuple[float, float]:
     n = len(layer_subs)
     fetches = coalesce(list(layer_subs) * 2, [0] * n + [1] * n)
     nxt = fetches[1:] + [Fetch((), 0.0)]
-    return (max(f.params + (g.params if g.prefetch else 0.0) for f, g in zip(fetches, nxt)),
+    return (max((f.params + (g.params if g.prefetch else 0.0) for f, g in zip(fetches, nxt)), default=0.0),
             max((f.params for f in fetches), default=0.0))
 
 
