@@ -51,7 +51,7 @@ def test_the_copy_out_costs_one_copy_and_three_view_ops_per_tensor_and_rank_hold
 
 def test_the_lowering_gathers_the_persistent_tensors_once_after_the_optimizer():
     """One all-gather per step, after the optimizer, of every rank's padded shards of every persistent
-    tensor, then one copy-out task per unit holding any; the 2023 engine ("deepspeed") has none."""
+    tensor, then one copy-out task per unit holding any."""
     s = scn()
     g = lower(s).graph
     gather = [t for t in g.tasks if t.name == "persistent_param_all_gather"]
@@ -67,7 +67,20 @@ def test_the_lowering_gathers_the_persistent_tensors_once_after_the_optimizer():
     assert [t.name for t in copies] == ["L0.persistent_copy_out", "L1.persistent_copy_out", "L2.persistent_copy_out",
                                         "L3.persistent_copy_out", "head.persistent_copy_out"]
     assert copies[0].deps == (gather[0].id,) and all(t.stream == "compute" for t in copies)
-    assert not [t for t in lower(scn("deepspeed")).graph.tasks if "persistent" in t.name]
+
+
+def test_todays_engine_gathers_each_persistent_tensor_alone_with_no_python_copy_out():
+    """DeepSpeed since the coalesced gather (``_allgather_params_coalesced``): one all_gather_into_tensor
+    per persistent tensor, all issued after the optimizer, no per-rank copy-out on the host."""
+    s = scn("deepspeed")
+    g = lower(s).graph
+    graph = build_op_graph(s.model, 1, "fp16")
+    sizes = [n for u in ["embed", "0", "1", "2", "3", "head"] for n in unit_persistent_sizes(graph, 1, 1, u)]
+    gathers = [t for t in g.tasks if "persistent_param_all_gather" in t.name]
+    assert [t.comm.size_bytes for t in gathers] == [-(-n // 8) * 8 * 2 for n in sizes]
+    by_id = {t.id: t for t in g.tasks}
+    assert all(len(t.deps) == 1 and "optimizer" in by_id[t.deps[0]].name for t in gathers)
+    assert not [t for t in g.tasks if "persistent_copy_out" in t.name or t.name.startswith("persistent")]
 
 
 def test_the_copy_out_grows_with_the_group():

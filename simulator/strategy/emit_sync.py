@@ -14,8 +14,8 @@ from typing import Callable, Iterator
 
 from ..tasks import OpWork
 from .context import LowerCtx
-from .grad_sync import (STREAM_DP_RS, ds2021_persistent_gather, gather_parameters, last_compute, optimizer_step,
-                        reduce_gradients, zero3_gather, zero3_reduce)
+from .grad_sync import (STREAM_DP_RS, deepspeed_persistent_gather, gather_parameters, last_compute,
+                        optimizer_step, reduce_gradients, zero3_gather, zero3_reduce)
 from .schedules import StageMap
 from .sharding import unit_persistent_sizes
 from .stage_units import StageLayout, copy_sync_bytes
@@ -162,12 +162,12 @@ class ParamGradSync:
             waits = [ctx.comm(r, "comm_dp", "copy_grad_all_reduce", "all_reduce", size, tuple(sorted((r, peer))),
                               "pp", "comm_dp", tuple([end] + waits))]
         step = optimizer_step(ctx, r, [end] + waits, params["dense"], params["expert"])
-        if self.zero3 and ctx.par.sharding == "deepspeed-2021":
+        if self.zero3 and ctx.par.sharding in DEEPSPEED:
             units = [u for vs in self.smap.stages_of(s, self.nv // self.p) for u in self._units(vs)]
             g, par = ctx.graph, ctx.par
             named = [(u if u in ("embed", "head") else f"L{u}", unit_persistent_sizes(g, par.tp, par.ep, u))
                      for u in units]
-            step = ds2021_persistent_gather(ctx, r, step, named)
+            step = deepspeed_persistent_gather(ctx, r, step, named)
         if ctx.par.zero_stage in (1, 2) and not ctx.par.overlap_param_gather and not self.zero3:
             ready = [(-1,) + self._params(u) for vs in self.smap.stages_of(s, self.nv // self.p)
                      for u in self._units(vs)[::-1]]

@@ -181,6 +181,25 @@ def ds2021_persistent_gather(ctx: LowerCtx, rank: int, dep: int, units: list[tup
     return t
 
 
+def deepspeed_persistent_gather(ctx: LowerCtx, rank: int, dep: int, units: list[tuple[str, tuple[int, ...]]]) -> int:
+    """DeepSpeed ZeRO-3 after the optimizer step (stage3 ``_post_step``): the persistent tensors of
+    ``units`` gathered again. The 2021 engine: ``ds2021_persistent_gather``. Today's engine
+    (partition_parameters.py ``_allgather_params_coalesced``): one ``all_gather_into_tensor`` of each
+    tensor's shards, all issued at once, then a device synchronize: tiny collectives over the whole
+    group, each paying the group's latency. Returns the last task (``dep`` if none)."""
+    if ctx.par.sharding == "deepspeed-2021":
+        return ds2021_persistent_gather(ctx, rank, dep, units)
+    group = shard_groups(ctx, rank)[0]
+    if len(group) == 1:
+        return dep
+    t = dep
+    for name, unit in units:
+        for k, n in enumerate(unit):
+            t = ctx.comm(rank, STREAM_DP, f"{name}.persistent_param_all_gather.t{k}", "all_gather",
+                         -(-n // len(group)) * len(group) * ctx.dtype_bytes, group, "dp", "comm_dp", (dep,))
+    return t
+
+
 def zero3_reduce(ctx: LowerCtx, rank: int, name: str, dense: float, expert: float, dep: int,
                  microbatch: int = 0) -> list[int]:
     """ZeRO-3 / FSDP: reduce-scatter one unit's gradients of one micro-batch over the shard group (FSDP2
