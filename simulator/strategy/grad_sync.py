@@ -22,10 +22,11 @@ ranks, ``mesh.DeviceMesh``).
 from __future__ import annotations
 
 from ..tasks import OpWork
+from ..units import DTYPE_BYTES
 from .context import COMPUTE, LowerCtx
 from .fsdp1 import post_backward_work, unshard_work
 from .zero_impl import (FSDP2_COPY_PASSES, hsdp_groups, list_all_gather_host_work, persistent_copy_host_work,
-                        persistent_gather_work)
+                        persistent_gather_work, shard_elements)
 
 # Megatron-core DistributedDataParallelConfig: bucket_size = max(40M, 1M x dp) parameters.
 BUCKET_MIN_PARAMS = 40_000_000
@@ -196,7 +197,8 @@ def deepspeed_persistent_gather(ctx: LowerCtx, rank: int, dep: int, units: list[
     for name, unit in units:
         for k, n in enumerate(unit):
             t = ctx.comm(rank, STREAM_DP, f"{name}.persistent_param_all_gather.t{k}", "all_gather",
-                         -(-n // len(group)) * len(group) * ctx.dtype_bytes, group, "dp", "comm_dp", (dep,))
+                         shard_elements(n, len(group)) * len(group) * ctx.dtype_bytes, group, "dp", "comm_dp",
+                         (dep,))
     return t
 
 
@@ -238,7 +240,7 @@ def zero3_reduce(ctx: LowerCtx, rank: int, name: str, dense: float, expert: floa
 def adam_state_rw_bytes(tr) -> int:
     """Bytes Adam reads and writes of its state per parameter: ADAM_STATE_RW_BYTES at fp32, scaled to
     ``training.optimizer_state_dtype``."""
-    return ADAM_STATE_RW_BYTES * tr.optimizer_state_bytes // 4
+    return ADAM_STATE_RW_BYTES * tr.optimizer_state_bytes // DTYPE_BYTES["fp32"]
 
 
 def optimizer_step(ctx: LowerCtx, rank: int, deps: list[int], dense: float, expert: float) -> int:

@@ -290,19 +290,17 @@ def linear_params(graph: OpGraph, tp: int, ep: int, ops: tuple[Op, ...] | None =
     return out
 
 
-def param_tensors(ops: Sequence[Op], tp: int, ep: int) -> list[int]:
-    """Elements of each parameter tensor one rank holds of the dense ``ops``: a GEMM's weight and its
-    bias, a norm's weight (and bias) of its width each, any other op's parameters (an embedding's) as one."""
+def param_tensors(graph: OpGraph, ops: Sequence[Op], tp: int, ep: int) -> list[int]:
+    """Elements of each parameter tensor one rank holds of the dense ``ops``: ``linear_params``'s
+    (weight, bias) pairs, a norm's entry split into its weight (and bias) of its width each, any other
+    op's parameters (an embedding's) as one."""
     out = []
-    for op in ops:
-        p = _op_params_per_rank(op, tp, ep) if op.params and op.tp_split != "expert" else 0
-        if p and op.kind == "gemm":
-            _, n, k = sharded_shape(op, tp, False, 1)
-            out += [n * k] + ([p - n * k] if p > n * k else [])
-        elif p and op.kind == "norm" and p % op.shape[-1] == 0:
-            out += [op.shape[-1]] * (p // op.shape[-1])
-        elif p:
-            out.append(p)
+    dense = [op for op in ops if op.params and op.tp_split != "expert"]
+    for op, (first, rest) in zip(dense, linear_params(graph, tp, ep, tuple(ops))):
+        if op.kind == "norm" and first % op.shape[-1] == 0:
+            out += [op.shape[-1]] * (first // op.shape[-1])
+        else:
+            out += [first] + ([rest] if rest else [])
     return out
 
 
@@ -310,7 +308,7 @@ def unit_persistent_sizes(graph: OpGraph, tp: int, ep: int, unit: str) -> tuple[
     """The DeepSpeed-persistent tensors (``zero_impl.persistent_sizes``) of a lowering unit: "embed",
     "head" or a layer's global index."""
     ops = graph.embed if unit == "embed" else graph.head if unit == "head" else graph.layer_ops(int(unit))
-    return persistent_sizes(param_tensors(ops, tp, ep))
+    return persistent_sizes(param_tensors(graph, ops, tp, ep))
 
 
 def layer_submodules(graph: OpGraph, tp: int, ep: int) -> tuple[list[float], ...]:

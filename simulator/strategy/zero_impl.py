@@ -150,7 +150,7 @@ def persistent_sizes(tensors: Sequence[int]) -> tuple[int, ...]:
     return tuple(t for t in tensors if 0 < t < DS_PERSISTENCE_THRESHOLD)
 
 
-def _partition(elements: int, ranks: int) -> int:
+def shard_elements(elements: int, ranks: int) -> int:
     """One rank's shard of a tensor: DeepSpeed pads the tensor to a multiple of the group
     (``_aligned_size``), so every shard holds ceil(elements / ranks)."""
     return -(-elements // ranks)
@@ -165,7 +165,7 @@ def persistent_copy_host_work(ranks: int, sizes: tuple[int, ...], dtype_bytes: i
     views = OpWork("ds2021_persistent_views", "host", 0.0, 0.0, (PERSISTENT_COPY_VIEW_OPS,))
     out: list[OpWork] = []
     for n in sizes:
-        part = _partition(n, ranks)
+        part = shard_elements(n, ranks)
         copy = OpWork("ds2021_persistent_copy", "memcpy", 0.0, 2.0 * part * dtype_bytes, (1, 1))
         out += [views, copy] * -(-n // part)
     return tuple(out)
@@ -177,7 +177,7 @@ def persistent_gather_work(ranks: int, sizes: tuple[int, ...], dtype_bytes: int)
     async_op=False, so ``_allgather_params``): each tensor's own shard copied into the flat buffer (a
     view op and a copy each), then the ``rank_copies`` of the list all-gather; each rank sends its
     padded shards of every tensor."""
-    own = sum(_partition(n, ranks) for n in sizes) * dtype_bytes
+    own = sum(shard_elements(n, ranks) for n in sizes) * dtype_bytes
     shards = (OpWork("ds2021_own_shard_view", "host", 0.0, 0.0, (len(sizes),)),
               *(OpWork("ds2021_own_shard_copy", "memcpy", 0.0, 2.0 * own / len(sizes), (1, 1)),) * len(sizes))
     return shards + rank_copies(ranks, own * ranks), own * ranks
