@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .hardware.clusters import ClusterSpec
 from .hardware.hwfile import CLUSTER_KEYS, cluster_from_table, read_cluster_file, read_text
+from .model.eager import KERNEL_MODES
 from .model.fp8 import FP8_RECIPES
 from .model.opgraph import ATTENTION_IMPLS
 from .model.spec import ModelSpec
@@ -88,6 +89,9 @@ class TrainingSpec:
     # dtype fp8: the linear layers' weights stored in FP8 (TE fp8_model_init; NeMo fp8_params,
     # Megatron-Core --fp8-param-gather), gathered by the distributed optimizer in FP8
     fp8_params: bool = False
+    # "fused": the layer's norms, RoPE and activations as single fused kernels (Transformer Engine,
+    # Megatron-Core, torch.compile); "eager": as plain PyTorch modules run them (model/eager.py)
+    kernels: str = "fused"
 
     @property
     def dtype_bytes(self) -> int:
@@ -279,6 +283,11 @@ def _training(table: dict) -> TrainingSpec:
         raise ScenarioError(f"training.fp8_recipe must be one of {', '.join(FP8_RECIPES)}, got {t.fp8_recipe!r}")
     if t.optimizer_state_dtype not in ("fp32", "bf16"):
         raise ScenarioError(f"training.optimizer_state_dtype must be fp32 or bf16, got {t.optimizer_state_dtype!r}")
+    if t.kernels not in KERNEL_MODES:
+        raise ScenarioError(f"training.kernels must be one of {', '.join(KERNEL_MODES)}, got {t.kernels!r}")
+    if t.kernels == "eager" and t.dtype == "fp8":
+        raise ScenarioError("training.kernels = \"eager\" cannot run dtype fp8: FP8 training is Transformer Engine's "
+                            "fused modules (use kernels = \"fused\")")
     if t.fp8_params and (t.dtype != "fp8" or t.fp8_recipe not in ("delayed", "current")):
         raise ScenarioError(f"training.fp8_params needs dtype fp8 with a per-tensor recipe (delayed, current), "
                             f"got dtype {t.dtype!r}, fp8_recipe {t.fp8_recipe!r}")

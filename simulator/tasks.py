@@ -39,6 +39,7 @@ class OpWork:
     shape: tuple[int, ...] = ()  # gemm: (m, n, k); attention: (batch, heads, seq_q, seq_kv, head_dim)
     precision: str = ""  # "fp8": a Transformer Engine FP8 GEMM; "" = the training dtype
     backward: bool = False  # work of a backward pass (B, W or both): kernels that recompute know it
+    kernels: int = 1  # kernels launched for it (eager PyTorch: one per tensor op, model/eager.py)
 
 
 def gemm_grad_shapes(shape: tuple[int, int, int]) -> tuple[tuple[int, int, int], tuple[int, int, int]]:

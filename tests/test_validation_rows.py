@@ -84,6 +84,7 @@ def test_row_columns_for_the_optimizer_and_fp8_weights_reach_the_scenario():
     raw = row_to_raw(small_row(grad_dtype="bf16", optimizer_state_dtype="bf16", fp8_params="true", dtype="fp8"))
     assert raw["training"]["optimizer_state_dtype"] == "bf16" and raw["training"]["fp8_params"] is True
     assert raw["training"]["grad_dtype"] == "bf16"
+    assert row_to_raw(small_row(kernels="eager"))["training"]["kernels"] == "eager"  # a torchtitan/HF row
 
 
 def test_row_columns_for_overlap_nics_and_experts_reach_the_scenario():

@@ -289,7 +289,7 @@ class RooflineCompute:
             flop_s = self._fused_attention_s(op)
         else:
             flop_s = 0.0
-        return max(flop_s, mem_s) + self.eff.kernel_overhead_s
+        return max(flop_s, mem_s) + self.eff.kernel_overhead_s * op.kernels
 
     def _fused_attention_s(self, op: OpWork) -> float:
         """A FlashAttention-2 / cuDNN kernel. The op counts the full s^2 score matrix (Narayanan 2021
@@ -363,12 +363,12 @@ class RooflineCompute:
 
     def kernel_launches(self, op: OpWork) -> int:
         """Kernels the host launches for one op: none for a host op, two for a fused backward GEMM
-        (input and weight gradient), the four of unfused attention, else one."""
+        (input and weight gradient), the four of unfused attention, else the op's (eager: several)."""
         if op.kind == "host":
             return 0
         if op.kind == "gemm" and op.flops > 0 and is_fused_backward_gemm(op):
             return 2
-        return UNFUSED_KERNELS if op.kind == "attention" and self.attention == "unfused" else 1
+        return UNFUSED_KERNELS if op.kind == "attention" and self.attention == "unfused" else op.kernels
 
 
 def gemm_shape(op: OpWork) -> tuple[int, int, int]:

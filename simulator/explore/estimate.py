@@ -91,11 +91,11 @@ class EstimateCache:
     def graph(self, scn: Scenario) -> OpGraph:
         t = scn.training
         return self._get(self._graph_key(scn), lambda: build_op_graph(scn.model, t.micro_batch_size, t.dtype,
-                                                                          t.fp8_recipe, t.attention))
+                                                                          t.fp8_recipe, t.attention, t.kernels))
 
     def _graph_key(self, scn: Scenario) -> tuple:
         return ("graph", repr(scn.model), scn.training.micro_batch_size, scn.training.dtype,
-                scn.training.fp8_recipe, scn.training.attention)
+                scn.training.fp8_recipe, scn.training.attention, scn.training.kernels)
 
     def _blocks(self, scn: Scenario, build: Callable[..., Any], what: str) -> Any:
         p, t = scn.parallel, scn.training

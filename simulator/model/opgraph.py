@@ -34,9 +34,7 @@ OP_KINDS = ("gemm", "attention", "elementwise", "norm", "softmax", "embedding", 
 ATTENTION_IMPLS = ("flash", "flash-varlen", "cudnn", "unfused")
 TP_SPLITS = ("column", "row", "heads", "vocab", "sequence", "expert", "none")
 
-# Dropout mask element: torch.nn.functional.dropout keeps a bool mask, 1 byte per element
-# (Korthikanti et al. 2022 §4.1 counts the mask as s·b·h bytes).
-_MASK_BYTES = 1
+_MASK_BYTES = 1  # a dropout mask element: a bool, 1 byte (Korthikanti et al. 2022 §4.1: s·b·h bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +59,7 @@ class Op:
     # ``shape`` (ModelSpec.moe_expert_loads), and whether a rank's experts run as one grouped GEMM
     expert_load: tuple[float, float] = (1.0, 1.0)
     grouped: bool = True
+    kernels: tuple[int, int] = (1, 1)  # (forward, backward) kernels launched: eager PyTorch's (model/eager.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,12 +170,10 @@ def _norm(name: str, block: str, m: ModelSpec, tokens: int, d: int) -> Op:
 
 
 def _residual(name: str, block: str, m: ModelSpec, tokens: int, d: int) -> Op:
-    """Megatron's fused bias-dropout-add when the model has dropout (``ModelSpec.dropout``; GPT style:
-    hidden dropout 0.1, Brown et al. 2020 / Megatron defaults): reads x and the residual, writes out
-    and the mask; backward reads dy and the mask, writes dx. Llama-style models train without dropout
-    (Touvron et al. 2023): a plain add. Either way the residual stream feeds both the norm and this
-    add, so autograd sums the two gradients of the block's input with one more kernel
-    (torch.autograd's InputBuffer::accumulate: read both, write one, 3 elements per element)."""
+    """Megatron's fused bias-dropout-add with dropout (``ModelSpec.dropout``; GPT style, Brown et al.
+    2020): reads x and the residual, writes out and the mask; backward reads dy and the mask, writes dx.
+    Llama-style models train without dropout (Touvron et al. 2023): a plain add. The residual stream
+    feeds the norm and this add, so autograd sums the input's two gradients (InputBuffer::accumulate)."""
     grad_sum = 3 * d
     if m.dropout:
         return _vector(name, "elementwise", block, tokens, m.hidden_size, 3 * d + _MASK_BYTES,
@@ -372,20 +369,21 @@ def _output_ops(m: ModelSpec, b: int, d: int, prefix: str, head_params: int) -> 
     ]
 
 
-def build_op_graph(model: ModelSpec, micro_batch_size: int, dtype: str = "bf16",
-                   fp8_recipe: str = "delayed", attention: str = "flash") -> OpGraph:
+def build_op_graph(model: ModelSpec, micro_batch_size: int, dtype: str = "bf16", fp8_recipe: str = "delayed",
+                   attention: str = "flash", kernels: str = "fused") -> OpGraph:
     """The graph of one micro-batch. ``dtype = "fp8"`` is Transformer Engine's FP8 training with the
     scaling recipe ``fp8_recipe`` (model/fp8.py): BF16 activations and kernels, FP8 linear-layer GEMMs
-    with their quantization kernels. ``attention`` "flash-varlen" adds the unpadding copies (varlen.py)."""
+    with their quantization kernels. ``attention`` "flash-varlen" adds the unpadding copies (varlen.py);
+    ``kernels`` "eager" runs the norms, RoPE and activations as plain PyTorch ops (eager.py)."""
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
     model.check()
-    d = _dtype_bytes("bf16" if dtype == "fp8" else dtype)
-    b = micro_batch_size
-    from . import fp8, varlen  # they build on this module's Op
+    d, b = _dtype_bytes("bf16" if dtype == "fp8" else dtype), micro_batch_size
+    from . import eager, fp8, varlen  # they build on this module's Op
 
     def layer(ops: list[Op]) -> tuple[Op, ...]:
         out = varlen.with_unpadding(tuple(ops)) if attention == "flash-varlen" else tuple(ops)
+        out = eager.eager_layer(out, model) if kernels == "eager" else out
         return fp8.fp8_layer(out, fp8_recipe) if dtype == "fp8" else out
     kinds: dict = {}
     for i in range(model.num_layers):
@@ -396,5 +394,7 @@ def build_op_graph(model: ModelSpec, micro_batch_size: int, dtype: str = "bf16",
     mtp: tuple[Op, ...] = ()
     if model.mtp_layers:
         mtp = layer(_mtp_input_ops(model, b, d) + _attention_ops(model, b, d) + _mlp_ops(model, b, d))
-    return OpGraph(model, b, d, tuple(_embed_ops(model, b, d)), main, tuple(_head_ops(model, b, d)),
+    head = tuple(_head_ops(model, b, d))
+    head = eager.eager_layer(head, model) if kernels == "eager" else head
+    return OpGraph(model, b, d, tuple(_embed_ops(model, b, d)), main, head,
                    kinds.get((True, False), ()), kinds.get((False, True), ()), kinds.get((True, True), ()), mtp)

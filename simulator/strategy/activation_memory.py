@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from ..model.eager import EAGER_GATED_SAVED_EXTRA_PER_D, EAGER_RMSNORM_SAVED_EXTRA
 from ..model.spec import ModelSpec
 from ..units import DTYPE_BYTES
 
@@ -25,12 +26,10 @@ RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "moe_act", "layernorm", "mlp", 
 DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
 MASK_BYTES = 1  # dropout masks are stored as uint8 (Korthikanti et al. 2022, sec. 4.1)
 LOGITS_BYTES = DTYPE_BYTES["fp32"]  # Megatron-LM casts logits to fp32 for the vocab-parallel cross entropy
-# FP8 training (Transformer Engine): a linear layer keeps its input for the weight gradient in FP8, one
-# byte per element (TE 1.11 module/linear.py ``saved_inputmat`` = the FP8 ``inputmat`` or its transpose;
-# layernorm_linear.py and layernorm_mlp.py save ``ln_out`` and ``gelu_out`` as cast to FP8). Where a
-# BF16 tensor is also kept for another backward (the attention output, which the fused attention
-# kernel saves), the FP8 copy comes on top of it. The block-scaled recipes' scales (MXFP8: one byte per
-# 32 elements) are not counted.
+# FP8 training (Transformer Engine): a linear layer keeps its weight-gradient input in FP8, one byte per
+# element (TE 1.11 linear.py ``saved_inputmat``; layernorm_linear/_mlp.py: ``ln_out``, ``gelu_out`` in FP8);
+# a BF16 tensor kept for another backward (the attention output) gets the FP8 copy on top. Block-scaled
+# recipes' scales (MXFP8: one byte per 32 elements) are not counted.
 FP8_SAVED_BYTES = 1
 FP8_SAVED_INPUTS = ("qkv_input", "fc1_input", "fc2_input", "expert_fc1_input", "expert_fc2_input", "shared_fc2_input")
 FP8_COPIED_INPUTS = ("proj_input",)
@@ -94,7 +93,7 @@ def _check(model: ModelSpec, micro_batch_size: int, tp: int, cp: int, ep: int, d
 
 def activation_terms(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool, cp: int,
                      dtype_bytes: int = 2, ep: int = 1, dense_mlp: bool = False,
-                     etp: int = 0, fp8: bool = False) -> list[ActivationTerm]:
+                     etp: int = 0, fp8: bool = False, eager: bool = False) -> list[ActivationTerm]:
     """Every tensor one layer keeps from its forward to its backward, bytes on one rank.
 
     Notation of Korthikanti et al. 2022 (sec. 4.1): T = (s/cp)*b local tokens, h hidden, f the MLP
@@ -147,7 +146,22 @@ def activation_terms(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool,
         terms += _mlp_terms("", d, tokens, h, model.ffn_hidden_size, tp, r, model.gated_mlp, ("mlp",))
     if drop:  # a parallel block's MLP branch: before the reduction (_mlp_input_terms)
         terms.append(ActivationTerm("mlp_dropout_mask", MASK_BYTES * tokens * h / (1 if model.parallel_attn_mlp else r)))
+    terms = eager_saved(terms, model, d) if eager else terms
     return fp8_saved_inputs(terms, d) if fp8 else terms
+
+
+def eager_saved(terms: list[ActivationTerm], model: ModelSpec, d: int) -> list[ActivationTerm]:
+    """The terms as eager PyTorch keeps them (model/eager.py): a residual-stream RMSNorm's fp32 input
+    (qk and MLA latent norms not counted); a gated product's silu output, the product's size."""
+    out = []
+    for x in terms:
+        out.append(x)
+        if model.norm == "rmsnorm" and x.name in ("attn_norm_input", "mlp_norm_input"):
+            out.append(ActivationTerm(x.name + "_eager_fp32", x.bytes * EAGER_RMSNORM_SAVED_EXTRA / d, ("layernorm",)))
+        if model.gated_mlp and x.name.endswith("fc2_input"):
+            out.append(replace(x, name=x.name + "_eager_silu", bytes=x.bytes * EAGER_GATED_SAVED_EXTRA_PER_D,
+                               weight_grad=False))
+    return out
 
 
 def fp8_saved_inputs(terms: list[ActivationTerm], d: int) -> list[ActivationTerm]:
@@ -277,7 +291,8 @@ def _check_recompute(recompute: str) -> None:
 def layer_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool, cp: int,
                            recompute: str, dtype_bytes: int = 2, ep: int = 1, attention: str = "unfused",
                            dense_mlp: bool = False, etp: int = 0,
-                           modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES, fp8: bool = False) -> float:
+                           modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES, fp8: bool = False,
+                           eager: bool = False) -> float:
     """Bytes one transformer layer keeps for one micro-batch on one rank until its backward.
 
     none: every forward tensor (Korthikanti et al. 2022: sbh(34 + 5as/h) unsharded, sbh(10 + 24/t +
@@ -290,7 +305,7 @@ def layer_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp:
     dropped exactly as selective recompute drops them.
     """
     _check_recompute(recompute)
-    terms = activation_terms(model, micro_batch_size, tp, sp, cp, dtype_bytes, ep, dense_mlp, etp, fp8)
+    terms = activation_terms(model, micro_batch_size, tp, sp, cp, dtype_bytes, ep, dense_mlp, etp, fp8, eager)
     if recompute == "full":
         return next(x.bytes for x in terms if x.name == "attn_norm_input")
     dropped = set(modules) if recompute == "selective" else set()
@@ -301,10 +316,10 @@ def layer_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp:
 
 def weight_grad_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool, cp: int,
                       dtype_bytes: int = 2, ep: int = 1, dense_mlp: bool = False, etp: int = 0,
-                      fp8: bool = False) -> float:
+                      fp8: bool = False, eager: bool = False) -> float:
     """Bytes the W pass of one layer needs: each weight GEMM's input X and output gradient dY.
     For a GPT layer with t = 1 this is 32sbh, Qi et al. 2024 Table 1 (X: 2+2+2+8, dY: 6+2+8+2)."""
-    terms = activation_terms(model, micro_batch_size, tp, sp, cp, dtype_bytes, ep, dense_mlp, etp, fp8)
+    terms = activation_terms(model, micro_batch_size, tp, sp, cp, dtype_bytes, ep, dense_mlp, etp, fp8, eager)
     return sum(x.bytes for x in terms if x.weight_grad)
 
 
@@ -312,7 +327,7 @@ def layer_activation_split(model: ModelSpec, micro_batch_size: int, tp: int, sp:
                            recompute: str, dtype_bytes: int = 2, ep: int = 1,
                            attention: str = "unfused", dense_mlp: bool = False, etp: int = 0,
                            modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES,
-                           fp8: bool = False) -> tuple[float, float]:
+                           fp8: bool = False, eager: bool = False) -> tuple[float, float]:
     """(freed at B, freed at W) for schedules that split the backward (zero-bubble).
 
     F allocates ``layer_activation_bytes``. B consumes what only the input gradient needs and
@@ -323,8 +338,8 @@ def layer_activation_split(model: ModelSpec, micro_batch_size: int, tp: int, sp:
     keep X and dY for W; the lowering applies a negative "freed" amount as an allocation at B.
     """
     total = layer_activation_bytes(model, micro_batch_size, tp, sp, cp, recompute, dtype_bytes, ep, attention,
-                                   dense_mlp, etp, modules, fp8)
-    at_w = weight_grad_bytes(model, micro_batch_size, tp, sp, cp, dtype_bytes, ep, dense_mlp, etp, fp8)
+                                   dense_mlp, etp, modules, fp8, eager)
+    at_w = weight_grad_bytes(model, micro_batch_size, tp, sp, cp, dtype_bytes, ep, dense_mlp, etp, fp8, eager)
     return total - at_w, at_w
 
 
@@ -348,7 +363,7 @@ def layer_memory(scn: Scenario, split_backward: bool, dense_mlp: bool = False, r
     m, par, tr = scn.model, scn.parallel, scn.training
     args = (m, tr.micro_batch_size, par.tp, par.sequence_parallel, par.cp)
     kw: dict[str, Any] = {"dense_mlp": dense_mlp and m.is_moe, "etp": par.etp, "modules": par.recompute_modules,
-                          "fp8": tr.dtype == "fp8"}
+                          "fp8": tr.dtype == "fp8", "eager": tr.kernels == "eager"}
     d, att, ep = tr.dtype_bytes, tr.attention, par.ep
     stored = layer_activation_bytes(*args, par.recompute, d, ep, att, **kw)
     transient = 0.0  # what the recompute re-materialises: stored without it less stored with it

@@ -192,7 +192,7 @@ def _scaled_rows(op: Op, fraction: float, experts: int) -> Op:
 def shard_op(op: Op, tp: int, sp: bool, cp: int, ep: int, etp: int = 0) -> OpWork:
     """Forward work of ``op`` on one rank."""
     shape, f, _, _, by, _, _ = _work(op, tp, sp, cp, ep, etp)
-    return OpWork(op.name, op.kind, f, by, shape, op.precision)
+    return OpWork(op.name, op.kind, f, by, shape, op.precision, kernels=op.kernels[0])
 
 
 def shard_ops(ops: tuple[Op, ...], tp: int, sp: bool, cp: int, ep: int, etp: int = 0) -> tuple[OpWork, ...]:
@@ -219,7 +219,7 @@ def shard_ops_backward(ops: tuple[Op, ...], tp: int, sp: bool, cp: int, ep: int,
         nbytes = (bb if "B" in part else 0.0) + (bw if "W" in part else 0.0)
         if flops or nbytes:
             out.append(OpWork(op.name, op.kind, flops, nbytes, _backward_shape(op.kind, shape, part), op.precision,
-                              backward=True))
+                              backward=True, kernels=op.kernels[1]))
         if grad_accum_bytes_per_param and "W" in part and op.kind == "gemm" and op.params:
             # unfused weight-gradient accumulation: a separate kernel adds the GEMM's 16-bit dW into
             # the fp32 main_grad buffer (see grad_accumulation_bytes_per_param)

@@ -1,0 +1,103 @@
+"""Layer kernels as plain PyTorch modules run them (``training.kernels = "eager"``).
+
+The op graph's norm, rotary embedding and activation are single fused kernels by default (Transformer
+Engine, Megatron-Core's fused kernels, Apex, torch.compile). Frameworks that write the layer as plain
+PyTorch modules and run it eagerly (torchtitan without ``compile``, Hugging Face ``LlamaForCausalLM``)
+launch one kernel per tensor operation, each reading its inputs from HBM and writing its output. Each
+rule below follows the module's source operation by operation; bytes are per element of the op's
+(tokens, width) tensor, ``d`` the activation dtype's size; a kernel on a per-row tensor (the mean
+square, its rsqrt) moves about nothing but is still launched.
+
+- RMSNorm (torchtitan ``RMSNorm``: ``self._norm(x.float()).type_as(x) * self.weight`` with
+  ``x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)``; Hugging Face ``LlamaRMSNorm`` runs the same
+  ops). Forward, 8 kernels: cast to fp32 (d + 4), pow (8), mean (4), add eps and rsqrt (per row), x * rsqrt
+  (8), cast back (4 + d), times the weight (2d): 28 + 4d. Backward, autograd in reverse, 13 kernels:
+  the weight product's input gradient (2d) and weight gradient (product 3d, sum over tokens d), the
+  cast's (d + 4), x * rsqrt's two gradients (8 and 8 + 4 + 4 for the per-row sum), rsqrt's (per row),
+  mean's broadcast (4), pow's 2x (8) times the gradient (12), the two gradients of the fp32 x summed
+  (12), the first cast's (4 + d): 68 + 8d.
+  Autograd keeps the fp32 x (pow and the product) and the normalised bf16 tensor (the weight
+  product) where the fused kernel keeps x: 4 bytes per element more (``EAGER_RMSNORM_SAVED_EXTRA``).
+  LayerNorm is ``F.layer_norm``, one native kernel each way in PyTorch: as fused.
+- Rotary embedding (torchtitan ``apply_rotary_emb``: ``view_as_complex(xq.float())`` times
+  ``freqs_cis``, ``view_as_real``, ``type_as``), per q or k element: cast (d + 4), complex product (8),
+  cast back (4 + d), 3 kernels per tensor, the same backward (the product's gradient by the conjugate
+  frequencies); 16 + 2d each way. Hugging Face's ``rotate_half`` form moves 10d, the same at bf16.
+  ``freqs_cis`` needs no gradient, so autograd keeps nothing for it.
+- Gated MLP (torchtitan ``FeedForward``: ``w2(F.silu(w1(x)) * w3(x))``; Hugging Face ``LlamaMLP``), per
+  output element: silu (2d) and the product (3d), 2 kernels; backward the product's two gradients (3d
+  each) and silu's (3d), 3 kernels: 5d and 9d where the fused kernel moves 3d and 5d. The product keeps
+  silu's output as well: d per element more (``EAGER_GATED_SAVED_EXTRA_PER_D``).
+- Squared ReLU (``torch.relu(x) ** 2``): relu (2d) and pow (2d) forward, pow's (3d) and relu's (3d)
+  backward, 2 kernels each way; autograd keeps relu's output instead of x: no more memory.
+- GELU, the residual adds, dropout, the embedding, the loss: one PyTorch kernel each, as fused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # opgraph imports this module inside build_op_graph
+    from .opgraph import Op
+    from .spec import ModelSpec
+
+KERNEL_MODES = ("fused", "eager")
+# Bytes per element (forward, backward) and kernels (forward, backward), d = activation dtype bytes.
+FP32 = 4
+
+
+def rmsnorm_bytes(d: int) -> tuple[int, int]:
+    return 28 + 4 * d, 68 + 8 * d
+
+
+RMSNORM_KERNELS = (8, 13)
+EAGER_RMSNORM_SAVED_EXTRA = FP32  # bytes per element of each RMSNorm's input, on top of the fused kernel's
+
+
+def rope_bytes(d: int) -> tuple[int, int]:
+    return 16 + 2 * d, 16 + 2 * d
+
+
+ROPE_KERNELS_PER_TENSOR = 3  # q and k: two tensors
+EAGER_GATED_SAVED_EXTRA_PER_D = 1  # elements of d bytes per gated-product element: silu's output
+
+
+def gated_bytes(d: int) -> tuple[int, int]:
+    return 5 * d, 9 * d
+
+
+GATED_KERNELS = (2, 3)
+
+
+def squared_relu_bytes(d: int) -> tuple[int, int]:
+    return 4 * d, 6 * d
+
+
+SQUARED_RELU_KERNELS = (2, 2)
+
+
+def _elements(op: Op) -> int:
+    tokens, width = op.shape
+    return tokens * width
+
+
+def _eager_op(op: Op, model: ModelSpec) -> Op:
+    """``op`` as eager PyTorch runs it (the module docstring's rules); unchanged where one kernel."""
+    d, n = op.dtype_bytes, _elements(op) if len(op.shape) == 2 else 0
+    if op.kind == "norm" and model.norm == "rmsnorm":
+        (fwd, bwd), kernels = rmsnorm_bytes(d), RMSNORM_KERNELS
+    elif op.name == "rope":
+        (fwd, bwd), kernels = rope_bytes(d), (2 * ROPE_KERNELS_PER_TENSOR,) * 2
+    elif op.name.endswith("act") and model.gated_mlp:
+        (fwd, bwd), kernels = gated_bytes(d), GATED_KERNELS
+    elif op.name.endswith("act") and model.mlp == "squared-relu":
+        (fwd, bwd), kernels = squared_relu_bytes(d), SQUARED_RELU_KERNELS
+    else:
+        return op
+    return replace(op, fwd_bytes=float(fwd * n), bwd_bytes=float(bwd * n), kernels=kernels)
+
+
+def eager_layer(ops: tuple[Op, ...], model: ModelSpec) -> tuple[Op, ...]:
+    """A layer's ops with the norm, rotary embedding and activation kernels of eager PyTorch."""
+    return tuple(_eager_op(op, model) for op in ops)
