@@ -402,3 +402,22 @@ def test_a_start_time_given_to_run_lands_where_a_timeout_then_the_latency_would(
             env.process(proc())
             env.run()
         assert out[True] == out[False]
+
+
+def test_a_cohort_that_ends_before_its_step_alone_needs_no_event_and_rejoins_the_sharing_when_joined():
+    # One step: 60 B over c (12 B/s, 5 s) and 60 B over a (10 B/s, 6 s). Its second run (from 6.5)
+    # starts alone with cached rates: the c part, ending before the a part, ends without an event of
+    # its own (lazy), unless joined: X (6 B on c) from 8.5 shares c at 6 B/s each (X ends at 9.5; the
+    # c part's 30 B left then take until 12.0); Y (24 B on c) from 12.25 finds c free: ends at 14.25.
+    step = _one(["c"], 60.0).steps[0]
+    plan = CommPlan("test", (CommStep(0.0, step.flows + (Flow(("a",), 60.0),)),))
+    plans_at = [(0.0, plan), (6.5, plan), (8.5, _one(["c"], 6.0)), (12.25, _one(["c"], 24.0))]
+    nets: list = []
+    ends = _ends(FlowNetwork, plans_at, CAP, nets)
+    assert ends == pytest.approx({0: 6.0, 1: 12.5, 2: 9.5, 3: 14.25}, rel=1e-12)
+    assert ends == _ends(lambda env, c: FlowNetwork(env, c, cache_rates=False), plans_at, CAP)
+    sent, busy = nets[0].link_stats()["c"]
+    assert (sent, busy) == pytest.approx((60.0 + 60.0 + 6.0 + 24.0, 5.0 + 5.5 + 2.0), rel=1e-12)
+    # without X the c part ends at 11.5 unseen, and Y still finds c free
+    alone = _ends(FlowNetwork, [plans_at[0], plans_at[1], plans_at[3]], CAP)
+    assert alone == pytest.approx({0: 6.0, 1: 12.5, 2: 14.25}, rel=1e-12)

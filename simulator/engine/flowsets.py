@@ -82,11 +82,11 @@ class Step:
 class Cohort:
     """Flows ``sub.idx`` of one started step with the same bytes left, rate and finish time."""
 
-    __slots__ = ("sub", "size", "left", "rate", "t", "finish", "step", "live")
+    __slots__ = ("sub", "size", "left", "rate", "t", "finish", "step", "live", "lazy")
 
     def __init__(self, sub: Subset, size: float, left: float, t: float, step: Step) -> None:
         self.sub, self.size, self.left, self.t, self.step = sub, size, left, t, step
-        self.rate, self.finish, self.live = 0.0, t, True
+        self.rate, self.finish, self.live, self.lazy = 0.0, t, True, False
 
 
 def _by_value(idx: list[int], values: list[float]) -> list[tuple[int, ...]]:

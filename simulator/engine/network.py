@@ -47,6 +47,7 @@ class FlowNetwork:
         self.capacity_Bps = capacity_Bps
         self.cache_rates = cache_rates
         self._heap: list = []  # (finish time, tiebreak, cohort); stale entries skipped
+        self._lazy: list = []  # the same for cohorts that end before their step, alone (``_start_alone``)
         self._count = itertools.count()
         self._timer_at = float("inf")
         self._token = 0
@@ -73,7 +74,7 @@ class FlowNetwork:
             shape.subsets.clear()
             shape.start_subsets = None
         for held in (self._subsets, self._coupled_on, self._rates, self._splits, self._shapes, self._live,
-                     self._heap):
+                     self._heap, self._lazy):
             held.clear()
         del self._on_timer
 
@@ -173,6 +174,8 @@ class FlowNetwork:
 
     def _start(self, shape: Shape, repeat: int, done: Pending) -> None:
         now = self.env._now
+        if self._lazy and self._lazy[0][0] <= now:
+            self._retire(now)
         step = Step(len(shape.links_of), done)
         seeds = shape.start_subsets
         if seeds is None:  # held by the shape: a tuple of thousands of indices is slow to hash
@@ -201,14 +204,34 @@ class FlowNetwork:
         if plan is None:
             return False
         heap, count = self._heap, self._count
+        last = max(now + size / rate for _, rate in plan) if len(plan) > 1 else None
         for sub, rate in plan:
             part = Cohort(sub, size, size, now, step)
             part.rate = rate
             self._attach(part, now)
             part.finish = now + size / rate
-            heapq.heappush(heap, (part.finish, next(count), part))
+            if last is not None and part.finish < last:  # ends before its step, sharing with nothing
+                part.lazy = True
+                heapq.heappush(self._lazy, (part.finish, next(count), part))
+            else:
+                heapq.heappush(heap, (part.finish, next(count), part))
         self._arm()
         return True
+
+    def _retire(self, until_s: float) -> None:
+        """End the lazy cohorts due by ``until_s``, each at its finish: started alone by
+        ``_start_alone``, ending before the last cohort of their step, and never since joined by
+        another (``_reshare`` would have made them ordinary), their end changes no rate and needs no
+        event of its own; they are retired before anything next looks at the links."""
+        lazy = self._lazy
+        while lazy and lazy[0][0] <= until_s:
+            finish, _, c = heapq.heappop(lazy)
+            if not c.live or not c.lazy or finish != c.finish:
+                continue
+            self._detach(c, finish)
+            sub = c.sub
+            sub.sent += c.size
+            c.step.pending -= len(sub.idx)  # never 0: the step's last cohort is not lazy
 
     def _attach(self, c: Cohort, now: float) -> None:
         sub = c.sub
@@ -278,6 +301,7 @@ class FlowNetwork:
         heap, count = self._heap, self._count
         for k, c in enumerate(comp):
             mine = rates[k]
+            c.lazy = False  # joined by another: its end re-shares, on its own timer
             left = max(c.left - c.rate * (now - c.t), 0.0)
             if mine.__class__ is float:
                 c.left, c.t, c.rate = left, now, mine
@@ -336,6 +360,8 @@ class FlowNetwork:
         env = self.env
         now = env._now
         limit = now + REL_EPS * max(now, 1e-9)
+        if self._lazy and self._lazy[0][0] <= limit:
+            self._retire(limit)
         heap = self._heap
         ended: list[Subset] = []
         while heap and heap[0][0] <= limit:
@@ -357,6 +383,7 @@ class FlowNetwork:
         """LinkId -> (bytes_sent, busy_s): bytes of finished flows (x weight) and the time the
         link carried at least one flow, up to now."""
         now = self.env.now
+        self._retire(now)
         sent: dict = {}
         spans: dict = {}
         for sub in self._subsets:
