@@ -86,7 +86,8 @@ class FlowNetwork:
         in turn would reach (one event fewer per transfer).
 
         A step repeated r times runs once with r x latency and r x bytes: exact alone, and
-        the fluid limit of r identical steps under contention. ``plan.concurrent`` plans start with
+        the fluid limit of r identical steps under contention. A step with no bytes to move adds
+        its latency to the next step's wait (the same float time as two waits in turn). ``plan.concurrent`` plans start with
         it and the run waits for them too."""
         env = self.env
         pending_s = None  # a time the process must reach before its next step starts
@@ -100,16 +101,19 @@ class FlowNetwork:
         others = [process(env, self.run(p)) for p in plan.concurrent] if plan.concurrent else None
         for step in plan.steps:
             latency = step.latency_s * step.repeat
+            shape = self._shape(step)
+            if not shape.starts:  # a latency-only step: its wait joins the next step's, one event
+                if latency > 0:
+                    pending_s = (env._now if pending_s is None else pending_s) + latency
+                continue
             if pending_s is not None:
                 yield self._at(pending_s + latency if latency > 0 else pending_s)
                 pending_s = None
             elif latency > 0:
                 yield self._at(env._now + latency)  # where Timeout(latency) lands
-            shape = self._shape(step)
-            if shape.starts:
-                done = Pending(env)
-                self._start(shape, step.repeat, done)
-                yield done
+            done = Pending(env)
+            self._start(shape, step.repeat, done)
+            yield done
         if pending_s is not None:
             yield self._at(pending_s)
         if others:
@@ -204,13 +208,18 @@ class FlowNetwork:
         if plan is None:
             return False
         heap, count = self._heap, self._count
-        last = max(now + size / rate for _, rate in plan) if len(plan) > 1 else None
+        parts = []
+        last = now
         for sub, rate in plan:
             part = Cohort(sub, size, size, now, step)
             part.rate = rate
             self._attach(part, now)
-            part.finish = now + size / rate
-            if last is not None and part.finish < last:  # ends before its step, sharing with nothing
+            finish = part.finish = now + size / rate
+            if finish > last:
+                last = finish
+            parts.append(part)
+        for part in parts:
+            if part.finish < last:  # ends before its step's last cohort, sharing with nothing
                 part.lazy = True
                 heapq.heappush(self._lazy, (part.finish, next(count), part))
             else:
