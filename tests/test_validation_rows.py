@@ -33,7 +33,7 @@ def test_bundled_csv_is_the_shared_rows_plus_source_settings():
     extra = read_rows([DEFAULT_CSVS[1]])
     today = read_rows([DEFAULT_CSVS[2]])
     assert read_rows([]) == rows + extra + today  # the default runs every bundled file
-    assert len(extra) == 11 and all(r["settings_from_source"] and r["source"] for r in extra)
+    assert len(extra) == 12 and all(r["settings_from_source"] and r["source"] for r in extra)
     assert not {r["name"] for r in extra} & {r["name"] for r in rows}
     if SHARED.is_file():
         shared = read_rows([SHARED])
