@@ -385,7 +385,8 @@ class FlowNetwork:
             step.pending -= len(sub.idx)
             if step.pending == 0:
                 step.done.succeed()
-        self._reshare(ended)
+        if len(ended) != 1 or not self._live.isdisjoint(self._overlaps(ended[0])):  # else: nothing to re-share
+            self._reshare(ended)
         self._arm()
 
     def link_stats(self) -> dict:
