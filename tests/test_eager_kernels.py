@@ -48,6 +48,16 @@ def test_eager_swiglu_is_silu_then_the_product():
     assert (op.fwd_bytes, op.bwd_bytes, op.kernels) == (5 * D * n, 9 * D * n, (2, 3))
 
 
+def test_eager_squared_relu_and_the_experts_activation():
+    nemotron = MODEL_PRESETS["nemotron4-15b"]  # squared ReLU, LayerNorm (one native kernel: unchanged)
+    ops, fused = _ops(nemotron, "eager"), _ops(nemotron, "fused")
+    n = nemotron.seq_length * nemotron.ffn_hidden_size
+    assert (ops["act"].fwd_bytes, ops["act"].bwd_bytes, ops["act"].kernels) == (4 * D * n, 6 * D * n, (2, 2))
+    assert ops["ln1"] == fused["ln1"]
+    mixtral = _ops(MODEL_PRESETS["mixtral-8x7b"], "eager")["expert_act"]  # SwiGLU experts, on their rows
+    assert mixtral.kernels == (2, 3) and mixtral.fwd_bytes == 5 * D * mixtral.shape[0] * mixtral.shape[1]
+
+
 def test_eager_changes_nothing_else_and_nothing_in_a_gpt_layer():
     eager, fused = _ops(LLAMA, "eager"), _ops(LLAMA, "fused")
     assert {k for k in eager if eager[k] != fused[k]} == {"ln1", "ln2", "rope", "act"}

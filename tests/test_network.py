@@ -404,7 +404,7 @@ def test_a_start_time_given_to_run_lands_where_a_timeout_then_the_latency_would(
         assert out[True] == out[False]
 
 
-def test_a_cohort_that_ends_before_its_step_alone_needs_no_event_and_rejoins_the_sharing_when_joined():
+def test_a_cohort_ending_before_its_step_alone_needs_no_event_and_rejoins_the_sharing_when_joined():
     # One step: 60 B over c (12 B/s, 5 s) and 60 B over a (10 B/s, 6 s). Its second run (from 6.5)
     # starts alone with cached rates: the c part, ending before the a part, ends without an event of
     # its own (lazy), unless joined: X (6 B on c) from 8.5 shares c at 6 B/s each (X ends at 9.5; the

@@ -87,7 +87,8 @@ class FlowNetwork:
 
         A step repeated r times runs once with r x latency and r x bytes: exact alone, and
         the fluid limit of r identical steps under contention. A step with no bytes to move adds
-        its latency to the next step's wait (the same float time as two waits in turn). ``plan.concurrent`` plans start with
+        its latency to the next step's wait (the same float time as two waits in turn).
+        ``plan.concurrent`` plans start with
         it and the run waits for them too."""
         env = self.env
         pending_s = None  # a time the process must reach before its next step starts

@@ -35,6 +35,7 @@ square, its rsqrt) moves about nothing but is still launched.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -77,14 +78,9 @@ def squared_relu_bytes(d: int) -> tuple[int, int]:
 SQUARED_RELU_KERNELS = (2, 2)
 
 
-def _elements(op: Op) -> int:
-    tokens, width = op.shape
-    return tokens * width
-
-
 def _eager_op(op: Op, model: ModelSpec) -> Op:
     """``op`` as eager PyTorch runs it (the module docstring's rules); unchanged where one kernel."""
-    d, n = op.dtype_bytes, _elements(op) if len(op.shape) == 2 else 0
+    d, n = op.dtype_bytes, math.prod(op.shape)  # a vector op's (tokens, width)
     if op.kind == "norm" and model.norm == "rmsnorm":
         (fwd, bwd), kernels = rmsnorm_bytes(d), RMSNORM_KERNELS
     elif op.name == "rope":
