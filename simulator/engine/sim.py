@@ -113,10 +113,11 @@ class Barrier:
 
 
 def stream(clocks: Clocks, tasks: tuple[Task, ...], durations: list[float | None], ids: tuple[int, ...],
-           barriers: dict[int, Barrier], transfers: Transfers) -> Process:
-    """A stream with network or barrier tasks: program order, each task after its dependencies."""
+           barriers: dict[int, Barrier], transfers: Transfers, routes: list) -> Process:
+    """A stream with network or barrier tasks: program order, each task after its dependencies.
+    ``routes``: per task, the (CommPlan, time alone) of a network transfer (``network_routes``)."""
     end, start, env, waiters = clocks.end, clocks.start, clocks.env, clocks.waiters
-    net, comm_plan = transfers.net, transfers.cost.comm_plan
+    net, contention = transfers.net, transfers.contention
     clock = 0.0
     for i in ids:
         t = tasks[i]
@@ -132,10 +133,13 @@ def stream(clocks: Clocks, tasks: tuple[Task, ...], durations: list[float | None
         barrier = barriers.get(t.sync_key) if barriers and t.sync_key >= 0 else None
         if barrier is not None:
             start[i], clock = yield from barrier.arrive(clock, dur, partial(transfers.run, t))
-        elif dur is None:  # Transfers.run inlined: one generator fewer per transfer
+        elif dur is None:  # Transfers.run and charge inlined: one generator fewer per transfer
             start[i] = clock
-            elapsed = yield from net.run(comm_plan(t), clock)
-            transfers.charge(t, elapsed)
+            plan, alone_s = routes[i]
+            elapsed = yield from net.run(plan, clock)
+            extra = elapsed - alone_s
+            if extra > 1e-12 * max(elapsed, 1.0):
+                contention[t.category] = contention.get(t.category, 0.0) + extra
             clock = env._now
         else:
             start[i] = clock
@@ -220,12 +224,13 @@ def simulate_graph(graph: TaskGraph, cost: TaskCost, capacity_Bps: dict | None =
     synced = set(compress(range(n), map(barriers.__contains__, sync))) if barriers else set()
     static: dict[int, list[tuple[int, ...]]] = {}
     static_keys: set[tuple[int, str]] = set()  # the (rank, stream) lanes run by a static process
+    routes = network_routes(graph, cost, durations) if None in durations else []
     for (rank, name), ids in graph.streams.items():
         if None not in map(durations.__getitem__, ids) and (not synced or synced.isdisjoint(ids)):
             static.setdefault(rank, []).append(ids)
             static_keys.add((rank, name))
         else:
-            Runner(env, stream(clocks, tasks, durations, ids, barriers, transfers))
+            Runner(env, stream(clocks, tasks, durations, ids, barriers, transfers, routes))
     for rank, lanes in static.items():
         Runner(env, static_lanes(clocks, durations, rank, lanes, static_keys, tasks))
     run(env)
@@ -241,6 +246,12 @@ def simulate_graph(graph: TaskGraph, cost: TaskCost, capacity_Bps: dict | None =
 def task_durations(graph: TaskGraph, cost: TaskCost, by_shape: bool = False) -> list[float | None]:
     """``cost.duration_s`` of every task (once per task shape with ``by_shape``)."""
     return per_shape(graph, cost.duration_s) if by_shape else [cost.duration_s(t) for t in graph.tasks]
+
+
+def network_routes(graph: TaskGraph, cost: TaskCost, durations: list[float | None]) -> list:
+    """Per task, (``cost.comm_plan``, ``cost.isolated_s``) where its duration is the network's (None),
+    else None: asked once per task shape, so that a stream reads its transfers' plans by index."""
+    return per_shape(graph, lambda t: (cost.comm_plan(t), cost.isolated_s(t)) if durations[t.id] is None else None)
 
 
 def per_shape(graph: TaskGraph, of: Callable[[Task], Any]) -> list:
