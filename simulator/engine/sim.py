@@ -113,9 +113,10 @@ class Barrier:
 
 
 def stream(clocks: Clocks, tasks: tuple[Task, ...], durations: list[float | None], ids: tuple[int, ...],
-           barriers: dict[int, Barrier], transfers: Transfers, routes: list) -> Process:
+           barriers: dict[int, Barrier], transfers: Transfers, routes: dict, shapes) -> Process:
     """A stream with network or barrier tasks: program order, each task after its dependencies.
-    ``routes``: per task, the (CommPlan, time alone) of a network transfer (``network_routes``)."""
+    ``routes``: by task shape (``shapes``), the (CommPlan, time alone) of a network transfer
+    (``network_routes``)."""
     end, start, env, waiters = clocks.end, clocks.start, clocks.env, clocks.waiters
     net, contention = transfers.net, transfers.contention
     clock = 0.0
@@ -135,7 +136,7 @@ def stream(clocks: Clocks, tasks: tuple[Task, ...], durations: list[float | None
             start[i], clock = yield from barrier.arrive(clock, dur, partial(transfers.run, t))
         elif dur is None:  # Transfers.run and charge inlined: one generator fewer per transfer
             start[i] = clock
-            plan, alone_s = routes[i]
+            plan, alone_s = routes[shapes[i]]
             elapsed = yield from net.run(plan, clock)
             extra = elapsed - alone_s
             if extra > 1e-12 * max(elapsed, 1.0):
@@ -224,13 +225,14 @@ def simulate_graph(graph: TaskGraph, cost: TaskCost, capacity_Bps: dict | None =
     synced = set(compress(range(n), map(barriers.__contains__, sync))) if barriers else set()
     static: dict[int, list[tuple[int, ...]]] = {}
     static_keys: set[tuple[int, str]] = set()  # the (rank, stream) lanes run by a static process
-    routes = network_routes(graph, cost, durations) if None in durations else []
+    routes = network_routes(graph, cost, durations) if None in durations else {}
+    shapes = graph.shapes or range(n)
     for (rank, name), ids in graph.streams.items():
         if None not in map(durations.__getitem__, ids) and (not synced or synced.isdisjoint(ids)):
             static.setdefault(rank, []).append(ids)
             static_keys.add((rank, name))
         else:
-            Runner(env, stream(clocks, tasks, durations, ids, barriers, transfers, routes))
+            Runner(env, stream(clocks, tasks, durations, ids, barriers, transfers, routes, shapes))
     for rank, lanes in static.items():
         Runner(env, static_lanes(clocks, durations, rank, lanes, static_keys, tasks))
     run(env)
@@ -248,10 +250,11 @@ def task_durations(graph: TaskGraph, cost: TaskCost, by_shape: bool = False) -> 
     return per_shape(graph, cost.duration_s) if by_shape else [cost.duration_s(t) for t in graph.tasks]
 
 
-def network_routes(graph: TaskGraph, cost: TaskCost, durations: list[float | None]) -> list:
-    """Per task, (``cost.comm_plan``, ``cost.isolated_s``) where its duration is the network's (None),
-    else None: asked once per task shape, so that a stream reads its transfers' plans by index."""
-    return per_shape(graph, lambda t: (cost.comm_plan(t), cost.isolated_s(t)) if durations[t.id] is None else None)
+def network_routes(graph: TaskGraph, cost: TaskCost, durations: list[float | None]) -> dict:
+    """Task shape -> (``cost.comm_plan``, ``cost.isolated_s``) of the shapes whose duration is the
+    network's (None): asked once per shape, so that a stream reads its transfers' plans by shape."""
+    return {k: (cost.comm_plan(t), cost.isolated_s(t)) for k, t in graph.shape_tasks().items()
+            if durations[t.id] is None}
 
 
 def per_shape(graph: TaskGraph, of: Callable[[Task], Any]) -> list:
