@@ -421,3 +421,34 @@ def test_a_cohort_ending_before_its_step_alone_needs_no_event_and_rejoins_the_sh
     # without X the c part ends at 11.5 unseen, and Y still finds c free
     alone = _ends(FlowNetwork, [plans_at[0], plans_at[1], plans_at[3]], CAP)
     assert alone == pytest.approx({0: 6.0, 1: 12.5, 2: 14.25}, rel=1e-12)
+
+
+def test_plans_run_again_with_cached_rates_and_lazy_cohorts_match_the_per_flow_network():
+    # The same plans started again and again (a layer's collectives, micro-batch after micro-batch) take
+    # the cached-rate path (_start_alone) and leave their early cohorts lazy; at random starts they meet
+    # each other. Cached == uncached exactly, and both equal the per-flow reference within round-off.
+    class Counting(FlowNetwork):
+        lazy_ends = 0
+
+        def _detach(self, c, now):
+            Counting.lazy_ends += c.lazy  # only _retire ends a cohort that is still lazy
+            super()._detach(c, now)
+
+    def ring_like(rng, links):  # steps of equal-size flows over links of unequal capacity, as a ring's
+        return CommPlan("r", tuple(
+            CommStep(rng.choice([0.0, 0.2]), tuple(Flow(tuple(rng.sample(links, rng.randint(1, 2))), size)
+                                                   for _ in range(rng.randint(2, 5))), rng.choice([1, 2]))
+            for size in [rng.choice([10.0, 25.0, 40.0]) for _ in range(rng.randint(1, 3))]))
+
+    rng = random.Random(7)
+    links = [f"l{i}" for i in range(8)]
+    cap = {link: rng.choice([5.0, 10.0, 12.5, 40.0]) for link in links}
+    for _ in range(60):
+        plans = [ring_like(rng, links) for _ in range(rng.randint(2, 4))]
+        plans_at = [(round(rng.uniform(0.0, 400.0), 1), p) for p in plans for _ in range(5)]  # mostly apart
+        cached = _ends(Counting, plans_at, cap)
+        assert cached == _ends(lambda env, c: FlowNetwork(env, c, cache_rates=False), plans_at, cap)
+        reference = _ends(_PerFlowNetwork, plans_at, cap)
+        for i, t in reference.items():
+            assert cached[i] == pytest.approx(t, rel=1e-12, abs=1e-15)
+    assert Counting.lazy_ends > 50  # the lazy path ran
