@@ -17,7 +17,7 @@ from ..model.spec import ModelSpec
 from ..scenario import Scenario, TrainingSpec
 from ..strategy.schedules import schedule_actions
 from ..strategy.sharding import layer_submodules, params_per_rank
-from ..strategy.stage_units import (activation_rules, rank_param_counts, scenario_layout,  # noqa: F401
+from ..strategy.stage_units import (activation_rules, layout_copies, rank_param_counts, scenario_layout,  # noqa: F401
                                    stage_layout, stage_param_counts)  # (stage_layout re-exported)
 from ..strategy.zero_impl import DEEPSPEED, deepspeed_live_params
 from ..tasks import InternalError
@@ -196,7 +196,7 @@ def static_buffers(scn: Scenario, counts: dict, trace_has_buffers: bool = False)
     ZeRO-2/3 reduce bucket and the ZeRO-3 gathered layers, unless the trace carries buffer deltas (the gathers themselves)."""
     par, tr = scn.parallel, scn.training
     groups = sum(1 for size in (par.tp, par.cp, par.pp, par.dp * par.cp, par.ep) if size > 1)
-    groups += par.pp > 1 and scenario_layout(scn).copies > 1  # DualPipe's pair summing the copies' gradients
+    groups += par.pp > 1 and layout_copies(par) > 1  # DualPipe's pair summing the copies' gradients
     out = {"cuda_context": float(CUDA_CONTEXT_BYTES),
            "nccl": float(groups * NCCL_CHANNELS * NCCL_CHANNEL_BUFFER_BYTES)}
     params = counts.get("dense", 0) + counts.get("expert", 0)

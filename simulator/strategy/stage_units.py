@@ -117,11 +117,21 @@ class StageLayout:
         return self.p - 1 - stage if self.copies > 1 else None
 
 
+def _schedule_map(par: ParallelSpec) -> tuple[str, int, StageMap]:
+    """(schedule, virtual stages, stage map) a ``ParallelSpec`` runs: one stage runs plain 1F1B."""
+    schedule, v = (par.schedule, par.virtual_stages) if par.pp > 1 else ("1f1b", 1)
+    return schedule, v, stage_map(schedule, par.pp)
+
+
+def layout_copies(par: ParallelSpec) -> int:
+    """``stage_layout(par).copies`` without laying out the layers (the memory estimate asks it per plan)."""
+    return _schedule_map(par)[2].copies
+
+
 def stage_layout(par: ParallelSpec, mtp_layers: int = 0) -> StageLayout:
     """The layout of a ``ParallelSpec`` (with a model's ``mtp_layers`` MTP modules): schedule and
     chunks as the lowering runs them."""
-    schedule, v = (par.schedule, par.virtual_stages) if par.pp > 1 else ("1f1b", 1)
-    smap = stage_map(schedule, par.pp)
+    schedule, v, smap = _schedule_map(par)
     per_stage = tuple(par.layers_per_stage) or (0,) * par.pp
     return StageLayout(schedule, par.pp, v, smap, chunk_layers(per_stage, v, smap, mtp_layers))
 
