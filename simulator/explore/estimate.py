@@ -60,6 +60,7 @@ class EstimateCache:
     def __init__(self) -> None:
         self._memo: dict = {}
         self._keep: list = []  # work tuples handed to a CostModel, which caches by id(): kept alive
+        self._reprs: dict = {}  # (what, id(scenario)) -> (the scenario, its key): a repr once per plan
 
     def _get(self, key, build):
         if key not in self._memo:
@@ -93,9 +94,17 @@ class EstimateCache:
         return self._get(self._graph_key(scn), lambda: build_op_graph(scn.model, t.micro_batch_size, t.dtype,
                                                                           t.fp8_recipe, t.attention, t.kernels))
 
+    def _by_scenario(self, what: str, scn: Scenario, make: Callable[[Scenario], Any]) -> Any:
+        """``make(scn)`` once per scenario object (the keys below repr the specs, which hold dicts)."""
+        hit = self._reprs.get((what, id(scn)))
+        if hit is None or hit[0] is not scn:
+            hit = self._reprs[what, id(scn)] = (scn, make(scn))
+        return hit[1]
+
     def _graph_key(self, scn: Scenario) -> tuple:
-        return ("graph", repr(scn.model), scn.training.micro_batch_size, scn.training.dtype,
-                scn.training.fp8_recipe, scn.training.attention, scn.training.kernels)
+        return self._by_scenario("graph", scn, lambda s: (
+            "graph", repr(s.model), s.training.micro_batch_size, s.training.dtype, s.training.fp8_recipe,
+            s.training.attention, s.training.kernels))
 
     def _blocks(self, scn: Scenario, build: Callable[..., Any], what: str) -> Any:
         p, t = scn.parallel, scn.training
@@ -105,7 +114,8 @@ class EstimateCache:
                          lambda: build(graph, p.tp, p.sequence_parallel, p.cp, p.ep, acc, p.etp))
 
     def _cost_key(self, scn: Scenario) -> str:
-        return repr((scn.cluster, scn.training.dtype, scn.training.attention, scn.cost))
+        return self._by_scenario("cost", scn, lambda s: repr((s.cluster, s.training.dtype, s.training.attention,
+                                                              s.cost)))
 
     def cost(self, scn: Scenario) -> CostModel:
         def build():
