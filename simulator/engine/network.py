@@ -386,8 +386,7 @@ class FlowNetwork:
             step.pending -= len(sub.idx)
             if step.pending == 0:
                 step.done.succeed()
-        if len(ended) != 1 or not self._live.isdisjoint(self._overlaps(ended[0])):  # else: nothing to re-share
-            self._reshare(ended)
+        self._reshare(ended)
         self._arm()
 
     def link_stats(self) -> dict:

@@ -73,14 +73,14 @@ class Transfers:
     def run(self, t: Task, begin: float) -> Generator[Event, Any, float]:
         """Process body: wait until ``begin``, run the transfer; returns its end time."""
         elapsed = yield from self.net.run(self.cost.comm_plan(t), begin)
-        self.charge(t, elapsed)
+        self.charge(t.category, elapsed, self.cost.isolated_s(t))
         return self.env.now
 
-    def charge(self, t: Task, elapsed: float) -> None:
-        """Charge the seconds transfer ``t`` took beyond its time alone to its category."""
-        extra = elapsed - self.cost.isolated_s(t)
+    def charge(self, category: str, elapsed: float, alone_s: float) -> None:
+        """Charge the seconds a transfer took beyond its time alone to its category."""
+        extra = elapsed - alone_s
         if extra > 1e-12 * max(elapsed, 1.0):
-            self.contention[t.category] = self.contention.get(t.category, 0.0) + extra
+            self.contention[category] = self.contention.get(category, 0.0) + extra
 
 
 class Barrier:
@@ -118,7 +118,7 @@ def stream(clocks: Clocks, tasks: tuple[Task, ...], durations: list[float | None
     ``routes``: by task shape (``shapes``), the (CommPlan, time alone) of a network transfer
     (``network_routes``)."""
     end, start, env, waiters = clocks.end, clocks.start, clocks.env, clocks.waiters
-    net, contention = transfers.net, transfers.contention
+    net, charge = transfers.net, transfers.charge
     clock = 0.0
     for i in ids:
         t = tasks[i]
@@ -134,13 +134,11 @@ def stream(clocks: Clocks, tasks: tuple[Task, ...], durations: list[float | None
         barrier = barriers.get(t.sync_key) if barriers and t.sync_key >= 0 else None
         if barrier is not None:
             start[i], clock = yield from barrier.arrive(clock, dur, partial(transfers.run, t))
-        elif dur is None:  # Transfers.run and charge inlined: one generator fewer per transfer
+        elif dur is None:  # Transfers.run inlined: one generator fewer per transfer
             start[i] = clock
             plan, alone_s = routes[shapes[i]]
             elapsed = yield from net.run(plan, clock)
-            extra = elapsed - alone_s
-            if extra > 1e-12 * max(elapsed, 1.0):
-                contention[t.category] = contention.get(t.category, 0.0) + extra
+            charge(t.category, elapsed, alone_s)
             clock = env._now
         else:
             start[i] = clock

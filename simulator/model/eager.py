@@ -39,13 +39,15 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from ..units import DTYPE_BYTES
+
 if TYPE_CHECKING:  # opgraph imports this module inside build_op_graph
     from .opgraph import Op
     from .spec import ModelSpec
 
 KERNEL_MODES = ("fused", "eager")
 # Bytes per element (forward, backward) and kernels (forward, backward), d = activation dtype bytes.
-FP32 = 4
+FP32 = DTYPE_BYTES["fp32"]
 
 
 def rmsnorm_bytes(d: int) -> tuple[int, int]:
