@@ -6,9 +6,10 @@ layers back to back, with the SM clock and power they run at and the kernels' de
 This is the kernel mix of a training step, not one kernel: its clock is what the GPU holds when
 GEMMs alternate with attention and memory-bound kernels (``gpu_kernels.py`` measures each alone).
 
-    python benchmarks/gpu_layer.py --out DIR [--model gpt3-175b-tp4]
+    python benchmarks/gpu_layer.py --out DIR [--model gpt3-175b-tp4|gpt-1.7b|mpt-1b|mpt-7b]
 
-Writes ``DIR/gpu_layer.json`` (``gpu_layer_<model>.json`` for other models) and prints it. Rotary
+Models with a vocabulary also time their LM head GEMM with a cross-entropy over fp32 logits, forward
+and backward. Writes ``DIR/gpu_layer.json`` (``gpu_layer_<model>.json`` for other models) and prints it. Rotary
 embedding is left out; GQA keys and values are expanded to all heads when the SDPA backend takes no
 GQA inputs.
 """
@@ -31,21 +32,31 @@ MODELS = {
                         norm="rmsnorm", bias=False),
     "gpt3-175b-tp4": dict(hidden=12288, ffn=49152, heads=96, kv_heads=96, seq=2048, tp=4, mlp="gelu",
                           norm="layernorm", bias=True),
+    # Megatron-LM README's 1.7B weak-scaling model (micro-batch not published: 1), and MPT 1B / 7B at
+    # llm-foundry's published micro-batches (LayerNorm and linears without biases, exact GELU, vocab 50368).
+    "gpt-1.7b": dict(hidden=2048, ffn=8192, heads=16, kv_heads=16, seq=4096, tp=1, mlp="gelu", gelu="none",
+                     norm="layernorm", bias=True, vocab=131072),
+    "mpt-1b": dict(hidden=2048, ffn=8192, heads=16, kv_heads=16, seq=2048, tp=1, mlp="gelu", gelu="none",
+                   norm="layernorm", bias=False, mb=12, vocab=50368),
+    "mpt-7b": dict(hidden=4096, ffn=16384, heads=32, kv_heads=32, seq=2048, tp=1, mlp="gelu", gelu="none",
+                   norm="layernorm", bias=False, mb=6, vocab=50368),
 }
 LAYERS = 4
 SUSTAIN_S = 15.0
 
 
 class Layer(torch.nn.Module):
-    def __init__(self, hidden, ffn, heads, kv_heads, tp, mlp, norm, bias, **_) -> None:
+    def __init__(self, hidden, ffn, heads, kv_heads, tp, mlp, norm, bias, gelu="tanh", **_) -> None:
         super().__init__()
         self.heads, self.kv, self.hd, self.mlp = heads // tp, kv_heads // tp, hidden // heads, mlp
+        self.gelu = gelu
         kw = dict(bias=bias, device="cuda", dtype=torch.bfloat16)
         Norm = torch.nn.RMSNorm if norm == "rmsnorm" else torch.nn.LayerNorm  # noqa: N806
-        self.n1 = Norm(hidden, eps=1e-5, device="cuda", dtype=torch.bfloat16)
+        nkw = dict(eps=1e-5, device="cuda", dtype=torch.bfloat16) | ({} if bias or norm == "rmsnorm" else dict(bias=False))
+        self.n1 = Norm(hidden, **nkw)
         self.qkv = torch.nn.Linear(hidden, (self.heads + 2 * self.kv) * self.hd, **kw)
         self.proj = torch.nn.Linear(self.heads * self.hd, hidden, **kw)
-        self.n2 = Norm(hidden, eps=1e-5, device="cuda", dtype=torch.bfloat16)
+        self.n2 = Norm(hidden, **nkw)
         self.fc1 = torch.nn.Linear(hidden, (2 if mlp == "swiglu" else 1) * ffn // tp, **kw)
         self.fc2 = torch.nn.Linear(ffn // tp, hidden, **kw)
         self.gqa = True
@@ -76,7 +87,7 @@ class Layer(torch.nn.Module):
             gate, up = h.chunk(2, dim=-1)
             h = F.silu(gate) * up
         else:
-            h = F.gelu(h, approximate="tanh")
+            h = F.gelu(h, approximate=self.gelu)
         return x + self.fc2(h)
 
 
@@ -85,7 +96,7 @@ CATEGORIES = (("attention", ("flash", "fmha", "cudnn", "sdpa", "attention")),
               ("norm", ("norm",)))
 
 
-def kernel_breakdown(step, iters: int = 3) -> dict:
+def kernel_breakdown(step, iters: int = 3, layers: int = LAYERS) -> dict:
     """Device time per layer and step of each kernel category, and the longest kernels, over ``iters``
     steps under torch.profiler (kernel durations are the device's; the profiler's host cost is not in
     them)."""
@@ -99,7 +110,7 @@ def kernel_breakdown(step, iters: int = 3) -> dict:
     for e in prof.key_averages():
         us = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
         if us > 0:
-            per_name[e.key] = per_name.get(e.key, 0.0) + us * 1e-6 / (iters * LAYERS)
+            per_name[e.key] = per_name.get(e.key, 0.0) + us * 1e-6 / (iters * layers)
     cats: dict = {}
     for name, sec in per_name.items():
         low = name.lower()
@@ -107,6 +118,26 @@ def kernel_breakdown(step, iters: int = 3) -> dict:
         cats[cat] = cats.get(cat, 0.0) + sec
     top = sorted(per_name.items(), key=lambda kv: -kv[1])[:25]
     return {"per_layer_s": cats, "top_kernels_per_layer_s": top}
+
+
+def head_and_loss(cfg: dict, sampler: Sampler) -> dict:
+    """The LM head GEMM and a cross-entropy over fp32 logits (as autocast and Megatron's fp32 loss run
+    it), forward and backward, back to back for SUSTAIN_S / 3: per micro-batch seconds and kernels."""
+    tokens, vocab = cfg.get("mb", 1) * cfg["seq"], cfg["vocab"]
+    x = torch.randn(tokens, cfg["hidden"], device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(vocab, cfg["hidden"], device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    target = torch.randint(0, vocab, (tokens,), device="cuda")
+
+    def step():
+        F.cross_entropy((x @ w.t()).float(), target).backward()
+
+    start, series = time.perf_counter(), []
+    while time.perf_counter() - start < SUSTAIN_S / 3:
+        t, b0, b1 = timed(step)
+        series.append(dict(s=t, **sampler.window(b0, b1)))
+    tail = series[len(series) // 2:]
+    return {"tokens": tokens, "vocab": vocab, "fwd_bwd_s": sorted(r["s"] for r in tail)[len(tail) // 2],
+            "sm_MHz": tail[-1]["sm_MHz"], "kernels": kernel_breakdown(step, layers=1)}
 
 
 def main() -> int:
@@ -120,8 +151,9 @@ def main() -> int:
     sampler = Sampler()
     sampler.start()
     layers = torch.nn.Sequential(*(Layer(**cfg) for _ in range(LAYERS)))
-    x = torch.randn(1, cfg["seq"], cfg["hidden"], device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    g = torch.randn(1, cfg["seq"], cfg["hidden"], device="cuda", dtype=torch.bfloat16)
+    shape = (cfg.get("mb", 1), cfg["seq"], cfg["hidden"])
+    x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    g = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
 
     def fwd():
         with torch.no_grad():
@@ -144,6 +176,10 @@ def main() -> int:
     doc.update(gqa_native=layers[0].gqa, fwd_bwd_per_layer_s=med("per_layer_s"), fwd_bwd_sm_MHz=med("sm_MHz"),
                fwd_bwd_power_W=med("power_W"), series=series)
     doc["kernels_in_mix"] = kernel_breakdown(fwd_bwd)
+    if "vocab" in cfg:
+        del layers, x, g
+        torch.cuda.empty_cache()
+        doc["head_and_loss"] = head_and_loss(cfg, sampler)
     sampler.stop()
     name = "gpu_layer.json" if args.model == "llama3.1-8b" else f"gpu_layer_{args.model}.json"
     (out / name).write_text(json.dumps(doc, indent=1) + "\n")

