@@ -47,6 +47,12 @@ class ParallelSpec:
     schedule: str = "1f1b"
     virtual_stages: int = 1
     recompute: str = "none"
+    # recompute = "full" only (Megatron-LM --recompute-method / --recompute-num-layers): "uniform" re-runs
+    # every layer, one checkpoint per layer (num_layers 1); "block" re-runs only the first
+    # recompute_num_layers layers of every model chunk and keeps the others' activations
+    # (strategy/recompute.recomputed_layers)
+    recompute_method: str = "uniform"
+    recompute_num_layers: int = 1
     # Megatron-Core recompute_modules of recompute = "selective" (strategy/activation_memory.RECOMPUTE_MODULES)
     recompute_modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES
     overlap_grad_reduce: bool = True

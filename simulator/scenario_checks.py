@@ -137,6 +137,7 @@ def _check_batch_and_schedule(m: ModelSpec, p: ParallelSpec, t: TrainingSpec) ->
         raise ScenarioError(f"parallelism.schedule {p.schedule!r} is unknown; known: {', '.join(SCHEDULES)}")
     if p.recompute not in _RECOMPUTE:
         raise ScenarioError(f"parallelism.recompute {p.recompute!r} is unknown; known: {', '.join(_RECOMPUTE)}")
+    _check_recompute_layers(p)
     if p.cp_algorithm not in ("ring", "all-gather"):
         raise ScenarioError(f"parallelism.cp_algorithm must be 'ring' or 'all-gather', got {p.cp_algorithm!r}")
     _check_sharding(p)
@@ -169,6 +170,22 @@ def _check_batch_and_schedule(m: ModelSpec, p: ParallelSpec, t: TrainingSpec) ->
 
 
 _SHARDING = IMPLEMENTATIONS
+
+
+def _check_recompute_layers(p: ParallelSpec) -> None:
+    """Megatron-LM's --recompute-method / --recompute-num-layers, for full recompute only."""
+    if p.recompute_method not in ("uniform", "block"):
+        raise ScenarioError(f"parallelism.recompute_method must be 'uniform' or 'block', got {p.recompute_method!r}")
+    if p.recompute_num_layers < 1:
+        raise ScenarioError(f"parallelism.recompute_num_layers must be >= 1, got {p.recompute_num_layers}")
+    if (p.recompute_method, p.recompute_num_layers) != ("uniform", 1) and p.recompute != "full":
+        raise ScenarioError(f"parallelism.recompute_method = {p.recompute_method!r} with recompute_num_layers = "
+                            f"{p.recompute_num_layers} needs recompute = 'full', got {p.recompute!r}")
+    if p.recompute_method == "uniform" and p.recompute_num_layers != 1:
+        # Megatron's uniform method checkpoints groups of N layers: only each group's input stays, and the
+        # backward re-materialises N layers at once; the lowering recomputes one layer at a time
+        raise ScenarioError(f"parallelism.recompute_num_layers = {p.recompute_num_layers} with recompute_method = "
+                            f"'uniform' (groups of layers under one checkpoint) is not modelled: use 1, or 'block'")
 
 
 def _check_sharding(p: ParallelSpec) -> None:

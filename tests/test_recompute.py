@@ -11,7 +11,8 @@ from simulator.model.spec import ModelSpec
 from simulator.pipeline import simulate
 from simulator.scenario import scenario_from_dict
 from simulator.scenario_checks import ScenarioError
-from simulator.strategy.activation_memory import layer_activation_bytes, layer_memory
+from simulator.strategy.activation_memory import layer_activation_bytes
+from simulator.strategy.stage_units import layer_memory
 from simulator.strategy.lower import lower
 
 # DeepSeek-V3's layer in miniature: MLA (q LoRA 128, kv LoRA 64, heads 8 x (64 + 32 RoPE), v 64),

@@ -98,6 +98,9 @@ def apply_plan(raw: dict, plan: Plan) -> dict:
     par.update({k: getattr(plan, k) for k in PLAN_KEYS})
     if plan.recompute != "selective":  # the scenario's modules apply to its selective plans only
         par.pop("recompute_modules", None)
+    if plan.recompute != "full":  # and its recompute method / layers to its full plans only
+        par.pop("recompute_method", None)
+        par.pop("recompute_num_layers", None)
     out["parallelism"] = par
     out["training"] = dict(out.get("training", {}), micro_batch_size=plan.micro_batch_size)
     return out

@@ -33,7 +33,8 @@ from ..strategy.blocking_tp import blocking_tp
 from ..strategy.recompute import recomputed_forward
 from ..strategy.schedules import schedule_actions, splits_backward
 from ..strategy.sharding import grad_accumulation_bytes_per_param
-from ..strategy.stage_units import StageLayout, activation_rules, scenario_layout, stage_param_counts
+from ..strategy.stage_units import (StageLayout, activation_rules, layer_recompute, recomputed_layers,
+                                    scenario_layout, stage_param_counts)
 from ..tasks import Collective, Task
 from ..units import DTYPE_BYTES
 from .estimate_streams import ds2021_host_s, dp_stream_s, pp_stream_s
@@ -259,9 +260,10 @@ def memory_totals(scn: Scenario, cache: EstimateCache | None = None) -> list[flo
 
 
 # ---- time lower bound ----------------------------------------------------------------------------
-def _layer_times(scn: Scenario, cache: EstimateCache, b: LayerBlocks) -> tuple[float, float, float, float, float]:
+def _layer_times(scn: Scenario, cache: EstimateCache, b: LayerBlocks,
+                 recompute: str) -> tuple[float, float, float, float, float]:
     """(F compute, F blocking TP, B compute, B blocking TP, W compute) seconds of one layer of the kind
-    whose blocks are ``b``, one micro-batch."""
+    whose blocks are ``b`` under ``recompute`` (``stage_units.layer_recompute``), one micro-batch."""
     par = scn.parallel
     split = splits_backward(cache.layout(scn).schedule)
     work = lambda w, k=1: cache.work_s(scn, w, k)  # noqa: E731
@@ -279,7 +281,7 @@ def _layer_times(scn: Scenario, cache: EstimateCache, b: LayerBlocks) -> tuple[f
     f_tp = sum(cache.tp_s(scn, op, overlap) for op, overlap in tp.forward())
     b_c = sum(seg_s(s, bpart) for s in segs)
     b_tp = sum(cache.tp_s(scn, op, overlap) for op, overlap in tp.backward())
-    again = recomputed_forward(par.recompute, par.recompute_modules, scn.model, b)  # the lowering's rule
+    again = recomputed_forward(recompute, par.recompute_modules, scn.model, b)  # the lowering's rule
     if again.layer:
         b_c, b_tp = b_c + f_c, b_tp + f_tp
     else:
@@ -302,7 +304,9 @@ def _phase_times(scn: Scenario, cache: EstimateCache) -> dict:
     work = lambda w: cache.work_s(scn, w)  # noqa: E731
     sp = par.sequence_parallel
     memo: dict = {}
-    per_layer = [_kind_times(scn, cache, lb, memo) for lb in cache.layer_blocks(scn)]
+    done = recomputed_layers(par, cache.layout(scn).chunks, scn.model.num_layers)
+    per_layer = [_kind_times(scn, cache, lb, memo, layer_recompute(par, done, i))
+                 for i, lb in enumerate(cache.layer_blocks(scn))]
     embed_tp = cache.tp_s(scn, "reduce_scatter" if sp else "all_reduce")
     gather = cache.tp_s(scn, "all_gather") if sp else 0.0
     layout = cache.layout(scn)
@@ -317,10 +321,10 @@ def _phase_times(scn: Scenario, cache: EstimateCache) -> dict:
     return out
 
 
-def _kind_times(scn: Scenario, cache: EstimateCache, lb: LayerBlocks, memo: dict) -> tuple:
-    key = ("times", id(lb))
+def _kind_times(scn: Scenario, cache: EstimateCache, lb: LayerBlocks, memo: dict, recompute: str) -> tuple:
+    key = ("times", id(lb), recompute)
     if key not in memo:
-        memo[key] = _layer_times(scn, cache, lb)
+        memo[key] = _layer_times(scn, cache, lb, recompute)
     return memo[key]
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from ..scenario import Scenario
 from ..strategy.mesh import DeviceMesh
 from ..strategy.sharding import layer_submodules, unit_persistent_sizes
-from ..strategy.stage_units import copy_sync_bytes, stage_param_counts, unit_params
+from ..strategy.stage_units import copy_sync_bytes, recomputed_layers, stage_param_counts, unit_params
 from ..strategy.zero_impl import (FSDP, chunk_fetches, hsdp_groups, list_all_gather_host_work, persistent_copy_host_work,
                                   persistent_gather_work)
 
@@ -80,10 +80,11 @@ def stage_fetches(scn: Scenario, stage: int, cache: "EstimateCache | None" = Non
     params = unit_params(graph, par, layout)
     subs = layer_submodules(graph, par.tp, par.ep)
     out: list = []
+    recomputed = recomputed_layers(par, layout.chunks, scn.model.num_layers)
     for vs in layout.held(stage):
         units = [str(u) for u in layout.units(vs)]
         dense = [params.of(u)[0] for u in units]
-        fetches = chunk_fetches(par.sharding, par.zero_stage, par.recompute, units, dense, subs)
+        fetches = chunk_fetches(par.sharding, par.zero_stage, recomputed, units, dense, subs)
         out += [f for v in fetches.values() for f in v]
     return out
 

@@ -28,8 +28,8 @@ DEFAULT_CSV = DATA / "training_runs.csv"
 DEFAULT_CSVS = (DEFAULT_CSV, DATA / "training_runs_extra.csv", DATA / "training_runs_2.csv")
 MODEL_COLUMNS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size",
                  "vocab_size", "seq_length", "num_experts", "moe_top_k", "mtp_layers")
-PARALLEL_INT = ("tp", "pp", "dp", "cp", "ep", "etp", "zero_stage", "virtual_stages")
-PARALLEL_STR = ("schedule", "recompute", "sharding")
+PARALLEL_INT = ("tp", "pp", "dp", "cp", "ep", "etp", "zero_stage", "virtual_stages", "recompute_num_layers")
+PARALLEL_STR = ("schedule", "recompute", "sharding", "recompute_method")
 BOOL = {"true": True, "false": False}
 # The other columns row_to_raw reads, and those that only describe a row (its provenance, how its step
 # time was derived); any other column is refused, so that a misspelled one is not silently ignored.

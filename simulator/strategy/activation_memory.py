@@ -8,14 +8,10 @@ per-rank peak comes from the simulated schedule; the paper's closed forms are th
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
 
 from ..model.eager import EAGER_GATED_SAVED_EXTRA_PER_D, EAGER_RMSNORM_SAVED_EXTRA
 from ..model.spec import ModelSpec
 from ..units import DTYPE_BYTES
-
-if TYPE_CHECKING:  # scenario imports strategy: a type-only import
-    from ..scenario import Scenario
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 # Megatron-Core's selective recompute (TransformerConfig.recompute_modules, megatron/core/transformer/
@@ -341,44 +337,6 @@ def layer_activation_split(model: ModelSpec, micro_batch_size: int, tp: int, sp:
                                    dense_mlp, etp, modules, fp8, eager)
     at_w = weight_grad_bytes(model, micro_batch_size, tp, sp, cp, dtype_bytes, ep, dense_mlp, etp, fp8, eager)
     return total - at_w, at_w
-
-
-@dataclass(frozen=True, slots=True)
-class LayerMemory:
-    """Activation bytes of one layer kind and micro-batch on one rank, as the lowering moves them:
-    ``stored`` allocated by F; freed ``at_b`` by B and ``at_w`` by W (B frees all when the schedule
-    does not split the backward); ``transient``: what a recompute re-materialises from the recompute
-    to the end of the layer's backward."""
-
-    stored: float
-    at_b: float
-    at_w: float
-    transient: float
-
-
-def layer_memory(scn: Scenario, split_backward: bool, dense_mlp: bool = False, recompute_workspace: bool = True) -> LayerMemory:
-    """The one rule for a layer's activation deltas (lowering, ``analysis.memory.schedule_trace`` and
-    the search's estimate): a scenario's plan, a layer of the MoE or of the dense kind
-    (``OpGraph.layer_ops``: an MoE model's first dense layers)."""
-    m, par, tr = scn.model, scn.parallel, scn.training
-    args = (m, tr.micro_batch_size, par.tp, par.sequence_parallel, par.cp)
-    kw: dict[str, Any] = {"dense_mlp": dense_mlp and m.is_moe, "etp": par.etp, "modules": par.recompute_modules,
-                          "fp8": tr.dtype == "fp8", "eager": tr.kernels == "eager"}
-    d, att, ep = tr.dtype_bytes, tr.attention, par.ep
-    stored = layer_activation_bytes(*args, par.recompute, d, ep, att, **kw)
-    transient = 0.0  # what the recompute re-materialises: stored without it less stored with it
-    if par.recompute != "none" and recompute_workspace:
-        transient = layer_activation_bytes(*args, "none", d, ep, att, **kw) - stored
-    at_b, at_w = layer_activation_split(*args, par.recompute, d, ep, att, **kw) if split_backward else (stored, 0.0)
-    return LayerMemory(stored, at_b, at_w, transient)
-
-
-def layer_memories(scn: Scenario, split_backward: bool, recompute_workspace: bool = True) -> tuple[LayerMemory, ...]:
-    """``layer_memory`` of every layer index, by its kind (one object per kind)."""
-    m = scn.model
-    kinds = {dense: layer_memory(scn, split_backward, dense, recompute_workspace)
-             for dense in {i < m.moe_first_dense_layers for i in range(m.total_layers)}}
-    return tuple(kinds[i < m.moe_first_dense_layers] for i in range(m.total_layers))  # MTP: the main kind
 
 
 def embedding_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool, cp: int,

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from ..model.opgraph import OpGraph
 from ..tasks import Collective, OpWork, TaskGraphBuilder
-from .activation_memory import LayerMemory
+from .stage_units import LayerMemory
 from .blocks import LayerBlocks
 from .mesh import DeviceMesh
 

@@ -42,6 +42,7 @@ class ParamGradSync:
     stage_params: dict
     pair_open: dict[int, int]
     layer_subs: tuple
+    recomputed: frozenset[int]
     _units: Callable[[int], list[str]]
     _params: Callable[[str], tuple[float, float]]
 
@@ -50,7 +51,7 @@ class ParamGradSync:
         plan = self.plans.get(vs)
         if plan is None:
             par, units = self.ctx.par, self._units(vs)
-            plan = self.plans[vs] = chunk_fetches(par.sharding, par.zero_stage, par.recompute, units,
+            plan = self.plans[vs] = chunk_fetches(par.sharding, par.zero_stage, self.recomputed, units,
                                                   [self._params(u)[0] for u in units], self.layer_subs)
         return plan
 

@@ -1,6 +1,7 @@
 """What a pipeline rank holds and what its passes allocate, written once: the virtual stages of each
 rank (the schedule's stage map) and their layers, each virtual stage's units (embedding, layers, LM
-head), the parameters of a unit and of a rank, and each unit's activation deltas per pass (F, B, W).
+head), the parameters of a unit and of a rank, which layers a full recompute re-runs, and each unit's
+activation deltas per pass (F, B, W).
 
 The lowering puts these deltas on its tasks, ``analysis.memory.schedule_trace`` on one event per
 unit and the search estimate folds them per action; the parameters are the lowering's, the memory
@@ -11,11 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Any, Union
 
 from ..model.opgraph import OpGraph, build_op_graph
 from ..model.spec import ModelSpec
-from .activation_memory import LayerMemory, embedding_activation_bytes, head_activation_bytes, layer_memories
+from .activation_memory import (embedding_activation_bytes, head_activation_bytes, layer_activation_bytes,
+                                layer_activation_split)
 from .schedules import StageMap, splits_backward, stage_map
 from .sharding import params_per_rank
 
@@ -139,6 +141,81 @@ def stage_layout(par: ParallelSpec, mtp_layers: int = 0) -> StageLayout:
 def scenario_layout(scn: Scenario) -> StageLayout:
     """``stage_layout`` of a scenario: its parallelism with its model's MTP modules."""
     return stage_layout(scn.parallel, scn.model.mtp_layers)
+
+
+# ---- activation deltas -----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class LayerMemory:
+    """Activation bytes of one layer kind and micro-batch on one rank, as the lowering moves them:
+    ``stored`` allocated by F; freed ``at_b`` by B and ``at_w`` by W (B frees all when the schedule
+    does not split the backward); ``transient``: what a recompute re-materialises from the recompute
+    to the end of the layer's backward."""
+
+    stored: float
+    at_b: float
+    at_w: float
+    transient: float
+
+
+def layer_memory(scn: Scenario, split_backward: bool, dense_mlp: bool = False, recompute_workspace: bool = True,
+                 recompute: str | None = None) -> LayerMemory:
+    """The one rule for a layer's activation deltas (lowering, ``analysis.memory.schedule_trace`` and
+    the search's estimate): a scenario's plan, a layer of the MoE or of the dense kind
+    (``OpGraph.layer_ops``: an MoE model's first dense layers), under ``recompute`` (default the plan's;
+    ``stage_units.layer_recompute`` of the layer)."""
+    m, par, tr = scn.model, scn.parallel, scn.training
+    recompute = par.recompute if recompute is None else recompute
+    args = (m, tr.micro_batch_size, par.tp, par.sequence_parallel, par.cp)
+    kw: dict[str, Any] = {"dense_mlp": dense_mlp and m.is_moe, "etp": par.etp, "modules": par.recompute_modules,
+                          "fp8": tr.dtype == "fp8", "eager": tr.kernels == "eager"}
+    d, att, ep = tr.dtype_bytes, tr.attention, par.ep
+    stored = layer_activation_bytes(*args, recompute, d, ep, att, **kw)
+    transient = 0.0  # what the recompute re-materialises: stored without it less stored with it
+    if recompute != "none" and recompute_workspace:
+        transient = layer_activation_bytes(*args, "none", d, ep, att, **kw) - stored
+    at_b, at_w = layer_activation_split(*args, recompute, d, ep, att, **kw) if split_backward else (stored, 0.0)
+    return LayerMemory(stored, at_b, at_w, transient)
+
+
+def layer_memories(scn: Scenario, split_backward: bool, recompute_workspace: bool = True,
+                   modes: tuple[str, ...] | None = None) -> tuple[LayerMemory, ...]:
+    """``layer_memory`` of every layer index, by its kind and its recompute mode (``modes``, per
+    index: ``stage_units.layer_recompute``; None: the plan's for all), one object per pair."""
+    m = scn.model
+    modes = modes or (scn.parallel.recompute,) * m.total_layers
+    keys = [(i < m.moe_first_dense_layers, modes[i]) for i in range(m.total_layers)]  # MTP: the main kind
+    kinds = {k: layer_memory(scn, split_backward, k[0], recompute_workspace, k[1]) for k in dict.fromkeys(keys)}
+    return tuple(kinds[k] for k in keys)
+
+
+# ---- which layers recompute ------------------------------------------------------------------------
+def recomputed_layers(par: ParallelSpec, chunks: tuple[tuple[int, ...], ...], num_layers: int) -> frozenset[int]:
+    """The layers whose backward re-runs their whole forward (``recompute = "full"``; none otherwise), as
+    Megatron-Core's TransformerBlock._checkpointed_forward picks them: method "uniform" checkpoints
+    every layer; "block" only the first ``recompute_num_layers`` layers of each model chunk (one
+    TransformerBlock per virtual stage, "the rest without any recomputing"). MTP layers (indices from
+    ``num_layers``) are recomputed under full recompute whatever the method (the MTP block checkpoints
+    its layers for full granularity). One rule for the lowering, the memory rules and the estimate."""
+    if par.recompute != "full":
+        return frozenset()
+    every = frozenset(i for chunk in chunks for i in chunk)
+    if par.recompute_method == "uniform":
+        return every
+    first = (i for chunk in chunks for i in [j for j in chunk if j < num_layers][:par.recompute_num_layers])
+    return frozenset(first).union(i for i in every if i >= num_layers)
+
+
+def layer_recompute(par: ParallelSpec, recomputed: frozenset[int], layer: int) -> str:
+    """The recompute mode layer ``layer`` runs: the plan's, except "none" for the layers the "block"
+    method leaves out of a full recompute (``recomputed_layers``)."""
+    if par.recompute != "full":
+        return par.recompute
+    return "full" if layer in recomputed else "none"
+
+
+def scenario_recomputed(scn: Scenario) -> frozenset[int]:
+    """``recomputed_layers`` of a scenario's plan and layout."""
+    return recomputed_layers(scn.parallel, scenario_layout(scn).chunks, scn.model.num_layers)
 
 
 # ---- parameters ------------------------------------------------------------------------------------
@@ -270,5 +347,7 @@ def activation_rules(scn: Scenario, split_backward: bool | None = None, recomput
     if split_backward is None:
         split_backward = splits_backward(scenario_layout(scn).schedule)
     args = (m, tr.micro_batch_size, par.tp, par.sequence_parallel, par.cp, tr.dtype_bytes)
-    return ActivationRules(layer_memories(scn, split_backward, recompute_workspace),
+    done = scenario_recomputed(scn)
+    modes = tuple(layer_recompute(scn.parallel, done, i) for i in range(m.total_layers))
+    return ActivationRules(layer_memories(scn, split_backward, recompute_workspace, modes),
                            embedding_activation_bytes(*args), head_activation_bytes(*args))

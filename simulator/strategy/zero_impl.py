@@ -253,17 +253,18 @@ def pass_fetches(impl: str, zero_stage: int, unit_subs: list[list[float]], recom
     return {"F": fwd, "B": coalesce(sizes, owners)}
 
 
-def chunk_fetches(sharding: str, zero_stage: int, recompute: str, units: list[str], unit_dense: list[float],
-                  layer_subs: Sequence[list[float]]) -> dict[str, list[Fetch]]:
+def chunk_fetches(sharding: str, zero_stage: int, recomputed: frozenset[int], units: list[str],
+                  unit_dense: list[float], layer_subs: Sequence[list[float]]) -> dict[str, list[Fetch]]:
     """``pass_fetches`` of one model chunk: ``units`` its units in forward order ("embed", layer
     indices, "head"), ``unit_dense`` their dense parameters on the rank, ``layer_subs`` every layer's
-    DeepSpeed submodule sizes by global index (``layer_submodules``). One rule for the lowering and
+    DeepSpeed submodule sizes by global index (``layer_submodules``), ``recomputed`` the layers whose
+    forward the backward re-runs (``stage_units.recomputed_layers``). One rule for the lowering and
     the estimate."""
     ds = sharding in DEEPSPEED
     layers = {i for i, u in enumerate(units) if u not in ("embed", "head")}
     subs = [layer_subs[int(units[i])] if ds and i in layers else submodule_params([(unit_dense[i], 0.0)]) if ds
             else [unit_dense[i]] for i in range(len(units))]
-    return pass_fetches(sharding, zero_stage, subs, layers if recompute == "full" else set(),
+    return pass_fetches(sharding, zero_stage, subs, {i for i in layers if int(units[i]) in recomputed},
                         set(range(len(units))) - layers)
 
 

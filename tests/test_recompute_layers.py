@@ -1,0 +1,135 @@
+"""Full recompute of some layers only (parallelism.recompute_method / recompute_num_layers, Megatron-LM's
+--recompute-method / --recompute-num-layers): "block" re-runs the first N layers of every model chunk
+and keeps the others' activations. The rule picks the layers Megatron-Core's TransformerBlock does; the
+lowering emits exactly their recompute tasks; the memory, the step time and the search's estimate follow
+it; "uniform" with one layer per checkpoint is today's full recompute; bad settings are refused."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from simulator.explore.enumerate import Plan, apply_plan
+from simulator.explore.estimate import estimate
+from simulator.pipeline import simulate
+from simulator.scenario import ParallelSpec, scenario_from_dict
+from simulator.scenario_checks import ScenarioError
+from simulator.strategy.stage_units import (activation_rules, layer_memory, layer_recompute, recomputed_layers,
+                                            scenario_layout)
+from simulator.strategy.zero_impl import chunk_fetches
+
+CHUNKS = ((0, 1, 2), (3, 4, 5), (6, 7, 8, 9))  # three model chunks, the last with an MTP layer (9)
+
+
+def _par(**kw) -> ParallelSpec:
+    return dataclasses.replace(ParallelSpec(), **kw)
+
+
+def test_block_picks_the_first_layers_of_every_chunk_and_uniform_all():
+    block2 = _par(recompute="full", recompute_method="block", recompute_num_layers=2)
+    # the MTP layer (index >= num_layers 9) recomputes under full recompute whatever the method
+    assert recomputed_layers(block2, CHUNKS, 9) == {0, 1, 3, 4, 6, 7, 9}
+    assert recomputed_layers(_par(recompute="full"), CHUNKS, 9) == set(range(10))
+    assert recomputed_layers(dataclasses.replace(block2, recompute_num_layers=5), CHUNKS, 9) == set(range(10))
+    assert recomputed_layers(_par(recompute="selective"), CHUNKS, 9) == frozenset()
+    done = recomputed_layers(block2, CHUNKS, 9)
+    assert [layer_recompute(block2, done, i) for i in (0, 2, 5, 7, 8)] == ["full", "none", "none", "full", "none"]
+    assert layer_recompute(_par(recompute="selective"), frozenset(), 3) == "selective"
+
+
+def _raw(recompute: str = "full", method: str = "uniform", n: int = 1, v: int = 1, **extra) -> dict:
+    # GPT-3 2.7B: 32 layers, 8 per pipeline stage (4 per chunk with v = 2)
+    par = {"tp": 2, "pp": 4, "dp": 1, "recompute": recompute, "virtual_stages": v,
+           "schedule": "interleaved-1f1b" if v > 1 else "1f1b", **extra}
+    if (method, n) != ("uniform", 1):
+        par.update(recompute_method=method, recompute_num_layers=n)
+    return {"model": {"preset": "gpt3-2.7b"}, "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 1},
+            "parallelism": par, "training": {"global_batch_size": 16, "micro_batch_size": 1}}
+
+
+def _scn(**kw):
+    return scenario_from_dict(_raw(**kw), default_name="partial")
+
+
+@pytest.mark.parametrize("n, v", [(1, 1), (3, 1), (2, 2)])
+def test_the_lowering_recomputes_exactly_the_chosen_layers(n, v):
+    scn = _scn(method="block", n=n, v=v)
+    res = simulate(scn)
+    chunks = scenario_layout(scn).chunks
+    chosen = recomputed_layers(scn.parallel, chunks, scn.model.num_layers)
+    ranks = sorted({t.rank for t in res.graph.tasks})
+    assert len(ranks) == 4  # a representative rank per pipeline stage
+    for rank in ranks:
+        stage_layers = {i for vs in scenario_layout(scn).held(res.plan.mesh.stage_of(rank)) for i in chunks[vs]}
+        recomputed = {t.layer for t in res.graph.tasks if t.rank == rank and t.category == "recompute"}
+        assert recomputed == chosen & stage_layers
+        assert len(recomputed) == n * v  # the first n layers of each of the rank's v chunks
+
+
+def test_block_covering_a_chunk_is_uniform_and_fewer_layers_interpolate():
+    full, none = simulate(_scn()).metrics, simulate(_scn(recompute="none")).metrics
+    assert simulate(_scn(method="block", n=8)).metrics == full  # 8 layers per stage: all of them
+    times, mems, hfus = [], [], []
+    for n in (1, 4, 7):
+        m = simulate(_scn(method="block", n=n)).metrics
+        times.append(m["iteration_time_s"])
+        mems.append(m["memory_bytes"]["total"])
+        hfus.append(m["hfu"])
+        assert m["mfu"] == pytest.approx(full["mfu"] * full["iteration_time_s"] / m["iteration_time_s"], rel=1e-12)
+    assert none["iteration_time_s"] < times[0] < times[1] < times[2] < full["iteration_time_s"]
+    assert none["memory_bytes"]["total"] > mems[0] > mems[1] > mems[2] > full["memory_bytes"]["total"]
+    assert none["hfu"] < hfus[0] and hfus[-1] < full["hfu"]
+
+
+def test_each_layer_stores_what_its_own_recompute_mode_stores():
+    scn = _scn(method="block", n=3)
+    rules = activation_rules(scn)
+    none, full = (layer_memory(scn, False, recompute=mode) for mode in ("none", "full"))
+    for i in range(scn.model.num_layers):
+        want = full if i % 8 < 3 else none  # 8 layers per stage, one chunk each
+        assert rules.layers[i] == want
+        assert rules.unit(i, "F").alloc_bytes == want.stored
+    assert full.stored < none.stored and full.transient == none.stored - full.stored and none.transient == 0
+
+
+@pytest.mark.parametrize("v", [1, 2])
+def test_the_search_estimate_follows_the_same_rule(v):
+    scn = _scn(method="block", n=2, v=v)
+    est, m = estimate(scn), simulate(scn).metrics
+    assert est.total_bytes == pytest.approx(m["memory_bytes"]["total"], rel=1e-9)
+    assert est.time_lower_bound_s <= m["iteration_time_s"]
+    assert estimate(_scn(recompute="none", v=v)).time_lower_bound_s < est.time_lower_bound_s \
+        < estimate(_scn(v=v)).time_lower_bound_s
+
+
+def test_deepspeed_gathers_again_only_the_recomputed_layers():
+    units = ["embed", "0", "1", "2", "head"]
+    subs = [[4e7, 4e7]] * 3
+    dense = [1e7, 8e7, 8e7, 8e7, 1e7]
+    b = {k: len(chunk_fetches("deepspeed", 3, frozenset(k), units, dense, subs)["B"]) for k in [(), (0,), (0, 1, 2)]}
+    assert b[()] < b[(0,)] < b[(0, 1, 2)]
+
+
+def test_a_search_plan_without_full_recompute_drops_the_method():
+    raw = _raw(method="block", n=2)
+    plan = Plan(tp=2, pp=4, dp=1, recompute="none")
+    par = apply_plan(raw, plan)["parallelism"]
+    assert "recompute_method" not in par and "recompute_num_layers" not in par
+    scenario_from_dict(apply_plan(raw, plan), default_name="p")  # accepted
+    full = apply_plan(raw, dataclasses.replace(plan, recompute="full"))["parallelism"]
+    assert (full["recompute_method"], full["recompute_num_layers"]) == ("block", 2)
+
+
+@pytest.mark.parametrize("par, match", [
+    ({"recompute_method": "blocks"}, r"recompute_method must be 'uniform' or 'block', got 'blocks'"),
+    ({"recompute_method": "block", "recompute_num_layers": 0}, r"recompute_num_layers must be >= 1, got 0"),
+    ({"recompute": "selective", "recompute_method": "block", "recompute_num_layers": 2},
+     r"recompute_method = 'block' with recompute_num_layers = 2 needs recompute = 'full', got 'selective'"),
+    ({"recompute_num_layers": 2}, r"recompute_num_layers = 2 with recompute_method = 'uniform' .* not modelled"),
+])
+def test_bad_settings_are_refused_by_name(par, match):
+    raw = _raw()
+    raw["parallelism"].update(par)
+    with pytest.raises(ScenarioError, match=match):
+        scenario_from_dict(raw, default_name="bad")
