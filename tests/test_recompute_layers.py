@@ -7,11 +7,15 @@ it; "uniform" with one layer per checkpoint is today's full recompute; bad setti
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from simulator.explore.enumerate import Plan, apply_plan
-from simulator.explore.estimate import estimate
+from simulator.explore.enumerate import Plan, SearchSpace, apply_plan, plan_of
+from simulator.explore.estimate import EstimateCache, estimate
+from simulator.explore.search import _estimate_group
+from simulator.explore.sweep import BaseScenario
 from simulator.pipeline import simulate
 from simulator.scenario import ParallelSpec, scenario_from_dict
 from simulator.scenario_checks import ScenarioError
@@ -111,14 +115,19 @@ def test_deepspeed_gathers_again_only_the_recomputed_layers():
     assert b[()] < b[(0,)] < b[(0, 1, 2)]
 
 
-def test_a_search_plan_without_full_recompute_drops_the_method():
+def test_a_plan_carries_its_recompute_layers_to_and_from_its_scenario():
     raw = _raw(method="block", n=2)
+    assert plan_of(scenario_from_dict(raw, default_name="p")).recompute_num_layers == 2
     plan = Plan(tp=2, pp=4, dp=1, recompute="none")
     par = apply_plan(raw, plan)["parallelism"]
     assert "recompute_method" not in par and "recompute_num_layers" not in par
     scenario_from_dict(apply_plan(raw, plan), default_name="p")  # accepted
-    full = apply_plan(raw, dataclasses.replace(plan, recompute="full"))["parallelism"]
-    assert (full["recompute_method"], full["recompute_num_layers"]) == ("block", 2)
+    assert "recompute_method" not in apply_plan(raw, dataclasses.replace(plan, recompute="full"))["parallelism"]
+    block3 = dataclasses.replace(plan, recompute="full", recompute_num_layers=3)
+    par = apply_plan(raw, block3)["parallelism"]
+    assert (par["recompute_method"], par["recompute_num_layers"]) == ("block", 3)
+    assert plan_of(scenario_from_dict(apply_plan(raw, block3), default_name="p")) == block3
+    assert block3.label() == "tp2 pp4 dp1 b1 1f1b z0 block3"
 
 
 @pytest.mark.parametrize("par, match", [
@@ -133,3 +142,23 @@ def test_bad_settings_are_refused_by_name(par, match):
     raw["parallelism"].update(par)
     with pytest.raises(ScenarioError, match=match):
         scenario_from_dict(raw, default_name="bad")
+
+
+def test_the_search_keeps_the_fewest_recomputed_layers_that_fit():
+    """GPT-3 6.7B on 8 A100 40GB, PP 8, micro-batch 4: neither no recompute nor selective fits (57 GiB
+    estimated), full recompute does (22 GiB); recomputing the first 2 of each stage's 4 layers fits
+    (39 GiB) and 1 does not (48 GiB), so the search's candidate is block2, faster than full."""
+    raw = {"model": {"preset": "gpt3-6.7b"}, "cluster": {"preset": "dgx-a100-40gb", "num_nodes": 1},
+           "training": {"global_batch_size": 64}}
+    base, cache = BaseScenario(raw, "t", Path("."), "t"), EstimateCache()
+    plans = [Plan(tp=1, pp=8, dp=1, micro_batch_size=4, recompute=rc) for rc in ("none", "selective", "full")]
+    delta, cands, _ = _estimate_group(base, SearchSpace(), plans, cache)
+    assert [c.plan.label() for c in cands] == ["tp1 pp8 dp1 b4 1f1b z0 block2"]
+    assert delta == {"invalid": 0, "pruned_memory": 2, "dominated": 1}
+    fits = {n: estimate(base.with_plan(replace(plans[2], recompute_num_layers=n)), cache).fits for n in (1, 2)}
+    assert fits == {1: False, 2: True}
+    _, both, _ = _estimate_group(base, SearchSpace(prune_dominated=False), plans, cache)
+    assert [c.plan.recompute_num_layers for c in both] == [2, 0]
+    assert both[0].bound_s < both[1].bound_s
+    _, off, _ = _estimate_group(base, SearchSpace(partial_recompute=False), plans, cache)
+    assert [c.plan.label() for c in off] == ["tp1 pp8 dp1 b4 1f1b z0 full"]

@@ -12,7 +12,9 @@ Dominance rules (DESIGN.md §4.2 search; each removes choices that can never be 
 - gpipe is left out: the same bubble as 1F1B, (p - 1)/(m + p - 1) (Narayanan et al. 2021, §2.2), with
   m instead of p micro-batches in flight.
 - recompute: the search keeps the least recompute that fits (none, then selective, then full;
-  ``search``): recomputation only adds compute (Chen et al. 2016; Korthikanti et al. 2022 §5).
+  ``search``): recomputation only adds compute (Chen et al. 2016; Korthikanti et al. 2022 §5). Where
+  only full recompute fits, it recomputes the fewest layers per model chunk that fit (Megatron-LM's
+  "block" method, ``Plan.recompute_num_layers``; ``SearchSpace.partial_recompute``).
 - ZeRO-3 only where no lower stage fits with the same degrees, micro-batch and schedule (``search``):
   it all-gathers every layer's parameters in every micro-batch's forward and backward, 2m gathers of
   the stage's weights per step where ZeRO-1/2 need one (Rajbhandari et al. 2020, §7.2.3: 1.5x the
@@ -63,6 +65,8 @@ class Plan:
     zero_stage: int = 0
     recompute: str = "none"
     sequence_parallel: bool = False
+    # full recompute of the first N layers of every model chunk only (recompute_method "block"); 0: all
+    recompute_num_layers: int = 0
 
     def label(self) -> str:
         """Compact text, e.g. ``tp8 pp16 dp8 b1 interleaved-1f1b v2 z1 full sp``."""
@@ -72,7 +76,8 @@ class Plan:
         parts += [f"b{self.micro_batch_size}"]
         if self.pp > 1:
             parts.append(self.schedule + (f" v{self.virtual_stages}" if self.virtual_stages > 1 else ""))
-        parts += [f"z{self.zero_stage}", self.recompute] + (["sp"] if self.sequence_parallel else [])
+        rc = f"block{self.recompute_num_layers}" if self.recompute_num_layers else self.recompute
+        parts += [f"z{self.zero_stage}", rc] + (["sp"] if self.sequence_parallel else [])
         return " ".join(parts)
 
     def as_dict(self) -> dict:
@@ -86,7 +91,8 @@ def plan_of(scn: Scenario) -> Plan:
     """The plan a validated Scenario runs."""
     p = scn.parallel
     return Plan(p.tp, p.pp, p.dp, p.cp, p.ep, scn.training.micro_batch_size, p.schedule if p.pp > 1 else "1f1b",
-                p.virtual_stages if p.pp > 1 else 1, p.zero_stage, p.recompute, p.sequence_parallel)
+                p.virtual_stages if p.pp > 1 else 1, p.zero_stage, p.recompute, p.sequence_parallel,
+                p.recompute_num_layers if p.recompute_method == "block" else 0)
 
 
 def apply_plan(raw: dict, plan: Plan) -> dict:
@@ -98,9 +104,10 @@ def apply_plan(raw: dict, plan: Plan) -> dict:
     par.update({k: getattr(plan, k) for k in PLAN_KEYS})
     if plan.recompute != "selective":  # the scenario's modules apply to its selective plans only
         par.pop("recompute_modules", None)
-    if plan.recompute != "full":  # and its recompute method / layers to its full plans only
-        par.pop("recompute_method", None)
-        par.pop("recompute_num_layers", None)
+    par.pop("recompute_method", None)  # the plan's: every layer, or the first N of each chunk
+    par.pop("recompute_num_layers", None)
+    if plan.recompute_num_layers:
+        par.update(recompute_method="block", recompute_num_layers=plan.recompute_num_layers)
     out["parallelism"] = par
     out["training"] = dict(out.get("training", {}), micro_batch_size=plan.micro_batch_size)
     return out
@@ -123,6 +130,7 @@ class SearchSpace:
     cp_min_block: bool = True  # apply the ring-attention block-size condition above
     even_chunks: bool = True  # interleaving degrees that split the largest stage evenly
     prune_dominated: bool = True
+    partial_recompute: bool = True  # where only full recompute fits, also its least "block" variant that fits
 
 
 def _virtual_choices(num_layers: int, pp: int, layers_per_stage: tuple[int, ...] | None,

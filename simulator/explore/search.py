@@ -4,7 +4,8 @@ cluster and global batch.
 1. Enumerate every plan (``enumerate``); the scenario rules reject invalid ones.
 2. Static memory estimate (``estimate``, the accounting of ``analysis.memory``) rejects those that do
    not fit, and the dominance rules of ``enumerate`` drop choices that cannot be faster: per plan only
-   the least recompute that fits; ZeRO-3 only where no lower ZeRO stage fits.
+   the least recompute that fits (where that is full recompute, the fewest layers per chunk that fit);
+   ZeRO-3 only where no lower ZeRO stage fits.
 3. Branch and bound: plans are simulated in order of their time lower bound; a plan whose bound is not
    below the K-th best simulated time (ranking is by tokens/s, i.e. by time at a fixed batch) cannot
    enter the top K and is skipped, and so is every later one. With ``per_tp`` the lowest-bound plan of
@@ -27,6 +28,7 @@ from pathlib import Path
 from ..hardware.clusters import CLUSTER_PRESETS
 from ..scenario import Scenario, check_structure
 from ..scenario_checks import ScenarioError
+from ..strategy.stage_units import scenario_layout
 from ..units import GiB
 from .enumerate import PLAN_FIELDS, RECOMPUTE_ORDER, Plan, SearchSpace, enumerate_plans, valid_plans
 from .estimate import EstimateCache, estimate
@@ -162,6 +164,7 @@ def _estimate_group(base: BaseScenario, space: SearchSpace, plans: list[Plan],
             rows.append({"label": plan.label(), **plan.as_dict(), "estimated_memory_bytes": est.total_bytes,
                          "status": "pruned-memory", "reason": f"estimated peak {est.total_bytes / GiB:.1f} "
                          f"GiB > capacity {est.capacity_bytes / GiB:.1f} GiB (stage {est.worst_stage})"})
+    entries = []
     for (zero, rc), entry in sorted(fits.items(), key=lambda kv: (kv[0][0], RECOMPUTE_ORDER.index(kv[0][1]))):
         if entry is None:
             continue
@@ -170,7 +173,14 @@ def _estimate_group(base: BaseScenario, space: SearchSpace, plans: list[Plan],
         if space.prune_dominated and (lesser or below):
             delta["dominated"] += 1
             continue
-        plan, scn, est = entry
+        block = least_block(base, entry[0], entry[1], cache) if space.partial_recompute and rc == "full" else None
+        if block is not None and space.prune_dominated:  # fewer layers recompute: never slower, it fits
+            delta["dominated"] += 1
+            entry = block
+        elif block is not None:
+            entries.append(block)
+        entries.append(entry)
+    for plan, scn, est in entries:
         try:
             full = estimate(scn, cache)
         except ValueError:  # the sharding of the layer's ops rejects it (see above)
@@ -253,6 +263,25 @@ def _result(rows: list[dict], per: dict, counts: dict, wall_s: float, csv_path: 
 
 _SKIP_REASONS = {"skipped-limit": "not simulated: the --limit of plans to simulate was reached",
                  "pruned-bound": "time lower bound >= the simulated times it would have to beat"}
+
+
+def least_block(base: BaseScenario, plan: Plan, scn: Scenario, cache: EstimateCache) -> tuple | None:
+    """(plan, scenario, memory estimate) of the full-recompute ``plan`` with the fewest layers of each
+    model chunk recomputed (recompute_method "block") that fits; None when only every layer fits. Each
+    layer moved to recompute stores less, so the peak falls as N grows: N is bisected in
+    [1, the longest chunk's layers), every layer being the plan that fits."""
+    longest = max(sum(1 for i in c if i < scn.model.num_layers) for c in scenario_layout(scn).chunks)
+    lo, hi, best = 1, longest, None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        trial = replace(plan, recompute_num_layers=mid)
+        t_scn = base.with_plan(trial)
+        est = estimate(t_scn, cache, with_time=False)
+        if est.fits:
+            best, hi = (trial, t_scn, est), mid
+        else:
+            lo = mid + 1
+    return best
 
 
 def rank(rows: list[dict]) -> list[dict]:
