@@ -2,7 +2,9 @@
 per-row breakdown, MAPE, largest and signed mean error, overall, per source and over the shared rows
 (``training_runs.csv`` + ``training_runs_2.csv``), and the runs the memory model would refuse (every one of
 them ran). Targets (H100 fidelity issue, shared rows): MAPE
-<= 10 %, every row within +-25 %, signed mean error within +-5 % (no systematic optimism).
+<= 10 %, every row within +-25 %, signed mean error within +-5 % (no systematic optimism); ZeRO-3/FSDP
+issue, over the Narayanan 2021 Table 2 ZeRO-3 rows and the llm-foundry rows: MAPE <= 15 %, every row
+within +-30 %.
 
     python benchmarks/validate.py [CSV ...]
 """
@@ -22,6 +24,7 @@ from simulator.explore.validate import (DEFAULT_CSVS, markdown_table, read_rows,
 TARGET_MAPE = 0.10
 TARGET_MAX = 0.25
 TARGET_MEAN = 0.05
+SHARDED_MAPE, SHARDED_MAX = 0.15, 0.30  # the ZeRO-3/FSDP issue's targets
 
 
 def _line(label: str, s: dict) -> str:
@@ -42,6 +45,10 @@ def main(argv: list[str]) -> int:
     print()
     print(_line("all rows", summary(results)))
     print(_line("shared rows", shared))
+    sharded = summary([r for r in results if r["name"].startswith(("narayanan-zero3-", "llmfoundry-"))])
+    if sharded["mape"] is not None:
+        print(f"ZeRO-3 and llm-foundry rows: {sharded['ok']}, MAPE {sharded['mape']:.1%} (target <= "
+              f"{SHARDED_MAPE:.0%}), max |error| {sharded['max_abs_error']:.1%} (target <= {SHARDED_MAX:.0%})")
     ok_rows = [r for r in results if r["status"] == "ok"]
     refused = [f"{r['name']} ({r['memory_total_bytes'] / 2**30:.1f} GiB)" for r in ok_rows if not r["fits_in_memory"]]
     print(f"memory: {len(ok_rows) - len(refused)} of {len(ok_rows)} published runs (all of which ran) predicted to fit; "

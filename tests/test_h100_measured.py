@@ -74,14 +74,14 @@ def test_a_layer_costs_what_it_measured_on_an_h100(measured):
     """Four layers forward and backward back to back at the power limit (benchmarks/gpu_layer.py):
     a Llama 3.1 8B layer at sequence 8192, a GPT-3 175B layer's TP 4 shard at 2048 (its TP
     collectives not run), the Megatron-LM README's 1.7B GPT layer at 4096, MPT 1B and 7B layers at
-    llm-foundry's micro-batches 12 and 6. The sums agree within 5%; the parts do not (README: GEMMs in
+    llm-foundry's micro-batches 12 and 6. The sums agree within 3.5%; the parts do not (README: GEMMs in
     the mix run faster than back to back, torch's elementwise kernels slower than the HBM rate). The
     forward pass alone, timed briefly before the sustained run, ran above the power-limited clock the
     model prices GEMMs at (1,530-1,845 MHz): within 12%."""
     doc = json.loads((MEASURED / measured).read_text())
     spec = doc["model"]
     fwd, both = _layer_s(_measured_model(spec), spec["seq"], spec["tp"], "cudnn", spec.get("mb", 1))
-    assert both == pytest.approx(doc["fwd_bwd_per_layer_s"], rel=0.05)
+    assert both == pytest.approx(doc["fwd_bwd_per_layer_s"], rel=0.035)
     assert fwd == pytest.approx(doc["forward_per_layer_s"], rel=0.12)
 
 

@@ -96,6 +96,11 @@ def test_settings_left_out_take_the_documented_defaults():
     assert (p.schedule, p.recompute, p.sequence_parallel, p.zero_stage, t.attention) == (
         "1f1b", "none", False, 0, "flash")
     assert (t.grad_dtype, p.sharding) == ("fp32", "megatron-distopt")
+    assert (t.kernels, t.optimizer_state_dtype, t.fp8_params, t.cuda_graphs) == ("fused", "fp32", False, False)
+    assert (p.recompute_method, p.recompute_num_layers) == ("uniform", 1)
+    m = s.model
+    assert (m.parallel_norms, m.moe_capacity_factor, m.moe_grouped_gemm, m.moe_shared_expert_overlap,
+            m.mtp_layers) == (1, 0.0, True, False, 0)
 
 
 @pytest.mark.parametrize("zero, grad_dtype, sharding", [
