@@ -131,7 +131,8 @@ def evaluate_row(row: dict) -> dict:
                fits_in_memory=m["fits_in_memory"], memory_total_bytes=m["memory_bytes"]["total"],
                busiest_rank=m["busiest_rank"]["rank"], busiest_breakdown=m["busiest_rank"]["time_breakdown_s"],
                plan=f"tp{p.tp} pp{p.pp} dp{p.dp}" + (f" v{p.virtual_stages}" if p.virtual_stages > 1 else "")
-               + f" mb{scn.training.micro_batch_size} z{p.zero_stage} {p.recompute}")
+               + f" mb{scn.training.micro_batch_size} z{p.zero_stage} "
+               + (f"block{p.recompute_num_layers}" if p.recompute_method == "block" else p.recompute))
     return out
 
 
