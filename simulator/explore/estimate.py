@@ -114,6 +114,16 @@ class EstimateCache:
         return self._get(self._graph_key(scn) + (what, p.tp, p.sequence_parallel, p.cp, p.ep, p.etp, acc),
                          lambda: build(graph, p.tp, p.sequence_parallel, p.cp, p.ep, acc, p.etp))
 
+    def by_activations(self, scn: Scenario, build: Callable[[], Any]) -> Any:
+        """``build()`` once per activation key: everything the activation deltas of a plan's units
+        (``strategy.stage_units.activation_rules``) and its stage layout read, i.e. the op graph's key
+        and the parallelism fields other than dp, ZeRO, sharding and the overlap flags."""
+        p, t = scn.parallel, scn.training
+        key = self._graph_key(scn) + ("activations", t.dtype_bytes, p.tp, p.sequence_parallel, p.cp, p.ep, p.etp,
+                                      p.pp, p.schedule, p.virtual_stages, p.layers_per_stage, p.recompute,
+                                      p.recompute_modules, p.recompute_method, p.recompute_num_layers)
+        return self._get(key, build)
+
     def _cost_key(self, scn: Scenario) -> str:
         return self._by_scenario("cost", scn, lambda s: repr((s.cluster, s.training.dtype, s.training.attention,
                                                               s.cost)))
@@ -211,7 +221,12 @@ def _counter(items) -> dict:
 def _phase_memory(scn: Scenario, cache: EstimateCache) -> dict:
     """Per virtual stage: {"b": bytes alive from F to B, "w": bytes alive from F to W, "F"/"B"/"W": peak
     above the level before the action}, folded from the unit deltas ``analysis.memory.schedule_trace``
-    walks (``strategy.stage_units.ActivationRules``)."""
+    walks (``strategy.stage_units.ActivationRules``); once per activation key (plans that differ in
+    data parallelism or ZeRO only share it)."""
+    return cache.by_activations(scn, lambda: _fold_phase_memory(scn, cache))
+
+
+def _fold_phase_memory(scn: Scenario, cache: EstimateCache) -> dict:
     layout, rules = cache.layout(scn), activation_rules(scn)
     out = {}
     for vs in range(layout.nv):

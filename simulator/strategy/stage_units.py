@@ -213,11 +213,6 @@ def layer_recompute(par: ParallelSpec, recomputed: frozenset[int], layer: int) -
     return "full" if layer in recomputed else "none"
 
 
-def scenario_recomputed(scn: Scenario) -> frozenset[int]:
-    """``recomputed_layers`` of a scenario's plan and layout."""
-    return recomputed_layers(scn.parallel, scenario_layout(scn).chunks, scn.model.num_layers)
-
-
 # ---- parameters ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class UnitParams:
@@ -344,10 +339,14 @@ class ActivationRules:
 def activation_rules(scn: Scenario, split_backward: bool | None = None, recompute_workspace: bool = True) -> ActivationRules:
     """The rules of a scenario's plan (``split_backward``: default, whether its schedule splits it)."""
     m, par, tr = scn.model, scn.parallel, scn.training
-    if split_backward is None:
-        split_backward = splits_backward(scenario_layout(scn).schedule)
+    block = par.recompute == "full" and par.recompute_method == "block"
+    layout = scenario_layout(scn) if split_backward is None or block else None
+    if split_backward is None and layout is not None:
+        split_backward = splits_backward(layout.schedule)
     args = (m, tr.micro_batch_size, par.tp, par.sequence_parallel, par.cp, tr.dtype_bytes)
-    done = scenario_recomputed(scn)
-    modes = tuple(layer_recompute(scn.parallel, done, i) for i in range(m.total_layers))
-    return ActivationRules(layer_memories(scn, split_backward, recompute_workspace, modes),
+    modes = None  # every layer the plan's recompute, unless "block" leaves some out
+    if block and layout is not None:
+        done = recomputed_layers(par, layout.chunks, m.num_layers)
+        modes = tuple(layer_recompute(par, done, i) for i in range(m.total_layers))
+    return ActivationRules(layer_memories(scn, bool(split_backward), recompute_workspace, modes),
                            embedding_activation_bytes(*args), head_activation_bytes(*args))
