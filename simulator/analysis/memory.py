@@ -5,6 +5,8 @@ breakdown of the worst rank (metrics.json ``memory_bytes``) and the out-of-memor
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,8 +113,14 @@ def model_state_bytes(params: int, zero_stage: int, dp: int, dtype_bytes: int, g
 
 def layer_param_counts(model: ModelSpec, tp: int, ep: int = 1, etp: int = 0) -> dict:
     """{"dense", "expert"} parameters of one of the model's main layers on one (tp, ep) rank, by the
-    one counter (``strategy.sharding.params_per_rank``; the layout: ``strategy.stage_units``)."""
-    return params_per_rank(build_op_graph(model, 1, "bf16"), tp, ep, 1, False, False, etp)
+    one counter (``strategy.sharding.params_per_rank``; the layout: ``strategy.stage_units``). A new
+    dict per call, counted once per (model, tp, ep, etp) (the search asks it for every ZeRO-3 plan)."""
+    return dict(_layer_param_counts(model, tp, ep, etp))
+
+
+@functools.lru_cache(maxsize=64)
+def _layer_param_counts(model: ModelSpec, tp: int, ep: int, etp: int) -> tuple:
+    return tuple(params_per_rank(build_op_graph(model, 1, "bf16"), tp, ep, 1, False, False, etp).items())
 
 
 class Timeline(Mapping):

@@ -114,15 +114,22 @@ class EstimateCache:
         return self._get(self._graph_key(scn) + (what, p.tp, p.sequence_parallel, p.cp, p.ep, p.etp, acc),
                          lambda: build(graph, p.tp, p.sequence_parallel, p.cp, p.ep, acc, p.etp))
 
-    def by_activations(self, scn: Scenario, build: Callable[[], Any]) -> Any:
-        """``build()`` once per activation key: everything the activation deltas of a plan's units
-        (``strategy.stage_units.activation_rules``) and its stage layout read, i.e. the op graph's key
-        and the parallelism fields other than dp, ZeRO, sharding and the overlap flags."""
+    def by_activations(self, scn: Scenario, build: Callable[[], Any], *extra: Any) -> Any:
+        """``build()`` once per activation key (and ``extra``): everything the activation deltas of a
+        plan's units (``strategy.stage_units.activation_rules``) and its stage layout read, i.e. the op
+        graph's key and the parallelism fields other than dp, ZeRO, sharding and the overlap flags."""
         p, t = scn.parallel, scn.training
         key = self._graph_key(scn) + ("activations", t.dtype_bytes, p.tp, p.sequence_parallel, p.cp, p.ep, p.etp,
                                       p.pp, p.schedule, p.virtual_stages, p.layers_per_stage, p.recompute,
-                                      p.recompute_modules, p.recompute_method, p.recompute_num_layers)
+                                      p.recompute_modules, p.recompute_method, p.recompute_num_layers) + extra
         return self._get(key, build)
+
+    def stage_counts(self, scn: Scenario, stage: int, build: Callable[[], dict]) -> dict:
+        """``build()`` (``stage_param_counts`` of ``stage``, read only) once per op graph, TP/EP degrees
+        and stage layout."""
+        p = scn.parallel
+        return self._get(self._graph_key(scn) + ("stage_counts", p.tp, p.ep, p.etp, p.pp, p.schedule,
+                                                 p.virtual_stages, p.layers_per_stage, stage), build)
 
     def _cost_key(self, scn: Scenario) -> str:
         return self._by_scenario("cost", scn, lambda s: repr((s.cluster, s.training.dtype, s.training.attention,
@@ -243,8 +250,13 @@ def _fold_phase_memory(scn: Scenario, cache: EstimateCache) -> dict:
 
 
 def activation_peaks(scn: Scenario, cache: EstimateCache | None = None) -> list[float]:
-    """Peak activation (+ recompute workspace) bytes of every pipeline rank over one step."""
+    """Peak activation (+ recompute workspace) bytes of every pipeline rank over one step (once per
+    activation key and micro-batch count: plans that differ in ZeRO only share them)."""
     cache = cache or EstimateCache()
+    return list(cache.by_activations(scn, lambda: _fold_peaks(scn, cache), "peaks", scn.num_microbatches))
+
+
+def _fold_peaks(scn: Scenario, cache: EstimateCache) -> tuple[float, ...]:
     phase = _phase_memory(scn, cache)
     peaks = []
     for prof in cache.profiles(scn):
@@ -253,7 +265,7 @@ def activation_peaks(scn: Scenario, cache: EstimateCache | None = None) -> list[
         w = np.array([phase[st]["w"] for st in stages])
         up = np.array([phase[st][ph] for st in stages for ph in "FBW"])
         peaks.append(max(0.0, float(np.max(fb @ b + fw @ w + up[action]))))
-    return peaks
+    return tuple(peaks)
 
 
 def memory_totals(scn: Scenario, cache: EstimateCache | None = None) -> list[float]:
@@ -266,7 +278,7 @@ def memory_totals(scn: Scenario, cache: EstimateCache | None = None) -> list[flo
     out = []
     graph, layout = cache.graph(scn), cache.layout(scn)
     for s, act in enumerate(activation_peaks(scn, cache)):
-        counts = stage_param_counts(graph, par, layout, s)
+        counts = cache.stage_counts(scn, s, lambda: stage_param_counts(graph, par, layout, s))
         state = [model_state_bytes(counts[k], par.zero_stage, dp, pbytes, tr.grad_dtype_bytes, par.offload_optimizer,
                                    opt) for k, dp in (("dense", dense_dp), ("expert", par.expert_dp))]
         fixed = sum(static_buffers(scn, counts).values()) + FRAGMENTATION_FRACTION * act
