@@ -210,9 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _check_out_folder(getattr(args, "out", None))
         return COMMANDS[args.command](args)
-    except (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError, FileExistsError,
-            PermissionError) as exc:
+    except (ValueError, OSError) as exc:  # OSError: a path the system refuses (missing, too long, no access)
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+            msg = f"{exc.strerror}: {str(exc.filename)[:120]!r}"  # the path the system refused, shortened
         print(f"error: {msg}", file=sys.stderr)
         return 2
     except InternalError as exc:  # a bug of the simulator, not the user's input: exit 1

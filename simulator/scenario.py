@@ -175,6 +175,8 @@ def read_raw(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> d
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{p}: malformed TOML: {exc}") from None
+    except RecursionError:  # tomllib parses nested arrays and tables recursively
+        raise ScenarioError(f"{p}: malformed TOML: arrays or tables nested too deeply") from None
     return apply_overrides(raw, overrides)
 
 
@@ -217,6 +219,8 @@ def scenario_from_dict(raw: dict, default_name: str = "scenario", base_dir: Path
     if name in (".", "..") or any(c in name for c in "/\\\0"):  # it names the results folder
         raise ScenarioError(f"name {name!r} must be a plain folder name (no '/', '\\', NUL, '.' or '..'): "
                             f"results go to results/<name>")
+    if len(name.encode()) > 200:  # file systems allow 255 bytes per name; results/<name> is a folder
+        raise ScenarioError(f"name is {len(name.encode())} bytes long, at most 200: results go to results/<name>")
     model = model_from_table(raw.get("model", {}), base_dir or Path("."))
     cluster = cluster_spec(raw.get("cluster", {}), base_dir or Path("."))
     training = _training(raw.get("training", {}))

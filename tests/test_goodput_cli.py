@@ -47,7 +47,11 @@ def test_same_seed_same_output_and_tokens_target(tmp_path):
 
 @pytest.mark.parametrize("args, fragment", [
     (["--days", -1], "--days must be a positive number"),
-    (["--seeds", 0], "--seeds must be >= 1"),
+    (["--seeds", 0], "--seeds must be 1..1000"),
+    (["--seeds", 10**8], "--seeds must be 1..1000, got 100000000"),
+    (["--days", 1e9], "--days must be at most 3650"),
+    (["--step-time-s", 1e-9], "steps of 1e-09 s in 54 days; at most 1e+09"),
+    (["--set", "reliability.failure_rate_scale=1e12"], "expected failures in 54 days; at most 1e+06"),
     (["--days", 1, "--tokens", 5], "not allowed with argument"),
     (["--set", "reliability.detection_s=-5"], "reliability.detection_s must be >= 0, got -5"),
     (["--set", "reliability.checkpoint_mode=later"], "reliability.checkpoint_mode must be 'sync' or 'async'"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,7 +116,16 @@ def _pid(v) -> int | None:
     return int(v) if isinstance(v, str) and v.isdigit() else None
 
 
-def _complete_events(doc: dict) -> list[dict]:
+def _microseconds(e: dict, key: str, where: str, default: float | None = None) -> float:
+    """An event's ``ts`` or ``dur``: a finite number (``dur`` >= 0), else a one-line error naming it."""
+    v = e.get(key, default)
+    if not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and (key == "ts" or v >= 0):
+        return float(v)
+    raise ValueError(f"{where}: event {str(e.get('name', ''))[:60]!r} has {key} = {json.dumps(v)}, "
+                     f"not a finite {'time' if key == 'ts' else 'duration >= 0'} in microseconds")
+
+
+def _complete_events(doc: dict, where: str = "trace") -> list[dict]:
     """The complete ("X") events with a numeric pid, categories normalised, ts/dur floats (us)."""
     out = []
     for e in doc["traceEvents"]:
@@ -128,7 +138,8 @@ def _complete_events(doc: dict) -> list[dict]:
         if pid is None or cat is None:
             continue
         args = e.get("args") if isinstance(e.get("args"), dict) else {}
-        out.append(dict(e, pid=pid, cat=cat, name=name, args=args, ts=float(e["ts"]), dur=float(e.get("dur", 0.0))))
+        out.append(dict(e, pid=pid, cat=cat, name=name, args=args, ts=_microseconds(e, "ts", where),
+                        dur=_microseconds(e, "dur", where, 0.0)))
     return out
 
 
@@ -243,7 +254,7 @@ def _device_ops(device: list[dict], launch_ctx: dict, clock: _Clock, rank_of) ->
 def parse_kineto(path: str | Path) -> KinetoRun:
     """Read a torch.profiler / Kineto trace (.json or .json.gz) into ops with their CPU context."""
     doc = read_json(path)
-    events = _complete_events(doc)
+    events = _complete_events(doc, str(path))
     device = [e for e in events if e["cat"] in DEVICE_CATS]
     host = sorted((e for e in events if e["cat"] in HOST_CATS), key=lambda e: (e["ts"], -e["dur"]))
     if not device and not any(e["cat"] == "cpu_op" for e in host):

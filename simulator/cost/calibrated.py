@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..model.opgraph import attention_flops, gemm_flops
-from ..tasks import OpWork
+from ..model.opgraph import OP_KINDS, attention_flops, gemm_flops
+from ..tasks import COLLECTIVE_OPS, OpWork
 
 KERNEL_TABLE = "kernels.csv"
 COLLECTIVE_TABLE = "collectives.csv"
@@ -128,7 +128,21 @@ def _number(path: Path, line: int, rec: dict, key: str, kind=float, positive: bo
     return v
 
 
+# what an OpWork's kind and a table's pass can be (the lowering's works; calibration/profile's passes)
+WORK_KINDS = OP_KINDS + ("optimizer", "memcpy", "host")
+PASSES = ("fwd", "bwd", "bwd_input", "bwd_weight", "step", "h2d", "d2h")
+
+
+def _known(path: Path, line: int, rec: dict, key: str, known: tuple[str, ...]) -> str:
+    """A cell that must name one of ``known`` (an unknown one would silently match nothing)."""
+    if rec[key] not in known:
+        raise ValueError(f"{path}:{line}: {key} = {rec[key]!r} is unknown; known: {', '.join(known)}")
+    return rec[key]
+
+
 def _kernel_row(path: Path, line: int, rec: dict) -> KernelRow:
+    _known(path, line, rec, "kind", WORK_KINDS)
+    _known(path, line, rec, "pass", PASSES)
     try:
         shape = tuple(int(d) for d in rec["shape"].split("x")) if rec["shape"] else ()
     except ValueError:
@@ -145,7 +159,7 @@ def _kernel_row(path: Path, line: int, rec: dict) -> KernelRow:
 
 
 def _collective_row(path: Path, line: int, rec: dict) -> CollectiveRow:
-    return CollectiveRow(rec["op"], _number(path, line, rec, "num_ranks", int),
+    return CollectiveRow(_known(path, line, rec, "op", COLLECTIVE_OPS), _number(path, line, rec, "num_ranks", int),
                          _number(path, line, rec, "size_bytes"), _number(path, line, rec, "time_s"),
                          _number(path, line, rec, "algbw_Bps", positive=False),
                          _number(path, line, rec, "busbw_Bps", positive=False),
@@ -153,6 +167,8 @@ def _collective_row(path: Path, line: int, rec: dict) -> CollectiveRow:
 
 
 def _rate_row(path: Path, line: int, rec: dict) -> RateRow:
+    _known(path, line, rec, "kind", WORK_KINDS)
+    _known(path, line, rec, "pass", PASSES)
     if rec["unit"] not in ("FLOP/s", "B/s"):
         raise ValueError(f"{path}:{line}: unit = {rec['unit']!r} must be FLOP/s or B/s")
     return RateRow(rec["kind"], rec["pass"], rec["dtype"], _number(path, line, rec, "rate"), rec["unit"],

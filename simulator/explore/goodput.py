@@ -23,6 +23,10 @@ from ..units import GB
 # Checkpoint intervals of the sweep, as multiples of the Young/Daly optimum (log-spaced, x4 either side).
 SWEEP_FACTORS = (0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0)
 MAX_DAYS = 3650.0  # a --tokens run that has not reached its target after ten years stops
+MAX_SEEDS = 1000
+# bounds on one run's size, far beyond real runs (``_check_run_size``), that keep the simulation finite
+MAX_STEPS = 1e9
+MAX_FAILURES = 1e6
 NO_CHECKPOINTS = 1 << 62  # the interval when nothing fails and none is set: the run never checkpoints
 
 
@@ -96,12 +100,15 @@ def run_goodput(scn: Scenario, step_s: float, days: float | None, tokens: float 
     for name, v in (("--days", days), ("--tokens", tokens), ("--step-time-s", step_s)):
         if v is not None and not (v > 0 and math.isfinite(v)):
             raise ValueError(f"goodput: {name} must be a positive number, got {v}")
-    if seeds < 1:
-        raise ValueError(f"goodput: --seeds must be >= 1, got {seeds}")
+    if not 1 <= seeds <= MAX_SEEDS:
+        raise ValueError(f"goodput: --seeds must be 1..{MAX_SEEDS}, got {seeds}")
+    if days is not None and days > MAX_DAYS:
+        raise ValueError(f"goodput: --days must be at most {MAX_DAYS:g} (ten years), got {days:g}")
     cfg, info = build_config(scn, step_s)
     per_step = tokens_per_step(scn)
     target = math.ceil(tokens / per_step) if tokens is not None else None
     horizon = days * SECONDS_PER_DAY if days is not None else (MAX_DAYS * SECONDS_PER_DAY if target else None)
+    _check_run_size(horizon or MAX_DAYS * SECONDS_PER_DAY, step_s, info["rate_per_s"])
     runs = run_seeds(cfg, seeds, horizon, target)
     summary = summarize_runs(runs, per_step)
     rows = []
@@ -122,6 +129,18 @@ def run_goodput(scn: Scenario, step_s: float, days: float | None, tokens: float 
         "summary": summary, "sweep": rows, "sweep_optimum_interval_s": sweep_optimum(rows),
     }
     return data, runs, rows
+
+
+def _check_run_size(horizon_s: float, step_s: float, failures_per_s: float) -> None:
+    """Refuse a run whose simulation would not end: more steps or failures than any real run has (the
+    Llama 3 405B run: ~0.7 M steps and 466 interruptions in 54 days)."""
+    steps, failures = horizon_s / step_s, horizon_s * failures_per_s
+    if steps > MAX_STEPS:
+        raise ValueError(f"goodput: {steps:.3g} steps of {step_s:g} s in {horizon_s / SECONDS_PER_DAY:g} days; at most "
+                         f"{MAX_STEPS:g} (raise --step-time-s or lower --days / --tokens)")
+    if failures > MAX_FAILURES:
+        raise ValueError(f"goodput: {failures:.3g} expected failures in {horizon_s / SECONDS_PER_DAY:g} days; at most "
+                         f"{MAX_FAILURES:g} (check reliability.failure_rate_scale)")
 
 
 def write_goodput_results(out: Path, data: dict, runs: list[GoodputRun]) -> Path:

@@ -155,7 +155,11 @@ def sweep_command(args) -> int:
         return 130
     if args.json:
         print(json.dumps(rows))
-        return 0
-    print(format_rows(rows, [k for k, _ in grid]))
-    print(f"{len(rows)} points, {sum(r['status'] == 'ok' for r in rows)} simulated; CSV: {csv_path}")
+    else:
+        print(format_rows(rows, [k for k, _ in grid]))
+        print(f"{len(rows)} points, {sum(r['status'] == 'ok' for r in rows)} simulated; CSV: {csv_path}")
+    if rows and all(r["status"] == "invalid" for r in rows):  # the grid itself is bad input
+        print(f"error: none of the {len(rows)} points is a valid scenario; the first: {rows[0]['reason']}",
+              file=sys.stderr)
+        return 2
     return 0

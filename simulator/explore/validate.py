@@ -142,7 +142,11 @@ def read_rows(paths: list[str | Path]) -> list[dict]:
         p = Path(path)
         with io.StringIO(read_text(p, "validation CSV"), newline="") as f:
             reader = csv.DictReader(f)
-            columns = set(reader.fieldnames or ())
+            names = list(reader.fieldnames or ())
+            if len(set(names)) != len(names):  # DictReader would keep the last cell of a repeated column
+                raise ValueError(f"validation CSV {str(p)!r} repeats column(s) "
+                                 f"{sorted({n for n in names if names.count(n) > 1})}")
+            columns = set(names)
             missing = {"name"} - columns | ({"iteration_time_s"} - columns if "target_iteration_time_s" not in columns
                                             else set())
             if missing:
@@ -159,6 +163,8 @@ def read_rows(paths: list[str | Path]) -> list[dict]:
                 # the shared training_runs_2.csv names the published step time target_iteration_time_s
                 row.setdefault("iteration_time_s", row.get("target_iteration_time_s"))
                 rows.append(row)
+            if reader.line_num <= 1:
+                raise ValueError(f"validation CSV {str(p)!r} has a header and no rows")
     return rows
 
 
@@ -229,4 +235,8 @@ def validate_command(args) -> int:
         print(f"error: none of the {len(results)} rows could be simulated; the first: {results[0]['reason']}",
               file=sys.stderr)
         return 2
+    failed = [r for r in results if r["status"] != "ok"]
+    if failed:  # the others are compared: a warning, not an error
+        print(f"warning: {len(failed)} of {len(results)} rows could not be simulated; the first, "
+              f"{failed[0]['name']}: {failed[0]['reason']}", file=sys.stderr)
     return 0

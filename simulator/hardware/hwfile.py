@@ -29,8 +29,14 @@ CLUSTER_KEYS = ("preset", "name", "gpu", *_CLUSTER_COUNTS, *_CLUSTER_RATES, "fab
                 "topology", "oversubscription")
 
 
+# No hardware quantity in these files' units (Gbps, GB/s, GB, MiB, TFLOP/s, MHz, W, ratios) comes near
+# 1e9: a larger value is a typo, and would overflow once scaled to bytes or FLOP/s
+MAX_QUANTITY = 1e9
+
+
 def _number(where: str, key: str, value, minimum: float = 0.0, strict: bool = True) -> float:
-    """A finite float > minimum (>= when not strict); ints are accepted, bools and text are not."""
+    """A finite float > minimum (>= when not strict) and <= MAX_QUANTITY; ints are accepted, bools and
+    text are not."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{where}.{key} must be a number, got {value!r}")
     v = float(value)
@@ -38,6 +44,8 @@ def _number(where: str, key: str, value, minimum: float = 0.0, strict: bool = Tr
     if not ok:
         rel = ">" if strict else ">="
         raise ValueError(f"{where}.{key} must be a finite number {rel} {minimum:g}, got {value!r}")
+    if v > MAX_QUANTITY:
+        raise ValueError(f"{where}.{key} = {value!r} is out of range (at most {MAX_QUANTITY:g} in its unit)")
     return v
 
 
@@ -105,8 +113,10 @@ def gpu_from_table(table: dict, where: str = "gpu", base: GPUSpec | None = None)
     for key in ("tdp_W", "boost_clock_MHz", "sustained_clock_MHz"):
         if key in table:
             fields[key] = _number(where, key, table[key], strict=False)
-    if base is not None:
-        return replace(base, **fields)
+    spec = replace(base, **fields) if base is not None else None
+    if spec is not None:
+        _check_clocks(where, spec)
+        return spec
     missing = [k for k, f in (("name", "name"), ("architecture", "architecture"), ("peak_tflops", "peak_flops_per_s"),
                               ("hbm_bandwidth_GBps", "hbm_bandwidth_Bps"),
                               ("memory_capacity_MiB or memory_capacity_GB", "memory_capacity_bytes")) if f not in fields]
@@ -114,7 +124,15 @@ def gpu_from_table(table: dict, where: str = "gpu", base: GPUSpec | None = None)
         raise ValueError(f"[{where}] needs {', '.join(missing)} (or a preset)")
     if "bf16" not in fields["peak_flops_per_s"]:
         raise ValueError(f"{where}.peak_tflops needs bf16; got {', '.join(fields['peak_flops_per_s'])}")
-    return GPUSpec(**fields)
+    return _check_clocks(where, GPUSpec(**fields))
+
+
+def _check_clocks(where: str, gpu: GPUSpec) -> GPUSpec:
+    """A sustained clock above the boost clock is a typo (the boost clock is the most the SMs run at)."""
+    if gpu.boost_clock_MHz and gpu.sustained_clock_MHz > gpu.boost_clock_MHz:
+        raise ValueError(f"{where}.sustained_clock_MHz = {gpu.sustained_clock_MHz:g} exceeds boost_clock_MHz = "
+                         f"{gpu.boost_clock_MHz:g}")
+    return gpu
 
 
 def _cluster_gpu(where: str, value, base: GPUSpec | None) -> GPUSpec:
@@ -193,6 +211,8 @@ def _read_toml(path: Path) -> dict:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"hardware file {p}: malformed TOML: {exc}") from None
+    except RecursionError:  # tomllib parses nested arrays and tables recursively
+        raise ValueError(f"hardware file {p}: malformed TOML: arrays or tables nested too deeply") from None
 
 
 def read_gpu_file(path: str | Path) -> GPUSpec:

@@ -107,6 +107,13 @@ class _Keys:
             raise ValueError(f"config.json field {keys[0]} must be a non-negative integer, got {v!r}")
         return v
 
+    def fraction(self, key: str) -> float:
+        """A probability in [0, 1] (0 when absent)."""
+        v = self.get(key, default=0.0)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+            raise ValueError(f"config.json field {key} must be a number in [0, 1], got {json.dumps(v)}")
+        return float(v)
+
     def flag(self, *keys: str, default: bool) -> bool:
         """A JSON true/false (a string such as "false" is refused, not read as true)."""
         v = self.get(*keys, default=default)
@@ -131,6 +138,8 @@ def _model_type(cfg: dict) -> str:
             raise ValueError(f"config.json model_type {mt!r} is not supported; known: {', '.join(_MODEL_TYPES)}")
         return mt
     archs = cfg.get("architectures") or []
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise ValueError(f"config.json architectures must be a list of class names, got {json.dumps(archs)}")
     for a in archs:
         if a in _ARCHITECTURES:
             return _ARCHITECTURES[a]
@@ -160,6 +169,8 @@ def _window(k: _Keys, layers: int) -> tuple[int, int]:
         "llama", "nemotron", "deepseek_v2", "deepseek_v3") else 0
     types = k.get("layer_types", default=[])
     pattern = k.int("sliding_window_pattern", default=0)
+    if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+        raise k.refuse("layer_types", "must be a list of sliding_attention / full_attention")
     if types:
         if len(types) != layers or set(types) - {"sliding_attention", "full_attention"}:
             raise k.refuse("layer_types", f"needs {layers} entries of sliding_attention / full_attention")
@@ -230,8 +241,7 @@ def _mla(k: _Keys) -> dict:
 
 
 def _dropout(k: _Keys) -> bool:
-    probs = [k.get(key, default=0.0) for key in _DROPOUT_KEYS]
-    return any(float(p) > 0 for p in probs)
+    return any([k.fraction(key) > 0 for key in _DROPOUT_KEYS])  # a list: every key is read (and checked)
 
 
 def _decoder_fields(k: _Keys) -> dict:
