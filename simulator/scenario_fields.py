@@ -72,6 +72,10 @@ def _model_base(table: dict, base_dir: Path) -> dict:
             base["max_position_embeddings"] = 0
         if base["qkv_bias"] == base["bias"]:
             base["qkv_bias"] = None
+        if base["num_kv_heads"] == base["num_attention_heads"]:  # multi-head attention stays multi-head
+            base["num_kv_heads"] = 0
+        if base["ffn_hidden_size"] == 4 * base["hidden_size"]:
+            base["ffn_hidden_size"] = 0
     if "hf_config" in table and not isinstance(table["hf_config"], str):
         raise ScenarioError(f"model.hf_config must be the path of a config.json (a string), got "
                             f"{table['hf_config']!r}")

@@ -1,5 +1,7 @@
 """Scenario loading: presets, overrides, derived dp, the default rules and every rejection message."""
 
+from pathlib import Path
+
 import pytest
 
 from simulator.defaults import default_virtual_stages, split_layers
@@ -151,3 +153,20 @@ def test_fp8_needs_a_gpu_with_fp8_tensor_cores():
         scenario_from_dict(raw)
     raw["cluster"]["preset"] = "dgx-h100"
     assert scenario_from_dict(raw).training.dtype == "fp8"
+
+
+def test_a_presets_derived_sizes_follow_an_override():
+    """A preset's multi-head attention and its 4h MLP are derived sizes: overriding the heads or the
+    hidden size re-derives them (a GPT preset does not silently become grouped-query attention); a
+    grouped-query preset keeps its KV heads."""
+    from simulator.scenario import load_scenario
+    root = Path(__file__).resolve().parents[1] / "scenarios"
+    gpt = root / "gpt3-1.3b-8xa100.toml"
+    m = load_scenario(gpt, ["model.hidden_size=4096"]).model
+    assert (m.ffn_hidden_size, m.num_kv_heads) == (4 * 4096, m.num_attention_heads)
+    m = load_scenario(gpt, ["model.num_attention_heads=32"]).model
+    assert m.num_kv_heads == 32
+    m = load_scenario(gpt, ["model.num_attention_heads=32", "model.num_kv_heads=8"]).model
+    assert m.num_kv_heads == 8
+    llama = load_scenario(root / "llama3-70b-torchtitan-64xa100.toml", ["model.num_attention_heads=32"]).model
+    assert (llama.num_kv_heads, llama.ffn_hidden_size) == (8, 28672)
