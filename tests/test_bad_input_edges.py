@@ -109,3 +109,13 @@ def test_calibration_tables_refuse_unknown_kinds_and_passes(tmp_path, table, col
 def test_a_sweep_grid_with_no_valid_point_is_bad_input(tmp_path, capsys):
     code, err = _main(["sweep", SMALL, "--grid", "parallelism.tp=a,b", "--out", tmp_path], capsys)
     _one_line(code, err, "none of the 2 points is a valid scenario; the first: parallelism.tp must be int, got 'a'")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["collective", "--nodes", 1000000, "--op", "all_reduce"], "8000000 GPUs, more than the 262,144"),
+    (["run", SMALL, "--set", "cluster.num_nodes=100000", "--set", "parallelism.dp=200000",
+      "--set", "training.global_batch_size=400000"], "800000 GPUs, more than the 262,144 a simulation can hold"),
+    (["sweep", SMALL, "--grid", "parallelism.tp=1,2", "--jobs", 100000], "--jobs 100000 exceeds 256 local worker"),
+])
+def test_runs_too_large_to_end_are_refused_up_front(tmp_path, capsys, args, fragment):
+    _one_line(*_main(args + ["--out", tmp_path], capsys), fragment)

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from ..scenario import apply_overrides, cluster_spec
+from ..scenario_checks import check_cluster_size
 from ..tasks import COLLECTIVE_OPS
 
 CLI_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
@@ -37,6 +38,7 @@ def cluster_of(preset: str | None, hardware: str | None, nodes: int, sets: list[
 def collective_command(args) -> int:
     from .collective import run_collective, sweep_collective
     cluster = cluster_of(args.cluster, args.hardware, args.nodes, args.set)
+    check_cluster_size(cluster.num_gpus, f"--nodes {cluster.num_nodes} x {cluster.gpus_per_node} GPUs")
     if args.op not in CLI_OPS or args.op not in COLLECTIVE_OPS:
         raise ValueError(f"--op {args.op!r} is unknown; known: {', '.join(CLI_OPS)}")
     if not 1 <= args.size_bytes < float("inf"):  # nan fails both comparisons

@@ -25,6 +25,7 @@ METRIC_COLUMNS = ("iteration_time_s", "tokens_per_s", "mfu", "hfu", "model_tflop
 BREAKDOWN_COLUMNS = tuple(f"time_{k}_s" for k in BREAKDOWN_KEYS)
 MEMORY_COLUMNS = tuple(f"memory_{k}_bytes" for k in MEMORY_KEYS) + ("memory_capacity_bytes", "fits_in_memory")
 RESULT_COLUMNS = ("status", "reason") + METRIC_COLUMNS + BREAKDOWN_COLUMNS + MEMORY_COLUMNS
+MAX_LOCAL_JOBS = 256  # local worker processes: beyond any one machine's cores (--backend ray for more)
 
 
 class _SameCluster:
@@ -83,6 +84,9 @@ class Evaluator:
             raise ValueError(f"--backend must be 'local' or 'ray', got {backend!r}")
         if jobs < 0:
             raise ValueError(f"--jobs must be >= 0 (0 = all cores), got {jobs}")
+        if backend == "local" and jobs > MAX_LOCAL_JOBS:  # one process each on this machine
+            raise ValueError(f"--jobs {jobs} exceeds {MAX_LOCAL_JOBS} local worker processes (this machine has "
+                             f"{os.cpu_count()} cores); use --backend ray for a cluster")
         self.jobs = jobs or default_jobs()
         self.backend = backend
         self.cache: dict[str, dict] = {}
