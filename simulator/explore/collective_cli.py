@@ -45,14 +45,15 @@ def collective_command(args) -> int:
         raise ValueError(f"--size-bytes must be a finite number of bytes >= 1, got {args.size_bytes:g}")
     if args.sweep:
         rows = sweep_collective(cluster, args.op, algorithm=args.algorithm)
-        out = Path(args.out) if args.out else Path("results") / f"collective-{args.op}-{cluster.name}-{args.nodes}n"
+        name = f"collective-{args.op}-{cluster.name}-{cluster.num_nodes}n"
+        out = Path(args.out) if args.out else Path("results") / name
         out.mkdir(parents=True, exist_ok=True)
         from ..analysis.links import plot_busbw_sweep
         plot_busbw_sweep(rows, out / "busbw.png")
         if args.json:
             print(json.dumps(rows))
             return 0
-        print(f"{args.op} over {cluster.num_gpus} GPUs ({args.nodes} x {cluster.name})")
+        print(f"{args.op} over {cluster.num_gpus} GPUs ({cluster.num_nodes} x {cluster.name})")
         print(f"{'size':>12} {'time us':>12} {'algbw GB/s':>11} {'busbw GB/s':>11}  algorithm")
         for r in rows:
             print(f"{int(r['size_bytes']):>12} {r['time_s'] * 1e6:>12.1f} {r['algbw_GBps']:>11.2f} "
@@ -63,7 +64,8 @@ def collective_command(args) -> int:
     if args.json:
         print(json.dumps(row))
     else:
-        print(f"{row['op']} of {row['size_bytes']:.0f} B over {row['num_gpus']} GPUs ({args.nodes} x {cluster.name}), "
+        print(f"{row['op']} of {row['size_bytes']:.0f} B over {row['num_gpus']} GPUs "
+              f"({cluster.num_nodes} x {cluster.name}), "
               f"{row['algorithm']}: {row['time_s'] * 1e3:.3f} ms, algbw {row['algbw_GBps']:.1f} GB/s, "
               f"busbw {row['busbw_GBps']:.1f} GB/s")
     return 0
