@@ -87,7 +87,8 @@ def _model_base(table: dict, base_dir: Path) -> dict:
         cfg = Path(table["hf_config"])
         cfg = cfg if cfg.is_absolute() else base_dir / cfg
         if not cfg.is_file():
-            raise ScenarioError(f"model.hf_config file {str(cfg)!r} does not exist")
+            raise ScenarioError(f"model.hf_config file {str(cfg)!r} "
+                                + ("is a folder, not a file" if cfg.is_dir() else "does not exist"))
         try:
             base.update(load_hf_config(cfg))
         except ValueError as exc:

@@ -87,7 +87,7 @@ class _Ctx(NamedTuple):
 def read_json(path: str | Path) -> dict:
     p = Path(path)
     if not p.is_file():
-        raise ValueError(f"trace file {str(p)!r} does not exist")
+        raise ValueError(f"trace file {str(p)!r} " + ("is a folder, not a file" if p.is_dir() else "does not exist"))
     opener = gzip.open if p.name.endswith(".gz") else open
     try:
         with opener(p, "rt", encoding="utf-8") as f:

@@ -162,8 +162,8 @@ def enumerate_plans(model: ModelSpec, num_gpus: int, global_batch_size: int, spa
     condition needs ``cluster``); the scenario rules decide validity (``valid_plans``)."""
     space = space or SearchSpace()
     if num_gpus < 1 or global_batch_size < 1:
-        raise ValueError(f"enumerate_plans: num_gpus = {num_gpus} and global_batch_size = {global_batch_size} "
-                         f"must be >= 1")
+        raise ValueError(f"search: the cluster's GPUs ({num_gpus}) and training.global_batch_size "
+                         f"({global_batch_size}) must be >= 1")
     schedules = [s for s in space.schedules if not (space.prune_dominated and s == "gpipe")]
     experts = model.num_experts if model.num_experts > 1 else 1
     for tp in divisors(num_gpus):
