@@ -1,10 +1,9 @@
 """Measure, on a CUDA GPU, the kernels whose rates the cost model assumes: sustained BF16 and FP8 GEMM
 throughput with the SM clock and power they run at, GEMM shapes of today's layers in the three
-layouts training runs (forward, input gradient, weight gradient), fused attention (FlashAttention and
-cuDNN through torch's scaled_dot_product_attention), memory-bound kernels (copy, add, RMSNorm,
-LayerNorm, SwiGLU, the FP8 cast), and the host cost of an eager kernel launch.
+layouts training runs (forward, input gradient, weight gradient), fused attention (FlashAttention and cuDNN
+via torch's SDPA), memory-bound kernels (copy, add, RMSNorm, LayerNorm, SwiGLU, the FP8 cast), host launches.
 
-    python benchmarks/gpu_kernels.py --out DIR [--sections gemm,attention,...]
+    python benchmarks/gpu_kernels.py --out DIR [--sections gemm,attention,...] [--attn-seqs 16384,65536]
 
 Writes ``DIR/gpu_kernels.csv`` (one row per measurement) and ``DIR/gpu_kernels.json`` (provenance,
 the sustained-load time series, errors) and prints a summary. Needs torch with CUDA; clocks and power
@@ -237,14 +236,14 @@ def fp8_accumulation_rows(sampler: Sampler) -> list[dict]:
     return out
 
 
-def attention_rows(sampler: Sampler) -> list[dict]:
+def attention_rows(sampler: Sampler, seqs: tuple[int, ...] = ATTN_SEQS) -> list[dict]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     out, heads, d = [], 32, 128
     for backend_name in ("FLASH_ATTENTION", "CUDNN_ATTENTION"):
         backend = getattr(SDPBackend, backend_name)
-        for s in ATTN_SEQS:
-            b = ATTN_TOKENS // s
+        for s in seqs:
+            b = max(1, ATTN_TOKENS // s)  # longer sequences than ATTN_TOKENS: one sequence
             q, k, v = (torch.randn(b, heads, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                        for _ in range(3))
             g = torch.randn(b, heads, s, d, device="cuda", dtype=torch.bfloat16)
@@ -352,6 +351,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--sections", default="all", help="comma-separated: " + ", ".join(SECTIONS))
+    ap.add_argument("--attn-seqs", default=",".join(map(str, ATTN_SEQS)), help="attention's sequence lengths")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -364,7 +364,7 @@ def main() -> int:
              ("sustained_fp8", lambda: sustained(fp8_gemm(n, n, n, True), 2.0 * n**3, SUSTAIN_FP8_S, sampler)),
              ("gemm", lambda: gemm_rows(sampler)), ("fp8_accum", lambda: fp8_accumulation_rows(sampler)),
              ("waves", lambda: wave_rows(sampler)),
-             ("attention", lambda: attention_rows(sampler)),
+             ("attention", lambda: attention_rows(sampler, tuple(map(int, args.attn_seqs.split(","))))),
              ("memory", lambda: memory_rows(sampler)), ("host", host_rows)]
     wanted = SECTIONS if args.sections == "all" else tuple(args.sections.split(","))
     for name, fn in steps:
