@@ -1,12 +1,14 @@
 """Measure what a GEMM loses when other kernels hold some of the GPU's SMs, as an NCCL collective's
-CTAs do (one CTA per channel, resident for the whole collective): a spinning "hog" kernel of N CTAs,
-each taking most of an SM's shared memory so that no GEMM CTA can share its SM, runs on a side stream
-across a batch of back-to-back GEMMs on the main stream.
+CTAs do (one CTA per channel, resident for the whole collective): a "hog" kernel of N CTAs, each
+taking most of an SM's shared memory so that no GEMM CTA can share its SM, runs on a side stream
+across a batch of back-to-back GEMMs on the main stream. ``--hog spin`` CTAs only spin; ``--hog copy``
+CTAs copy memory as fast as they can, as NCCL's CTAs move their buffers (HBM traffic and its power
+beside the GEMM; the copy rate is recorded).
 
-    python benchmarks/gpu_contention.py --out DIR
+    python benchmarks/gpu_contention.py --out DIR [--hog spin|copy]
 
-Writes ``DIR/gpu_contention.csv``: per GEMM shape and hog size, the time per GEMM and its ratio to the
-time with no hog. Needs torch and CuPy with CUDA.
+Writes ``DIR/gpu_contention.csv`` (``gpu_contention_copy.csv``): per GEMM shape and hog size, the time
+per GEMM and its ratio to the time with no hog. Needs torch and CuPy with CUDA.
 """
 
 from __future__ import annotations
@@ -32,18 +34,47 @@ extern "C" __global__ void hog(long long cycles) {
         if (threadIdx.x == 0) smem[start & 1023] = 1;
     }
 }
+extern "C" __global__ void copyhog(const float4* src, float4* dst, long long n, long long cycles,
+                                   unsigned long long* moved) {
+    extern __shared__ char smem[];
+    long long start = clock64();
+    long long stride = (long long)gridDim.x * blockDim.x;
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned long long count = 0;
+    if (threadIdx.x == 0) smem[0] = 1;
+    while (clock64() - start < cycles) {
+        for (int r = 0; r < 64; ++r) {
+            dst[i] = src[i];
+            i += stride;
+            if (i >= n) i -= n;
+            ++count;
+        }
+    }
+    atomicAdd(moved, count * 32ULL);  // 16 bytes read + 16 written per element
+}
 """
+COPY_THREADS = 512
+COPY_ELEMENTS = 1 << 24  # float4 elements per buffer: 256 MiB, far beyond the 50 MiB L2
 
 
-def batch_s(fn, n: int, hog_ctas: int, kernel, side: torch.cuda.Stream, guess_s: float = 0.004) -> float:
-    """Seconds per call of ``n`` calls with ``hog_ctas`` hog CTAs resident throughout."""
+def batch_s(fn, n: int, hog_ctas: int, kernel, side: torch.cuda.Stream, guess_s: float = 0.004,
+            copy: tuple | None = None) -> float:
+    """Seconds per call of ``n`` calls with ``hog_ctas`` hog CTAs resident throughout; ``copy`` (src,
+    dst, moved counter, side-stream events): the copying hog, timed on its stream."""
     main = torch.cuda.current_stream()
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     if hog_ctas:
         cycles = int(2.5e9 * (3.0 * n * guess_s + 0.005))  # outlasts the batch at any clock to 2.5 GHz
         with cp.cuda.ExternalStream(side.cuda_stream):
-            kernel((hog_ctas,), (32,), (cp.int64(cycles),), shared_mem=HOG_SMEM)
+            if copy is None:
+                kernel((hog_ctas,), (32,), (cp.int64(cycles),), shared_mem=HOG_SMEM)
+            else:
+                src, dst, moved, (c0, c1) = copy
+                c0.record(side)
+                kernel((hog_ctas,), (COPY_THREADS,), (src, dst, cp.int64(COPY_ELEMENTS), cp.int64(cycles), moved),
+                       shared_mem=HOG_SMEM)
+                c1.record(side)
     torch.cuda._sleep(int(2e6))  # let the hog's CTAs land first (about 1 ms)
     a.record(main)
     for _ in range(n):
@@ -58,11 +89,18 @@ def batch_s(fn, n: int, hog_ctas: int, kernel, side: torch.cuda.Stream, guess_s:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    out = Path(ap.parse_args().out)
+    ap.add_argument("--hog", default="spin", choices=("spin", "copy"))
+    args = ap.parse_args()
+    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    kernel = cp.RawKernel(SRC, "hog")
+    kernel = cp.RawKernel(SRC, "hog" if args.hog == "spin" else "copyhog")
     kernel.max_dynamic_shared_size_bytes = HOG_SMEM
     side = torch.cuda.Stream()
+    copy = None
+    if args.hog == "copy":
+        src, dst = (cp.zeros(COPY_ELEMENTS * 4, dtype=cp.float32) for _ in range(2))
+        copy = (src, dst, cp.zeros(1, dtype=cp.uint64),
+                (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
     rows = []
     for m, n, k in SHAPES:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -75,11 +113,21 @@ def main() -> int:
         calls = max(5, int(BATCH_S / one))
         base = None
         for hogs in HOGS:
-            t = sorted(batch_s(fn, calls, hogs, kernel, side, one) for _ in range(REPEATS))[REPEATS // 2]
+            runs, rates = [], []
+            for _ in range(REPEATS):
+                if copy is not None:
+                    copy[2].fill(0)
+                runs.append(batch_s(fn, calls, hogs, kernel, side, one, copy))
+                if copy is not None and hogs:  # bytes the hog moved over its own time
+                    rates.append(float(copy[2].get()[0]) / (copy[3][0].elapsed_time(copy[3][1]) * 1e-3))
+            t = sorted(runs)[REPEATS // 2]
             base = base or t
-            rows.append(dict(m=m, n=n, k=k, hog_ctas=hogs, time_s=t, ratio=t / base))
-            print(f"{m:6} {n:6} {k:6} hog {hogs:3}: {t * 1e6:9.1f} us  x{t / base:.3f}", flush=True)
-    with open(out / "gpu_contention.csv", "w", newline="") as f:
+            gbps = sorted(rates)[len(rates) // 2] / 1e9 if rates else 0.0
+            rows.append(dict(m=m, n=n, k=k, hog=args.hog, hog_ctas=hogs, time_s=t, ratio=t / base, hog_GBps=gbps))
+            print(f"{m:6} {n:6} {k:6} {args.hog} hog {hogs:3}: {t * 1e6:9.1f} us  x{t / base:.3f}  "
+                  f"hog {gbps:7.0f} GB/s", flush=True)
+    name = "gpu_contention.csv" if args.hog == "spin" else "gpu_contention_copy.csv"
+    with open(out / name, "w", newline="") as f:
         wr = csv.DictWriter(f, fieldnames=list(rows[0]))
         wr.writeheader()
         wr.writerows(rows)
