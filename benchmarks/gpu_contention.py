@@ -90,7 +90,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--hog", default="spin", choices=("spin", "copy"))
+    ap.add_argument("--shapes", default="", help="m x n x k GEMMs, comma-separated (default: SHAPES)")
+    ap.add_argument("--hogs", default="", help="hog CTA counts, comma-separated, 0 first (default: HOGS)")
+    ap.add_argument("--name", default="", help="CSV file name (default by --hog)")
     args = ap.parse_args()
+    shapes = [tuple(map(int, x.split("x"))) for x in args.shapes.split(",")] if args.shapes else SHAPES
+    hog_counts = tuple(map(int, args.hogs.split(","))) if args.hogs else HOGS
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     kernel = cp.RawKernel(SRC, "hog" if args.hog == "spin" else "copyhog")
@@ -102,7 +107,7 @@ def main() -> int:
         copy = (src, dst, cp.zeros(1, dtype=cp.uint64),
                 (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
     rows = []
-    for m, n, k in SHAPES:
+    for m, n, k in shapes:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         fn = lambda: F.linear(x, w)  # noqa: E731
@@ -112,7 +117,7 @@ def main() -> int:
         one = batch_s(fn, 5, 0, kernel, side)
         calls = max(5, int(BATCH_S / one))
         base = None
-        for hogs in HOGS:
+        for hogs in hog_counts:
             runs, rates = [], []
             for _ in range(REPEATS):
                 if copy is not None:
@@ -126,7 +131,7 @@ def main() -> int:
             rows.append(dict(m=m, n=n, k=k, hog=args.hog, hog_ctas=hogs, time_s=t, ratio=t / base, hog_GBps=gbps))
             print(f"{m:6} {n:6} {k:6} {args.hog} hog {hogs:3}: {t * 1e6:9.1f} us  x{t / base:.3f}  "
                   f"hog {gbps:7.0f} GB/s", flush=True)
-    name = "gpu_contention.csv" if args.hog == "spin" else "gpu_contention_copy.csv"
+    name = args.name or ("gpu_contention.csv" if args.hog == "spin" else "gpu_contention_copy.csv")
     with open(out / name, "w", newline="") as f:
         wr = csv.DictWriter(f, fieldnames=list(rows[0]))
         wr.writeheader()
