@@ -119,3 +119,11 @@ def test_a_sweep_grid_with_no_valid_point_is_bad_input(tmp_path, capsys):
 ])
 def test_runs_too_large_to_end_are_refused_up_front(tmp_path, capsys, args, fragment):
     _one_line(*_main(args + ["--out", tmp_path], capsys), fragment)
+
+
+def test_collective_names_its_own_flags(capsys, tmp_path):
+    _one_line(*_main(["collective", "--op", "all_reduce", "--cluster", "dgx-z"], capsys),
+              "--cluster 'dgx-z' is unknown; known: dgx-a100-40gb")
+    hw = ROOT / "simulator" / "data" / "hardware" / "clusters" / "dgx-h100.toml"
+    code, _ = _main(["collective", "--op", "all_reduce", "--set", f"cluster.hardware='{hw}'", "--json"], capsys)
+    assert code == 0  # a hardware file given through --set is not "a preset and a file both given"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..hardware.clusters import CLUSTER_PRESETS
 from ..scenario import apply_overrides, cluster_spec
 from ..scenario_checks import check_cluster_size
 from ..tasks import COLLECTIVE_OPS
@@ -29,7 +30,11 @@ def cluster_of(preset: str | None, hardware: str | None, nodes: int, sets: list[
     bad = [item for item in sets if not item.strip().startswith("cluster.")]
     if bad:
         raise ValueError(f"--set {bad[0]!r}: collective takes cluster.KEY=VALUE only")
-    table: dict = {"hardware": str(Path(hardware).resolve())} if hardware else {"preset": preset or "dgx-a100-80gb"}
+    if preset and preset not in CLUSTER_PRESETS:
+        raise ValueError(f"--cluster {preset!r} is unknown; known: {', '.join(CLUSTER_PRESETS)}")
+    sets_hardware = any(item.strip().partition("=")[0].strip() == "cluster.hardware" for item in sets)
+    table: dict = ({"hardware": str(Path(hardware).resolve())} if hardware else
+                   {} if sets_hardware and not preset else {"preset": preset or "dgx-a100-80gb"})
     table["num_nodes"] = nodes
     table = apply_overrides({"cluster": table}, list(sets))["cluster"]
     return cluster_spec(table, Path("."))
