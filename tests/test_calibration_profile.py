@@ -67,6 +67,16 @@ def test_profile_without_cuda_exits_2(capsys):
     assert "--device cpu" in err and err.count("\n") == 1
 
 
+def test_profile_refuses_zero_steps_before_profiling(tmp_path, capsys):
+    pytest.importorskip("torch")
+    from simulator.calibration.cli import cmd_profile
+
+    assert cmd_profile("cpu", str(tmp_path), steps=0) == 2
+    err = capsys.readouterr().err
+    assert "--steps must be >= 1, got 0" in err and err.count("\n") == 1
+    assert not any(tmp_path.iterdir())  # nothing was profiled or written
+
+
 def test_profile_compare_loop_on_cpu(tmp_path, capsys):
     pytest.importorskip("torch")
     from simulator.calibration.cli import cmd_compare, cmd_profile, cmd_show
