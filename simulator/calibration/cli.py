@@ -85,10 +85,10 @@ def cmd_profile(device: str | None, out_dir: str | None, scenario: str | None = 
     from .profile import copy_specs, kernel_rows_csv, preset_specs, profile_kernels, scenario_specs
     from .tiny_model import train_profiled
 
-    if device not in (None, "cpu", "cuda"):
-        return _fail(f"--device must be cuda or cpu, got {device!r}")
-    if steps < 1:  # checked before the kernels are profiled, not after
-        return _fail(f"--steps must be >= 1, got {steps}")
+    bad = (f"--device must be cuda or cpu, got {device!r}" if device not in (None, "cpu", "cuda") else
+           f"--steps must be >= 1, got {steps}" if steps < 1 else "")  # before the kernels are profiled
+    if bad:
+        return _fail(bad)
     if device != "cpu" and not torch.cuda.is_available():
         return _fail("no CUDA device found; pass --device cpu to run the calibration pipeline on the CPU")
     dev = "cpu" if device == "cpu" else "cuda"
