@@ -72,6 +72,17 @@ def _write_trace_provenance(trace: Path, prov: dict, scn: Scenario, steps: int) 
     return path
 
 
+def _bad_profile_args(device: str | None, steps: int, cuda: bool) -> str:
+    """What is wrong with ``calibrate profile``'s arguments, checked before any kernel is profiled."""
+    if device not in (None, "cpu", "cuda"):
+        return f"--device must be cuda or cpu, got {device!r}"
+    if steps < 1:
+        return f"--steps must be >= 1, got {steps}"
+    if device != "cpu" and not cuda:
+        return "no CUDA device found; pass --device cpu to run the calibration pipeline on the CPU"
+    return ""
+
+
 def cmd_profile(device: str | None, out_dir: str | None, scenario: str | None = None, steps: int = 3,
                 presets: bool | None = None) -> int:
     """Profile kernels into tables (the presets' layers on a GPU, the scenario's ops always), NCCL
@@ -85,12 +96,9 @@ def cmd_profile(device: str | None, out_dir: str | None, scenario: str | None = 
     from .profile import copy_specs, kernel_rows_csv, preset_specs, profile_kernels, scenario_specs
     from .tiny_model import train_profiled
 
-    bad = (f"--device must be cuda or cpu, got {device!r}" if device not in (None, "cpu", "cuda") else
-           f"--steps must be >= 1, got {steps}" if steps < 1 else "")  # before the kernels are profiled
+    bad = _bad_profile_args(device, steps, torch.cuda.is_available())
     if bad:
         return _fail(bad)
-    if device != "cpu" and not torch.cuda.is_available():
-        return _fail("no CUDA device found; pass --device cpu to run the calibration pipeline on the CPU")
     dev = "cpu" if device == "cpu" else "cuda"
     try:
         scn = load_scenario(scenario or TINY_SCENARIO)
