@@ -52,7 +52,8 @@ class Layer(torch.nn.Module):
         self.gelu = gelu
         kw = dict(bias=bias, device="cuda", dtype=torch.bfloat16)
         Norm = torch.nn.RMSNorm if norm == "rmsnorm" else torch.nn.LayerNorm  # noqa: N806
-        nkw = dict(eps=1e-5, device="cuda", dtype=torch.bfloat16) | ({} if bias or norm == "rmsnorm" else dict(bias=False))
+        no_bias = {} if bias or norm == "rmsnorm" else dict(bias=False)  # RMSNorm takes no bias argument
+        nkw = dict(eps=1e-5, device="cuda", dtype=torch.bfloat16) | no_bias
         self.n1 = Norm(hidden, **nkw)
         self.qkv = torch.nn.Linear(hidden, (self.heads + 2 * self.kv) * self.hd, **kw)
         self.proj = torch.nn.Linear(self.heads * self.hd, hidden, **kw)
