@@ -50,7 +50,7 @@ class ParallelSpec:
     # recompute = "full" only (Megatron-LM --recompute-method / --recompute-num-layers): "uniform" re-runs
     # every layer, one checkpoint per layer (num_layers 1); "block" re-runs only the first
     # recompute_num_layers layers of every model chunk and keeps the others' activations
-    # (strategy/recompute.recomputed_layers)
+    # (strategy/stage_units.recomputed_layers)
     recompute_method: str = "uniform"
     recompute_num_layers: int = 1
     # Megatron-Core recompute_modules of recompute = "selective" (strategy/activation_memory.RECOMPUTE_MODULES)

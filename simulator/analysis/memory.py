@@ -6,7 +6,6 @@ breakdown of the worst rank (metrics.json ``memory_bytes``) and the out-of-memor
 from __future__ import annotations
 
 import functools
-
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path

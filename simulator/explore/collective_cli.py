@@ -32,11 +32,11 @@ def cluster_of(preset: str | None, hardware: str | None, nodes: int, sets: list[
         raise ValueError(f"--set {bad[0]!r}: collective takes cluster.KEY=VALUE only")
     if preset and preset not in CLUSTER_PRESETS:
         raise ValueError(f"--cluster {preset!r} is unknown; known: {', '.join(CLUSTER_PRESETS)}")
-    sets_hardware = any(item.strip().partition("=")[0].strip() == "cluster.hardware" for item in sets)
-    table: dict = ({"hardware": str(Path(hardware).resolve())} if hardware else
-                   {} if sets_hardware and not preset else {"preset": preset or "dgx-a100-80gb"})
+    table: dict = {"hardware": str(Path(hardware).resolve())} if hardware else {"preset": preset} if preset else {}
     table["num_nodes"] = nodes
     table = apply_overrides({"cluster": table}, list(sets))["cluster"]
+    if "preset" not in table and "hardware" not in table:  # neither flags nor --set name the machine
+        table["preset"] = "dgx-a100-80gb"
     return cluster_spec(table, Path("."))
 
 

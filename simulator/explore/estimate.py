@@ -33,8 +33,8 @@ from ..strategy.blocking_tp import blocking_tp
 from ..strategy.recompute import recomputed_forward
 from ..strategy.schedules import schedule_actions, splits_backward
 from ..strategy.sharding import grad_accumulation_bytes_per_param
-from ..strategy.stage_units import (StageLayout, activation_rules, layer_recompute, recomputed_layers,
-                                    scenario_layout, stage_param_counts)
+from ..strategy.stage_units import (StageLayout, activation_rules, layer_recompute_modes, scenario_layout,
+                                    stage_param_counts)
 from ..tasks import Collective, Task
 from ..units import DTYPE_BYTES
 from .estimate_streams import ds2021_host_s, dp_stream_s, pp_stream_s
@@ -331,9 +331,8 @@ def _phase_times(scn: Scenario, cache: EstimateCache) -> dict:
     work = lambda w: cache.work_s(scn, w)  # noqa: E731
     sp = par.sequence_parallel
     memo: dict = {}
-    done = recomputed_layers(par, cache.layout(scn).chunks, scn.model.num_layers)
-    per_layer = [_kind_times(scn, cache, lb, memo, layer_recompute(par, done, i))
-                 for i, lb in enumerate(cache.layer_blocks(scn))]
+    modes = layer_recompute_modes(par, cache.layout(scn).chunks, scn.model)
+    per_layer = [_kind_times(scn, cache, lb, memo, mode) for lb, mode in zip(cache.layer_blocks(scn), modes)]
     embed_tp = cache.tp_s(scn, "reduce_scatter" if sp else "all_reduce")
     gather = cache.tp_s(scn, "all_gather") if sp else 0.0
     layout = cache.layout(scn)

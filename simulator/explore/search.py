@@ -28,7 +28,6 @@ from pathlib import Path
 from ..hardware.clusters import CLUSTER_PRESETS
 from ..scenario import Scenario, check_structure
 from ..scenario_checks import ScenarioError
-from ..strategy.stage_units import scenario_layout
 from ..units import GiB
 from .enumerate import PLAN_FIELDS, RECOMPUTE_ORDER, Plan, SearchSpace, enumerate_plans, valid_plans
 from .estimate import EstimateCache, estimate
@@ -270,7 +269,7 @@ def least_block(base: BaseScenario, plan: Plan, scn: Scenario, cache: EstimateCa
     model chunk recomputed (recompute_method "block") that fits; None when only every layer fits. Each
     layer moved to recompute stores less, so the peak falls as N grows: N is bisected in
     [1, the longest chunk's layers), every layer being the plan that fits."""
-    longest = max(sum(1 for i in c if i < scn.model.num_layers) for c in scenario_layout(scn).chunks)
+    longest = max(sum(1 for i in c if i < scn.model.num_layers) for c in cache.layout(scn).chunks)
     lo, hi, best = 1, longest, None
     while lo < hi:
         mid = (lo + hi) // 2

@@ -137,7 +137,7 @@ def evaluate_row(row: dict) -> dict:
 
 
 def read_rows(paths: list[str | Path]) -> list[dict]:
-    rows = []
+    rows: list[dict] = []
     for path in paths or DEFAULT_CSVS:
         p = Path(path)
         with io.StringIO(read_text(p, "validation CSV"), newline="") as f:
@@ -155,6 +155,7 @@ def read_rows(paths: list[str | Path]) -> list[dict]:
             if unknown:
                 raise ValueError(f"validation CSV {str(p)!r} has unknown column(s) {sorted(unknown)}; "
                                  f"known: {', '.join(sorted(KNOWN_COLUMNS))}")
+            before = len(rows)
             for row in reader:
                 if None in row or None in row.values():  # more or fewer cells than the header has
                     cells = sum(v is not None for k, v in row.items() if k is not None) + len(row.get(None) or ())
@@ -163,7 +164,7 @@ def read_rows(paths: list[str | Path]) -> list[dict]:
                 # the shared training_runs_2.csv names the published step time target_iteration_time_s
                 row.setdefault("iteration_time_s", row.get("target_iteration_time_s"))
                 rows.append(row)
-            if reader.line_num <= 1:
+            if len(rows) == before:
                 raise ValueError(f"validation CSV {str(p)!r} has a header and no rows")
     return rows
 

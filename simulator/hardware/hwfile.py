@@ -113,10 +113,8 @@ def gpu_from_table(table: dict, where: str = "gpu", base: GPUSpec | None = None)
     for key in ("tdp_W", "boost_clock_MHz", "sustained_clock_MHz"):
         if key in table:
             fields[key] = _number(where, key, table[key], strict=False)
-    spec = replace(base, **fields) if base is not None else None
-    if spec is not None:
-        _check_clocks(where, spec)
-        return spec
+    if base is not None:
+        return _check_clocks(where, replace(base, **fields))
     missing = [k for k, f in (("name", "name"), ("architecture", "architecture"), ("peak_tflops", "peak_flops_per_s"),
                               ("hbm_bandwidth_GBps", "hbm_bandwidth_Bps"),
                               ("memory_capacity_MiB or memory_capacity_GB", "memory_capacity_bytes")) if f not in fields]

@@ -27,7 +27,7 @@ from .pair_overlap import interleave
 from .schedules import Action, StageMap, overlapped_pairs, schedule_actions, splits_backward
 from .sharding import grad_accumulation_bytes_per_param, layer_submodules
 from .stage_units import (activation_rules, chunk_layers, chunk_sizes, copy_sync_bytes,  # noqa: F401 (re-exported)
-                          layer_recompute, recomputed_layers,
+                          layer_recompute_modes,
                           scenario_layout, stage_layout, stage_param_counts, unit_params)
 from .stamp import Stamper
 from .zero_impl import FSDP
@@ -108,7 +108,8 @@ class _Emitter(ParamGradSync):
         self.tied_pp = ctx.scn.model.tie_embeddings and not layout.ends_together
         # DeepSpeed fetches per submodule: one (weight, bias) pair per op holding dense parameters
         self.layer_subs = layer_submodules(g, par.tp, par.ep)
-        self.recomputed = recomputed_layers(par, layout.chunks, ctx.scn.model.num_layers)  # full recompute's layers
+        self.recompute_modes = layer_recompute_modes(par, layout.chunks, ctx.scn.model)  # per layer index
+        self.recomputed = frozenset(i for i, mode in enumerate(self.recompute_modes) if mode == "full")
 
     # ---- driver ------------------------------------------------------------------------------
     def run(self) -> None:
@@ -274,7 +275,7 @@ class _Emitter(ParamGradSync):
                 d = self.mem.unit(unit, "B")  # its recompute's bytes: layer_emit, ctx.transient_bytes
                 ctx.alloc_next(r, d.alloc_bytes)  # the output gradients W will need beyond what B frees
                 x = self.stamp.call(layer_backward, r, deps, f"{name}.L{unit}", self._meta(vs, mb, "B", int(unit)),
-                                    self.split_w, layer_recompute(ctx.par, self.recomputed, int(unit)), d.free_bytes)
+                                    self.split_w, self.recompute_modes[int(unit)], d.free_bytes)
             if self.fsdp1 and not self.split_w:  # FSDP1's post-backward hook: as soon as the unit's grads exist
                 label = unit if unit in ("embed", "head") else "L" + unit
                 self.grad_waits[r] += zero3_reduce(ctx, r, f"{name}.{label}", *self._params(unit), x,

@@ -177,12 +177,11 @@ def layer_memory(scn: Scenario, split_backward: bool, dense_mlp: bool = False, r
     return LayerMemory(stored, at_b, at_w, transient)
 
 
-def layer_memories(scn: Scenario, split_backward: bool, recompute_workspace: bool = True,
-                   modes: tuple[str, ...] | None = None) -> tuple[LayerMemory, ...]:
+def layer_memories(scn: Scenario, split_backward: bool, recompute_workspace: bool,
+                   modes: tuple[str, ...]) -> tuple[LayerMemory, ...]:
     """``layer_memory`` of every layer index, by its kind and its recompute mode (``modes``, per
-    index: ``stage_units.layer_recompute``; None: the plan's for all), one object per pair."""
+    index: ``layer_recompute_modes``), one object per pair."""
     m = scn.model
-    modes = modes or (scn.parallel.recompute,) * m.total_layers
     keys = [(i < m.moe_first_dense_layers, modes[i]) for i in range(m.total_layers)]  # MTP: the main kind
     kinds = {k: layer_memory(scn, split_backward, k[0], recompute_workspace, k[1]) for k in dict.fromkeys(keys)}
     return tuple(kinds[k] for k in keys)
@@ -211,6 +210,12 @@ def layer_recompute(par: ParallelSpec, recomputed: frozenset[int], layer: int) -
     if par.recompute != "full":
         return par.recompute
     return "full" if layer in recomputed else "none"
+
+
+def layer_recompute_modes(par: ParallelSpec, chunks: tuple[tuple[int, ...], ...], model: ModelSpec) -> tuple[str, ...]:
+    """``layer_recompute`` of every layer index of ``model`` (MTP layers included)."""
+    done = recomputed_layers(par, chunks, model.num_layers)
+    return tuple(layer_recompute(par, done, i) for i in range(model.total_layers))
 
 
 # ---- parameters ------------------------------------------------------------------------------------
@@ -339,14 +344,10 @@ class ActivationRules:
 def activation_rules(scn: Scenario, split_backward: bool | None = None, recompute_workspace: bool = True) -> ActivationRules:
     """The rules of a scenario's plan (``split_backward``: default, whether its schedule splits it)."""
     m, par, tr = scn.model, scn.parallel, scn.training
-    block = par.recompute == "full" and par.recompute_method == "block"
-    layout = scenario_layout(scn) if split_backward is None or block else None
-    if split_backward is None and layout is not None:
+    layout = scenario_layout(scn)
+    if split_backward is None:
         split_backward = splits_backward(layout.schedule)
     args = (m, tr.micro_batch_size, par.tp, par.sequence_parallel, par.cp, tr.dtype_bytes)
-    modes = None  # every layer the plan's recompute, unless "block" leaves some out
-    if block and layout is not None:
-        done = recomputed_layers(par, layout.chunks, m.num_layers)
-        modes = tuple(layer_recompute(par, done, i) for i in range(m.total_layers))
-    return ActivationRules(layer_memories(scn, bool(split_backward), recompute_workspace, modes),
+    modes = layer_recompute_modes(par, layout.chunks, m)
+    return ActivationRules(layer_memories(scn, split_backward, recompute_workspace, modes),
                            embedding_activation_bytes(*args), head_activation_bytes(*args))
