@@ -239,3 +239,61 @@ def test_delayed_scaling_all_reduces_a_chunks_amaxes_after_each_pass(recipe, dty
     sizes = {t.phase: t.comm.size_bytes for t in amax}
     assert len(amax) == 2 * 4  # F and B of 4 micro-batches, one chunk of 2 layers
     assert sizes == {"F": 4.0 * 3 * per_layer * 2, "B": 4.0 * 2 * per_layer * 2}
+
+
+def _tp_comms(raw_model: dict, training: dict, sp: bool = True, gpu: str = "dgx-h100"):
+    """(name tail, op, bytes, stream) of rank 0's TP collectives of layer 1, micro-batch 0, and the
+    hidden-state tensor's elements b·s·h."""
+    from simulator.strategy.lower import lower
+    scn = scenario_from_dict({"model": {"num_layers": 2, **raw_model}, "cluster": {"preset": gpu, "num_nodes": 1},
+                              "parallelism": {"tp": 4, "pp": 1, "sequence_parallel": sp,
+                                              **({"ep": 2} if "mixtral" in raw_model["preset"] else {})},
+                              "training": {"global_batch_size": 2, "micro_batch_size": 1, **training}})
+    plan = lower(scn)
+    rank = plan.graph.ranks[0]
+    out = [(t.name.split(".", 2)[2], t.comm.op, t.comm.size_bytes, t.stream) for t in plan.graph.tasks
+           if t.rank == rank and t.kind == "comm" and t.comm.axis == "tp" and t.layer == 1 and t.microbatch == 0]
+    return out, scn.model.seq_length * scn.model.hidden_size
+
+
+@pytest.mark.parametrize("recipe,per_elem", [("delayed", 1.0), ("current", 1.0), ("blockwise", 1 + 4 / 128)])
+def test_fp8_sequence_parallel_gathers_move_the_quantized_tensor(recipe, per_elem):
+    """TE all-gathers an FP8 linear's quantized input (QKV's and fc1's, forward and again for the weight
+    gradients) and a row-parallel linear's quantized output gradient (projection, fc2): 1 B per element
+    plus the block recipes' scales; the reduce-scatters carry BF16 outputs (2 B)."""
+    comms, elems = _tp_comms({"preset": "llama3-8b"}, {"dtype": "fp8", "fp8_recipe": recipe})
+    gathers = {n: b for n, op, b, _ in comms if op == "all_gather"}
+    assert set(gathers) == {"attn.all_gather", "mlp.all_gather", "mlp_grad.all_gather", "attn_grad.all_gather",
+                            "mlp.input_all_gather", "attn.input_all_gather"}
+    assert all(b == pytest.approx(elems * per_elem) for b in gathers.values())
+    scatters = [b for _, op, b, _ in comms if op == "reduce_scatter"]
+    assert len(scatters) == 4 and all(b == elems * 2 for b in scatters)
+    bf16, _ = _tp_comms({"preset": "llama3-8b"}, {"dtype": "bf16"})
+    assert all(b == elems * 2 for n, op, b, _ in bf16 if op == "all_gather")
+
+
+def test_fp8_gathers_outside_te_linears_stay_bf16():
+    """An MoE layer's tokens enter its experts through the dispatcher, in BF16, and MLA's down
+    projections are gathered in BF16: only the TE linears' own gathers are quantized."""
+    comms, elems = _tp_comms({"preset": "mixtral-8x7b"}, {"dtype": "fp8"})
+    sizes = {n: b for n, op, b, _ in comms if op == "all_gather"}
+    assert sizes["mlp.all_gather"] == sizes["mlp_grad.all_gather"] == elems * 2
+    assert sizes["attn.all_gather"] == sizes["attn_grad.all_gather"] == elems
+    mla, elems = _tp_comms({"preset": "deepseek-v3", "num_layers": 4, "mtp_layers": 0},
+                           {"dtype": "fp8", "fp8_recipe": "blockwise"})
+    sizes = {n: b for n, op, b, _ in mla if op == "all_gather"}
+    assert sizes["attn.all_gather"] == elems * 2
+
+
+@pytest.mark.parametrize("recipe,sp,expect", [("current", True, 4), ("delayed", True, 0), ("current", False, 0)])
+def test_current_scaling_all_reduces_the_amax_over_tp_before_a_fresh_gather(recipe, sp, expect):
+    """Current scaling with SP: a 4-byte MAX all-reduce of the amax over the TP group on the compute
+    stream, right before the gathers of a just-quantized tensor (QKV's and fc1's inputs, the projection's
+    and fc2's output gradients), not before the weight-gradient gathers of the saved FP8 inputs."""
+    comms, _ = _tp_comms({"preset": "llama3-8b"}, {"dtype": "fp8", "fp8_recipe": recipe}, sp=sp)
+    names = [n for n, *_ in comms]
+    amax = [(n, op, b, s) for n, op, b, s in comms if n.endswith("amax_reduce_tp")]
+    assert len(amax) == expect
+    assert all(op == "all_reduce" and b == 4.0 and s == "compute" for _, op, b, s in amax)
+    for n, *_ in amax:
+        assert names[names.index(n) + 1] == n.replace("amax_reduce_tp", "all_gather")

@@ -140,23 +140,33 @@ def test_recompute_allocation_is_tagged_r():
                                        (0, -(lm.transient + max(lm.at_b, 0.0)), "B")]
 
 
-@pytest.mark.parametrize("sp,overlap,moe", [(False, False, False), (True, False, False), (True, True, False),
-                                            (True, True, True)])
-def test_the_lowerings_blocking_tp_collectives_are_blocking_tps(sp, overlap, moe):
+@pytest.mark.parametrize("sp,overlap,moe,fp8", [(False, False, False, ""), (True, False, False, ""),
+                                                (True, True, False, ""), (True, True, True, ""),
+                                                (True, True, False, "delayed"), (True, False, True, "current"),
+                                                (True, False, False, "mxfp8")])
+def test_the_lowerings_blocking_tp_collectives_are_blocking_tps(sp, overlap, moe, fp8):
     """blocking_tp.blocking_tp is the one rule for which TP collectives block a layer's compute stream
-    (and with which userbuffers site): the lowering emits exactly those on the compute stream of one
-    layer's forward and backward, the estimator sums the same list."""
+    (and with which userbuffers site), blocking_tp.tp_traffic for their bytes: the lowering emits exactly
+    those on the compute stream of one layer's forward and backward, with current scaling's amax
+    all-reduce before each freshly quantized gather; the estimator sums the same list."""
     from simulator.explore.estimate import EstimateCache
-    from simulator.strategy.blocking_tp import blocking_tp
+    from simulator.strategy.blocking_tp import blocking_tp, tp_traffic
     model = {"preset": "mixtral-8x7b", "num_layers": 2} if moe else {"preset": "gpt3-1.3b", "num_layers": 2}
     par = {"tp": 4, "pp": 1, "sequence_parallel": sp, "tp_comm_overlap": overlap, **({"ep": 2} if moe else {})}
-    scn = scenario_from_dict({"name": "t", "model": model, "cluster": {"preset": "dgx-h100", "num_nodes": 1},
-                              "parallelism": par, "training": {"global_batch_size": 2, "micro_batch_size": 1}})
+    training = {"global_batch_size": 2, "micro_batch_size": 1, **({"dtype": "fp8", "fp8_recipe": fp8} if fp8 else {})}
+    gpu = "dgx-b200" if fp8 == "mxfp8" else "dgx-h100"
+    scn = scenario_from_dict({"name": "t", "model": model, "cluster": {"preset": gpu, "num_nodes": 1},
+                              "parallelism": par, "training": training})
     plan = lower(scn)
     rank = plan.graph.ranks[0]
     want = blocking_tp(scn.parallel, EstimateCache().layer_blocks(scn)[1])
-    for phase, expected in (("F", want.forward()), ("B", want.backward())):
-        got = tuple((t.comm.op, t.comm.overlap) for t in plan.graph.tasks
+    traffic = tp_traffic(scn)
+    for phase, colls in (("F", want.forward()), ("B", want.backward())):
+        expected: tuple = ()
+        for op, overlap_, site in colls:
+            amax = traffic.amax_before(site)
+            expected += ((("all_reduce", (), amax),) if amax else ()) + ((op, overlap_, traffic.bytes(site)),)
+        got = tuple((t.comm.op, t.comm.overlap, t.comm.size_bytes) for t in plan.graph.tasks
                     if t.rank == rank and t.kind == "comm" and t.stream == "compute" and t.comm.axis == "tp"
                     and t.layer == 1 and t.microbatch == 0 and t.phase == phase)
         assert got == expected, phase

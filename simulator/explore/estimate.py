@@ -29,7 +29,7 @@ from ..model.opgraph import OpGraph, build_op_graph
 from ..scenario import Scenario
 from ..strategy.actions import Action
 from ..strategy.blocks import LayerBlocks, Work, build_blocks, layer_blocks
-from ..strategy.blocking_tp import blocking_tp
+from ..strategy.blocking_tp import blocking_tp, tp_traffic
 from ..strategy.recompute import recomputed_forward
 from ..strategy.schedules import schedule_actions, splits_backward
 from ..strategy.sharding import grad_accumulation_bytes_per_param
@@ -158,20 +158,24 @@ class EstimateCache:
             Collective(op, float(size_bytes), group, "pp" if op == "send_recv" else "dp"), cost.topo,
             cost.algorithms.get(op)))
 
-    def tp_s(self, scn: Scenario, op: str, overlap: tuple = ()) -> float:
+    def tp_s(self, scn: Scenario, op: str, overlap: tuple = (), site: str = "") -> float:
         """Uncontended time of one TP collective of the hidden-state tensor b·(s/cp)·h; with ``overlap``
-        (strategy.blocking_tp.overlap_site, via blocking_tp) what its GEMM overlap leaves exposed, as the engine costs it."""
-        p, t, m = scn.parallel, scn.training, scn.model
+        (strategy.blocking_tp.overlap_site, via blocking_tp) what its GEMM overlap leaves exposed, as the
+        engine costs it; ``site``: the TE gather it is, sized and preceded as the lowering does (TPTraffic)."""
+        p = scn.parallel
         if p.tp == 1:
             return 0.0
-        size = t.micro_batch_size * (m.seq_length // p.cp) * m.hidden_size * t.dtype_bytes
-        coll = Collective(op, float(size), tuple(range(p.tp)), "tp", overlap)
+        traffic = tp_traffic(scn)
+        size = traffic.bytes(site)
+        amax = traffic.amax_before(site)
         cost = self.cost(scn)
 
-        def build() -> float:
+        def one(op: str, size: float, overlap: tuple) -> float:
+            coll = Collective(op, float(size), tuple(range(p.tp)), "tp", overlap)
             t_s = cost.duration_s(Task(0, "estimate", "comm", 0, "compute", "comm_tp", comm=coll))
             return collective_time_s(coll, cost.topo, cost.algorithms.get(op)) if t_s is None else t_s
-        return self._get(("tp", op, size, p.tp, overlap, self._cost_key(scn)), build)
+        return self._get(("tp", op, size, amax, p.tp, overlap, self._cost_key(scn)),
+                         lambda: one(op, size, overlap) + (one("all_reduce", amax, ()) if amax else 0.0))
 
 
 # ---- per-rank profiles of an action list (shared by every plan with the same schedule shape) -----------
@@ -305,9 +309,9 @@ def _layer_times(scn: Scenario, cache: EstimateCache, b: LayerBlocks,
     segs = b.segments()
     f_c = sum(seg_s(s, "F") for s in segs)
     tp = blocking_tp(par, b)  # the lowering's rule: which TP collectives block, with which overlap
-    f_tp = sum(cache.tp_s(scn, op, overlap) for op, overlap in tp.forward())
+    f_tp = sum(cache.tp_s(scn, *coll) for coll in tp.forward())
     b_c = sum(seg_s(s, bpart) for s in segs)
-    b_tp = sum(cache.tp_s(scn, op, overlap) for op, overlap in tp.backward())
+    b_tp = sum(cache.tp_s(scn, *coll) for coll in tp.backward())
     again = recomputed_forward(recompute, par.recompute_modules, scn.model, b)  # the lowering's rule
     if again.layer:
         b_c, b_tp = b_c + f_c, b_tp + f_tp
@@ -315,7 +319,7 @@ def _layer_times(scn: Scenario, cache: EstimateCache, b: LayerBlocks,
         b_c += sum(work(w) for w in again.works_without_experts() if w)
         b_c += (seg_s(b.attn_core, "F") if again.core else 0.0) + (sum(seg_s(s, "F") for s in b.between_all_to_alls())
                                                                   if again.experts else 0.0)
-        b_tp += sum(cache.tp_s(scn, op, overlap) for op, overlap in again.collectives(tp))
+        b_tp += sum(cache.tp_s(scn, *coll) for coll in again.collectives(tp))
     w_c = sum(seg_s(s, "W") for s in segs) if split else 0.0
     return f_c, f_tp, b_c, b_tp, w_c
 

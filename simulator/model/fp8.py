@@ -24,8 +24,8 @@ weight, output gradient) needs both rowwise and columnwise usages"). The recipes
   (``FUSED_NORM_AMAX_FP8``), which then writes BF16: the scale kernel and the full cast-transpose
   remain. With sequence parallelism TE also all-reduces the amax over the TP group for the inputs of
   column-parallel layers and the output gradients of row-parallel ones
-  (``set_quantizer_amax_reduction_group`` in ``module/linear.py``): a collective, emitted by the
-  lowering, not modelled here.
+  (``set_quantizer_amax_reduction_group`` in ``module/linear.py``): a collective, which the lowering
+  emits before the gather (``strategy/blocking_tp.TPTraffic``), not a kernel of this module.
 - ``blockwise`` (``Float8BlockScaling``, DeepSeek-V3's recipe; TE docs fp8_blockwise_scaling): 1x128
   tiles for x and dy with one FP32 scale each, 128x128 blocks for weights. A 1D-scaled tensor's
   column-wise copy cannot be transposed from its row-wise one: one kernel
@@ -84,6 +84,20 @@ MXFP8_QUANTIZE_BYTES = 2 + 2 * (1 + MX_SCALE_BYTES)
 WEIGHT_COPY_BYTES = {"delayed": 2, "current": 2, "blockwise": 2 * (1 + BLOCK_2D_SCALE_BYTES),
                      "mxfp8": 2 * (1 + MX_SCALE_BYTES)}
 
+# Sequence parallelism gathers what the linear consumes: TE all-gathers the quantized tensor, not the
+# BF16 one, for a column-parallel FP8 linear's input and a row-parallel one's output gradient (TE 1.11
+# module/base.py initialize_ub: "AllGather buffers use fp8 when using fp8 recipe" for
+# layers_all_gather_overlap; layernorm_linear.py: the norm writes FP8 and gather_along_first_dim gathers
+# it; linear.py grad_output_preprocess: cast_to_fp8, then gather; TE 2.x distributed.py
+# gather_along_first_dim: _all_gather_fp8, _start_all_gather_fp8_blockwise and _all_gather_mxfp8 gather
+# the FP8 data with its scales). Bytes per gathered element: the FP8 byte and the block recipes' scales.
+GATHERED_BYTES = {"delayed": 1.0, "current": 1.0, "blockwise": 1 + BLOCK_1D_SCALE_BYTES, "mxfp8": 1 + MX_SCALE_BYTES}
+# Current scaling with SP: before such a gather the quantizer all-reduces its FP32 amax (one element,
+# ReduceOp.MAX) over the TP group (TE 2.x module/linear.py set_quantizer_amax_reduction_group: the input
+# quantizer of a column-parallel layer, the output-gradient quantizer of a row-parallel one; csrc
+# quantizer.cpp Float8CurrentScalingQuantizer with_amax_reduction), so that every rank casts with one scale.
+AMAX_REDUCE_BYTES = 4.0
+
 _SPLITS_OF_INPUT = {"column": "none", "row": "row"}  # the GEMM input's TP split, by the GEMM's own split
 _SPLITS_OF_GRAD = {"column": "column", "row": "none"}  # the output gradient's TP split
 
@@ -91,6 +105,13 @@ _SPLITS_OF_GRAD = {"column": "column", "row": "none"}  # the output gradient's T
 def weight_copy_bytes_per_param(recipe: str) -> float:
     """Bytes per FP8-linear parameter of the quantized weight copies TE caches for ``recipe``."""
     return WEIGHT_COPY_BYTES[recipe]
+
+
+def gathered_bytes_per_element(recipe: str) -> float:
+    """Bytes per element of an SP all-gather of a tensor TE quantized for ``recipe`` (GATHERED_BYTES)."""
+    if recipe not in GATHERED_BYTES:
+        raise ValueError(f"fp8 recipe {recipe!r} is unknown; known: {', '.join(FP8_RECIPES)}")
+    return GATHERED_BYTES[recipe]
 
 
 def quantize_kernels(recipe: str, after_norm: bool) -> tuple[tuple[str, float, float], ...]:

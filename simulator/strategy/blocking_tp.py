@@ -6,17 +6,64 @@ Forward (Shoeybi et al. 2019; Korthikanti et al. 2022 Fig. 5): [SP all-gather] a
 conjugates of the exits (SP's all-gathers of the output gradients). Under tp_comm_overlap with SP,
 Transformer Engine's userbuffers overlap them with the GEMM that consumes or produces them
 (``cost/tp_overlap``), or run the backward's input-gradient collectives as bulk overlaps on SMs of
-their own.
+their own. Under FP8 the gathers a TE linear consumes carry the quantized tensor (``TPTraffic``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
+from ..model.fp8 import AMAX_REDUCE_BYTES, FP8, gathered_bytes_per_element
 from .blocks import LayerBlocks, Work
 
 if TYPE_CHECKING:  # scenario imports strategy: a type-only import
-    from ..scenario import ParallelSpec
+    from ..scenario import ParallelSpec, Scenario
+
+# Transformer Engine's names of a layer's SP all-gathers (TE 1.11 module/base.py initialize_ub,
+# layers_all_gather_overlap): the inputs of QKV and fc1 (qkv_fprop, fc1_fprop), the output gradients
+# of the projection and fc2 (proj_dgrad, fc2_dgrad), the inputs again for the weight gradients
+# (qkv_dgrad, fc1_dgrad: the tensors the forward saved, already quantized).
+GATHER_SITES = ("qkv_fprop", "qkv_dgrad", "proj_dgrad", "fc1_fprop", "fc1_dgrad", "fc2_dgrad")
+FRESH_GATHERS = ("qkv_fprop", "fc1_fprop", "proj_dgrad", "fc2_dgrad")  # quantized right before the gather
+
+
+@dataclass(frozen=True)
+class TPTraffic:
+    """Bytes of a layer's TP/SP collectives of the hidden-state tensor, b·(s/cp)·h elements (the
+    nccl-tests size: an all-reduce's buffer, a reduce-scatter's input, an all-gather's output). Under
+    FP8 with SP the gathers at the ``quantized`` sites move the recipe's FP8 bytes (model/fp8
+    GATHERED_BYTES) and, with current scaling, follow an amax all-reduce where the tensor was just
+    quantized; reduce-scatters and all-reduces carry BF16 outputs. One rule for the lowering and the
+    search estimate."""
+
+    elements: float
+    dtype_bytes: float
+    quantized: frozenset = frozenset()  # GATHER_SITES moving quantized data
+    gathered_bytes: float = 0.0  # bytes per element of those gathers
+    amax_reduce: bool = False
+
+    def bytes(self, site: str = "") -> float:
+        """Bytes of the collective at ``site`` (a GATHER_SITES name; "" for any other)."""
+        per = self.gathered_bytes if site in self.quantized else self.dtype_bytes
+        return self.elements * per
+
+    def amax_before(self, site: str) -> float:
+        """Bytes of the amax all-reduce before the gather at ``site`` (0: none)."""
+        return AMAX_REDUCE_BYTES if self.amax_reduce and site in self.quantized and site in FRESH_GATHERS else 0.0
+
+
+def tp_traffic(scn: Scenario) -> TPTraffic:
+    """``TPTraffic`` of ``scn``: TE quantizes the gathers of its FP8 linears (QKV's, unless the
+    attention is MLA, whose down projections are gathered in BF16 by Megatron-Core's
+    MultiLatentAttention; fc1's of a dense MLP, ``blocking_tp`` leaves the MoE ones out)."""
+    m, t, p = scn.model, scn.training, scn.parallel
+    elements = float(t.micro_batch_size * (m.seq_length // p.cp) * m.hidden_size)
+    if t.dtype != FP8 or not p.sequence_parallel or p.tp <= 1:
+        return TPTraffic(elements, t.dtype_bytes)
+    sites = frozenset(s for s in GATHER_SITES if not (m.is_mla and s.startswith("qkv")))
+    return TPTraffic(elements, t.dtype_bytes, sites, gathered_bytes_per_element(t.fp8_recipe),
+                     t.fp8_recipe == "current")
 
 
 def overlap_site(par: ParallelSpec, site: str, work: Work, last: bool = False, moe: bool = False) -> tuple:
@@ -32,7 +79,7 @@ def overlap_site(par: ParallelSpec, site: str, work: Work, last: bool = False, m
 
 class BlockingTP(NamedTuple):
     """The TP/SP collectives of one layer that block its compute stream, each (op, overlap site of
-    ``overlap_site``) or None: forward at the attention's entry and exit and the MLP's entry and exit;
+    ``overlap_site``, GATHER_SITES name of an all-gather a TE linear consumes or "") or None: forward at the attention's entry and exit and the MLP's entry and exit;
     backward the conjugates of the exits (SP's all-gathers of the output gradients). One rule for the
     lowering (``layer_forward``/``layer_backward``) and the search estimator (explore/estimate)."""
 
@@ -63,13 +110,16 @@ def blocking_tp(par: ParallelSpec, b: LayerBlocks) -> BlockingTP:
     norms, one with a shared norm (``LayerBlocks.shared_input``)."""
     sp, moe, parallel = par.sequence_parallel, b.experts is not None, b.parallel_norms > 0
     exit_op = "reduce_scatter" if sp else "all_reduce"
+    mlp = "" if moe else "fc"  # an MoE layer's tokens are gathered by its dispatcher, in BF16
     return BlockingTP(
-        ("all_gather", overlap_site(par, "qkv_fprop", b.attn_pre.fwd)) if sp else None,
-        None if parallel else (exit_op, overlap_site(par, "proj_fprop", b.attn_post.fwd)),
-        ("all_gather", overlap_site(par, "fc1_fprop", b.mlp_pre.fwd, moe=moe)) if sp and not b.shared_input else None,
-        (exit_op, overlap_site(par, "fc2_fprop", b.mlp_pre.fwd, last=True, moe=moe)),
-        ("all_gather", overlap_site(par, "fc2_dgrad", b.mlp_pre.bwd_b, moe=moe)) if sp else None,
-        ("all_gather", overlap_site(par, "proj_dgrad", b.attn_post.bwd_b)) if sp and not parallel else None)
+        ("all_gather", overlap_site(par, "qkv_fprop", b.attn_pre.fwd), "qkv_fprop") if sp else None,
+        None if parallel else (exit_op, overlap_site(par, "proj_fprop", b.attn_post.fwd), ""),
+        ("all_gather", overlap_site(par, "fc1_fprop", b.mlp_pre.fwd, moe=moe), mlp and "fc1_fprop")
+        if sp and not b.shared_input else None,
+        (exit_op, overlap_site(par, "fc2_fprop", b.mlp_pre.fwd, last=True, moe=moe), ""),
+        ("all_gather", overlap_site(par, "fc2_dgrad", b.mlp_pre.bwd_b, moe=moe), mlp and "fc2_dgrad") if sp else None,
+        ("all_gather", overlap_site(par, "proj_dgrad", b.attn_post.bwd_b), "proj_dgrad")
+        if sp and not parallel else None)
 
 
 def bulk_site(par: ParallelSpec, gemm: str, kind: str) -> tuple:

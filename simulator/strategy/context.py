@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from ..model.opgraph import OpGraph
 from ..tasks import Collective, OpWork, TaskGraphBuilder
 from .stage_units import LayerMemory
+from .blocking_tp import TPTraffic, tp_traffic
 from .blocks import LayerBlocks
 from .mesh import DeviceMesh
 
@@ -47,6 +48,7 @@ class LowerCtx:
     _groups: dict = field(default_factory=dict)  # (axis, rank) -> group (cache)
     _collectives: dict = field(default_factory=dict)  # Collective interning: one object per distinct value
     _activation_bytes: float | None = None
+    _tp_traffic: TPTraffic | None = None
 
     # ---- shorthands -----------------------------------------------------------------------
     @property
@@ -65,6 +67,15 @@ class LowerCtx:
             self._activation_bytes = float(self.scn.training.micro_batch_size * (m.seq_length // self.par.cp)
                                            * m.hidden_size * self.dtype_bytes)
         return self._activation_bytes
+
+    def tp_bytes(self, site: str = "") -> float:
+        """Bytes of a layer's TP/SP collective at TE gather ``site`` ("" for others; blocking_tp.TPTraffic)."""
+        return self.traffic().bytes(site)
+
+    def traffic(self) -> TPTraffic:
+        if self._tp_traffic is None:
+            self._tp_traffic = tp_traffic(self.scn)
+        return self._tp_traffic
 
     def layer_blocks(self, layer: int) -> LayerBlocks:
         """The blocks of layer ``layer`` (its template's, ``OpGraph.layer_ops``)."""

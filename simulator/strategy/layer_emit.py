@@ -62,16 +62,19 @@ def _local_tokens(ctx: LowerCtx) -> int:
 
 
 def tp_op(ctx: LowerCtx, rank: int, dep: int | None, name: str, op: str, meta: dict,
-          overlap: tuple = ()) -> int | None:
-    """A blocking TP collective of the activation after ``dep``; ``dep`` itself when tp = 1."""
-    tid = ctx.tp_collective(rank, f"{name}.{op}", op, ctx.full_activation_bytes(), _d(dep), overlap=overlap,
-                            **meta)
+          overlap: tuple = (), site: str = "") -> int | None:
+    """A blocking TP collective of the activation after ``dep``; ``dep`` itself when tp = 1. ``site``:
+    the TE gather it is (blocking_tp.GATHER_SITES), which sizes it and may put an amax all-reduce first."""
+    amax = ctx.traffic().amax_before(site)
+    if amax:
+        dep = ctx.tp_collective(rank, f"{name}.amax_reduce_tp", "all_reduce", amax, _d(dep), **meta)
+    tid = ctx.tp_collective(rank, f"{name}.{op}", op, ctx.tp_bytes(site), _d(dep), overlap=overlap, **meta)
     return dep if tid is None else tid
 
 
 def _blocking(ctx: LowerCtx, rank: int, dep: int | None, name: str, coll: tuple | None, meta: dict) -> int | None:
     """One of ``BlockingTP``'s collectives (None: none there) after ``dep``."""
-    return dep if coll is None else tp_op(ctx, rank, dep, name, coll[0], meta, coll[1])
+    return dep if coll is None else tp_op(ctx, rank, dep, name, coll[0], meta, coll[1], coll[2])
 
 
 def _core(ctx: LowerCtx, rank: int, part: str, dep: int | None, name: str, meta: dict,
@@ -181,10 +184,11 @@ def column_backward(ctx: LowerCtx, rank: int, seg: Segment, dep: int | None, nam
         return ctx.compute(rank, f"{name}.grad", seg.bwd_b if split_w else seg.bwd, _d(dep), **meta, **free)
     sp = ctx.par.sequence_parallel
     op = "reduce_scatter" if sp else "all_reduce"
-    size = ctx.full_activation_bytes()
+    size = ctx.tp_bytes()
     gather = None
-    if sp and not split_w and wgrad:
-        gather = ctx.tp_collective(rank, f"{name}.input_all_gather", "all_gather", size, _d(dep), COMM_TP,
+    if sp and not split_w and wgrad:  # the input the forward saved, quantized under FP8 (site qkv_dgrad...)
+        gather = ctx.tp_collective(rank, f"{name}.input_all_gather", "all_gather",
+                                   ctx.tp_bytes(f"{site}_dgrad" if site else ""), _d(dep), COMM_TP,
                                    bulk_site(ctx.par, site, "dgrad"), **meta)
     x: int | None = ctx.compute(rank, f"{name}.grad", seg.bwd_b_pre if split_w else seg.bwd_pre, _d(dep), **meta)
     red = ctx.tp_collective(rank, f"{name}.grad.{op}", op, size, (x,), COMM_TP, bulk_site(ctx.par, site, "wgrad"),
@@ -319,9 +323,9 @@ def layer_weight_grad(ctx: LowerCtx, rank: int, deps: tuple, name: str, meta: di
     deps = after
     b = ctx.layer_blocks(meta["layer"])
     if ctx.par.sequence_parallel and ctx.par.tp > 1:
-        size = ctx.full_activation_bytes()
-        deps += tuple(ctx.tp_collective(rank, f"{name}.{blk}.input_all_gather", "all_gather", size, after,
-                                        COMM_TP, **meta) for blk in (("attn",) if b.shared_input else ("mlp", "attn")))
+        sites = {"attn": "qkv_dgrad", "mlp": "" if b.experts is not None else "fc1_dgrad"}
+        deps += tuple(ctx.tp_collective(rank, f"{name}.{blk}.input_all_gather", "all_gather", ctx.tp_bytes(sites[blk]),
+                                        after, COMM_TP, **meta) for blk in (("attn",) if b.shared_input else ("mlp", "attn")))
     return ctx.compute(rank, f"{name}.W", b.layer_w, deps, mem_delta_bytes=-free_bytes, **meta)
 
 
