@@ -297,3 +297,22 @@ def test_current_scaling_all_reduces_the_amax_over_tp_before_a_fresh_gather(reci
     assert all(op == "all_reduce" and b == 4.0 and s == "compute" for _, op, b, s in amax)
     for n, *_ in amax:
         assert names[names.index(n) + 1] == n.replace("amax_reduce_tp", "all_gather")
+
+
+@pytest.mark.parametrize("recipe", FP8_RECIPES)
+def test_expert_linears_quantize_their_routed_rows(recipe):
+    """TE's GroupedLinear quantizes the token slots the dispatcher hands the experts (fc1's input, fc2's
+    input, both output gradients) like a dense linear, over the expert GEMMs' rows, load and grouping."""
+    from simulator.model.fp8 import quantize_kernels
+    from simulator.model.presets import MODEL_PRESETS
+    ops = {o.name: o for o in build_op_graph(MODEL_PRESETS["mixtral-8x7b"], 1, "fp8", recipe).layer}
+    for gemm in ("expert_fc1", "expert_fc2"):
+        g = ops[gemm]
+        rows, n, k = g.shape
+        for name, per_elem, fixed in quantize_kernels(recipe, False):
+            x, dy = ops[f"{gemm}.{name}_x"], ops[f"{gemm}.{name}_dy"]
+            assert x.fwd_bytes == per_elem * rows * k + fixed and x.bwd_bytes == 0
+            assert dy.bwd_bytes == per_elem * rows * n + fixed and dy.fwd_bytes == 0
+            for kernel in (x, dy):
+                assert (kernel.tp_split, kernel.experts, kernel.expert_load, kernel.grouped) == \
+                    ("expert", g.experts, g.expert_load, g.grouped)

@@ -40,8 +40,13 @@ The GEMMs of ``blockwise`` and ``mxfp8`` are block-scaled kernels, tagged by the
 (cost/compute.py prices them); ``delayed`` and ``current`` run the same per-tensor-scaled GEMM.
 Neglected for every recipe: the weight quantization (once per step: TE caches FP8 weights across
 micro-batches through ``is_first_microbatch``), the amax-history update kernel of ``delayed`` (one per
-pass), the scale swizzle after an FP8 all-gather, and the expert linears' quantization (their token
-counts follow the dispatcher). ``current`` keeps Hopper's transposed column-wise copy on Blackwell too,
+pass) and the scale swizzle after an FP8 all-gather. The experts' linears (TE ``GroupedLinear``:
+``fp8_multi_cast_transpose_fused`` in TE 1.11, ``fused_multi_quantize`` in 2.x) quantize the token slots
+the dispatcher hands them like the dense linears, one kernel over the rank's experts; their kernels
+share the expert GEMMs' routed rows and load (``Op.expert_load``), and with expert TP > 1 the
+sharding divides their width by it, right for fc2's input and fc1's output gradient, short by that
+factor for fc1's input and fc2's output gradient (expert TP is 1 in the bundled MoE recipes).
+``current`` keeps Hopper's transposed column-wise copy on Blackwell too,
 where one layout serves both usages (TE docs): 1 B per element too many there.
 """
 
@@ -98,8 +103,8 @@ GATHERED_BYTES = {"delayed": 1.0, "current": 1.0, "blockwise": 1 + BLOCK_1D_SCAL
 # quantizer.cpp Float8CurrentScalingQuantizer with_amax_reduction), so that every rank casts with one scale.
 AMAX_REDUCE_BYTES = 4.0
 
-_SPLITS_OF_INPUT = {"column": "none", "row": "row"}  # the GEMM input's TP split, by the GEMM's own split
-_SPLITS_OF_GRAD = {"column": "column", "row": "none"}  # the output gradient's TP split
+_SPLITS_OF_INPUT = {"column": "none", "row": "row", "expert": "expert"}  # the GEMM input's TP split, by its own
+_SPLITS_OF_GRAD = {"column": "column", "row": "none", "expert": "expert"}  # the output gradient's TP split
 
 
 def weight_copy_bytes_per_param(recipe: str) -> float:
@@ -139,7 +144,9 @@ def _kernel(name: str, op: Op, width: int, split: str, per_elem: float, fixed: f
     tokens = op.shape[0]
     nbytes = per_elem * tokens * width + fixed
     fwd, bwd = (0, nbytes) if backward else (nbytes, 0)
-    return Op(name, "elementwise", op.block, 0.0, 0.0, 0.0, fwd, bwd, 0, (tokens, width), split, op.dtype_bytes)
+    k = Op(name, "elementwise", op.block, 0.0, 0.0, 0.0, fwd, bwd, 0, (tokens, width), split, op.dtype_bytes)
+    # an expert linear's kernels run over its routed rows, with its load and grouping (strategy/sharding)
+    return replace(k, expert_load=op.expert_load, grouped=op.grouped, experts=op.experts) if split == "expert" else k
 
 
 def fp8_layer(ops: tuple[Op, ...], recipe: str = "delayed") -> tuple[Op, ...]:
@@ -154,9 +161,6 @@ def fp8_layer(ops: tuple[Op, ...], recipe: str = "delayed") -> tuple[Op, ...]:
     for i, op in enumerate(ops):
         if not is_fp8_linear(op):
             out.append(op)
-            continue
-        if op.tp_split not in _SPLITS_OF_INPUT:
-            out.append(replace(op, precision=precision))
             continue
         _m, n, k = op.shape
         after_norm = i > 0 and ops[i - 1].kind == "norm"
