@@ -183,9 +183,11 @@ _SHARDING = IMPLEMENTATIONS
 
 
 def _check_recompute_layers(p: ParallelSpec) -> None:
-    """Megatron-LM's --recompute-method / --recompute-num-layers, for full recompute only."""
-    if p.recompute_method not in ("uniform", "block"):
-        raise ScenarioError(f"parallelism.recompute_method must be 'uniform' or 'block', got {p.recompute_method!r}")
+    """Megatron-LM's --recompute-method / --recompute-num-layers and torchtitan's layer AC interval, for
+    full recompute only."""
+    if p.recompute_method not in ("uniform", "block", "interval"):
+        raise ScenarioError(f"parallelism.recompute_method must be 'uniform', 'block' or 'interval', "
+                            f"got {p.recompute_method!r}")
     if p.recompute_num_layers < 1:
         raise ScenarioError(f"parallelism.recompute_num_layers must be >= 1, got {p.recompute_num_layers}")
     if (p.recompute_method, p.recompute_num_layers) != ("uniform", 1) and p.recompute != "full":

@@ -2,7 +2,8 @@
 --recompute-method / --recompute-num-layers): "block" re-runs the first N layers of every model chunk
 and keeps the others' activations. The rule picks the layers Megatron-Core's TransformerBlock does; the
 lowering emits exactly their recompute tasks; the memory, the step time and the search's estimate follow
-it; "uniform" with one layer per checkpoint is today's full recompute; bad settings are refused."""
+it; "uniform" with one layer per checkpoint is today's full recompute; "interval" is torchtitan's selective
+layer AC (every N-th block a rank builds); bad settings are refused."""
 
 from __future__ import annotations
 
@@ -131,7 +132,7 @@ def test_a_plan_carries_its_recompute_layers_to_and_from_its_scenario():
 
 
 @pytest.mark.parametrize("par, match", [
-    ({"recompute_method": "blocks"}, r"recompute_method must be 'uniform' or 'block', got 'blocks'"),
+    ({"recompute_method": "blocks"}, r"recompute_method must be 'uniform', 'block' or 'interval', got 'blocks'"),
     ({"recompute_method": "block", "recompute_num_layers": 0}, r"recompute_num_layers must be >= 1, got 0"),
     ({"recompute": "selective", "recompute_method": "block", "recompute_num_layers": 2},
      r"recompute_method = 'block' with recompute_num_layers = 2 needs recompute = 'full', got 'selective'"),
@@ -162,3 +163,34 @@ def test_the_search_keeps_the_fewest_recomputed_layers_that_fit():
     assert both[0].bound_s < both[1].bound_s
     _, off, _ = _estimate_group(base, SearchSpace(partial_recompute=False), plans, cache)
     assert [c.plan.label() for c in off] == ["tp1 pp8 dp1 b4 1f1b z0 full"]
+
+
+def test_interval_counts_every_nth_block_a_rank_builds():
+    """torchtitan's _apply_layer_sac: a process-wide counter over the transformer blocks a rank wraps, in
+    the order of its model parts, checkpointing those whose count is a multiple of N."""
+    every2 = _par(recompute="full", recompute_method="interval", recompute_num_layers=2)
+    one_rank = ((0, 1, 2),)  # every chunk on one rank: counts 1..9 run on through the chunks
+    assert recomputed_layers(every2, CHUNKS, 9, one_rank) == {1, 3, 5, 7, 9}
+    per_rank = ((0,), (1,), (2,))  # one chunk per rank: each rank counts from 1
+    assert recomputed_layers(every2, CHUNKS, 9, per_rank) == {1, 4, 7, 9}
+    assert recomputed_layers(dataclasses.replace(every2, recompute_num_layers=1), CHUNKS, 9, per_rank) == \
+        set(range(10))
+
+
+@pytest.mark.parametrize("n, v", [(2, 1), (3, 2)])
+def test_the_lowering_recomputes_every_nth_layer_of_a_rank(n, v):
+    """The lowering, the memory rules and the estimate follow the interval rule: each rank recomputes its
+    n-th, 2n-th... layer in chunk order, and the step's time and peak fall between none and full."""
+    scn = _scn(method="interval", n=n, v=v)
+    layout = scenario_layout(scn)
+    res = simulate(scn)
+    for rank in sorted({t.rank for t in res.graph.tasks}):
+        mine = [i for vs in layout.held(res.plan.mesh.stage_of(rank)) for i in layout.chunks[vs]]
+        recomputed = {t.layer for t in res.graph.tasks if t.rank == rank and t.category == "recompute"}
+        assert recomputed == set(mine[n - 1::n])
+    none, full = simulate(_scn(recompute="none", v=v)), simulate(_scn(v=v))
+    t = res.metrics["iteration_time_s"]
+    assert none.metrics["iteration_time_s"] < t < full.metrics["iteration_time_s"]
+    peak = res.metrics["memory_bytes"]["activations"]
+    assert full.metrics["memory_bytes"]["activations"] < peak < none.metrics["memory_bytes"]["activations"]
+    assert estimate(scn).total_bytes == pytest.approx(res.metrics["memory_bytes"]["total"], rel=1e-9)

@@ -335,7 +335,7 @@ def _phase_times(scn: Scenario, cache: EstimateCache) -> dict:
     work = lambda w: cache.work_s(scn, w)  # noqa: E731
     sp = par.sequence_parallel
     memo: dict = {}
-    modes = layer_recompute_modes(par, cache.layout(scn).chunks, scn.model)
+    modes = layer_recompute_modes(par, cache.layout(scn), scn.model)
     per_layer = [_kind_times(scn, cache, lb, memo, mode) for lb, mode in zip(cache.layer_blocks(scn), modes)]
     embed_tp = cache.tp_s(scn, "reduce_scatter" if sp else "all_reduce")
     gather = cache.tp_s(scn, "all_gather") if sp else 0.0

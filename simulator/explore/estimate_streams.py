@@ -80,7 +80,7 @@ def stage_fetches(scn: Scenario, stage: int, cache: "EstimateCache | None" = Non
     params = unit_params(graph, par, layout)
     subs = layer_submodules(graph, par.tp, par.ep)
     out: list = []
-    recomputed = recomputed_layers(par, layout.chunks, scn.model.num_layers)
+    recomputed = recomputed_layers(par, layout.chunks, scn.model.num_layers, layout.rank_stages())
     for vs in layout.held(stage):
         units = [str(u) for u in layout.units(vs)]
         dense = [params.of(u)[0] for u in units]

@@ -132,7 +132,7 @@ def evaluate_row(row: dict) -> dict:
                busiest_rank=m["busiest_rank"]["rank"], busiest_breakdown=m["busiest_rank"]["time_breakdown_s"],
                plan=f"tp{p.tp} pp{p.pp} dp{p.dp}" + (f" v{p.virtual_stages}" if p.virtual_stages > 1 else "")
                + f" mb{scn.training.micro_batch_size} z{p.zero_stage} "
-               + (f"block{p.recompute_num_layers}" if p.recompute_method == "block" else p.recompute))
+               + (f"{p.recompute_method}{p.recompute_num_layers}" if p.recompute_method != "uniform" else p.recompute))
     return out
 
 

@@ -108,7 +108,7 @@ class _Emitter(ParamGradSync):
         self.tied_pp = ctx.scn.model.tie_embeddings and not layout.ends_together
         # DeepSpeed fetches per submodule: one (weight, bias) pair per op holding dense parameters
         self.layer_subs = layer_submodules(g, par.tp, par.ep)
-        self.recompute_modes = layer_recompute_modes(par, layout.chunks, ctx.scn.model)  # per layer index
+        self.recompute_modes = layer_recompute_modes(par, layout, ctx.scn.model)  # per layer index
         self.recomputed = frozenset(i for i, mode in enumerate(self.recompute_modes) if mode == "full")
 
     # ---- driver ------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 from ..model.opgraph import OpGraph, build_op_graph
 from ..model.spec import ModelSpec
+from ..tasks import InternalError
 from .activation_memory import (embedding_activation_bytes, head_activation_bytes, layer_activation_bytes,
                                 layer_activation_split)
 from .schedules import StageMap, splits_backward, stage_map
@@ -88,6 +89,10 @@ class StageLayout:
     def held(self, stage: int) -> tuple[int, ...]:
         """The virtual stages pipeline rank ``stage`` holds, in chunk order."""
         return self.smap.stages_of(stage, self.v)
+
+    def rank_stages(self) -> tuple[tuple[int, ...], ...]:
+        """Every pipeline rank's virtual stages, in chunk order (``held``)."""
+        return tuple(self.held(r) for r in range(self.p))
 
     def units(self, vs: int) -> tuple[Unit, ...]:
         """The virtual stage's units in forward order: "embed" at its model copy's first stage, its
@@ -188,20 +193,32 @@ def layer_memories(scn: Scenario, split_backward: bool, recompute_workspace: boo
 
 
 # ---- which layers recompute ------------------------------------------------------------------------
-def recomputed_layers(par: ParallelSpec, chunks: tuple[tuple[int, ...], ...], num_layers: int) -> frozenset[int]:
-    """The layers whose backward re-runs their whole forward (``recompute = "full"``; none otherwise), as
-    Megatron-Core's TransformerBlock._checkpointed_forward picks them: method "uniform" checkpoints
-    every layer; "block" only the first ``recompute_num_layers`` layers of each model chunk (one
-    TransformerBlock per virtual stage, "the rest without any recomputing"). MTP layers (indices from
-    ``num_layers``) are recomputed under full recompute whatever the method (the MTP block checkpoints
-    its layers for full granularity). One rule for the lowering, the memory rules and the estimate."""
+def recomputed_layers(par: ParallelSpec, chunks: tuple[tuple[int, ...], ...], num_layers: int,
+                      held: tuple[tuple[int, ...], ...] = ()) -> frozenset[int]:
+    """The layers whose backward re-runs their whole forward (``recompute = "full"``; none otherwise).
+    Megatron-Core's TransformerBlock._checkpointed_forward: method "uniform" checkpoints every layer;
+    "block" only the first ``recompute_num_layers`` layers of each model chunk (one TransformerBlock per
+    virtual stage, "the rest without any recomputing"). torchtitan's selective layer AC
+    (``selective_ac_option = N``, "interval" here): every N-th transformer block a rank builds, counted
+    from 1 over its model parts in order (``_apply_layer_sac``'s process-wide ``_count``), i.e. over
+    ``held``, each pipeline rank's virtual stages in chunk order (StageLayout.held). MTP layers (indices
+    from ``num_layers``) are recomputed under full recompute whatever the method (the MTP block
+    checkpoints its layers for full granularity). One rule for the lowering, the memory rules and the
+    estimate."""
     if par.recompute != "full":
         return frozenset()
     every = frozenset(i for chunk in chunks for i in chunk)
+    mtp = (i for i in every if i >= num_layers)
     if par.recompute_method == "uniform":
         return every
-    first = (i for chunk in chunks for i in [j for j in chunk if j < num_layers][:par.recompute_num_layers])
-    return frozenset(first).union(i for i in every if i >= num_layers)
+    n = par.recompute_num_layers
+    if par.recompute_method == "interval":
+        if not held:
+            raise InternalError("recomputed_layers: the interval method needs each rank's virtual stages")
+        rank_layers = ([i for vs in stages for i in chunks[vs] if i < num_layers] for stages in held)
+        return frozenset(i for layers in rank_layers for k, i in enumerate(layers, 1) if k % n == 0).union(mtp)
+    first = (i for chunk in chunks for i in [j for j in chunk if j < num_layers][:n])
+    return frozenset(first).union(mtp)
 
 
 def layer_recompute(par: ParallelSpec, recomputed: frozenset[int], layer: int) -> str:
@@ -212,9 +229,9 @@ def layer_recompute(par: ParallelSpec, recomputed: frozenset[int], layer: int) -
     return "full" if layer in recomputed else "none"
 
 
-def layer_recompute_modes(par: ParallelSpec, chunks: tuple[tuple[int, ...], ...], model: ModelSpec) -> tuple[str, ...]:
-    """``layer_recompute`` of every layer index of ``model`` (MTP layers included)."""
-    done = recomputed_layers(par, chunks, model.num_layers)
+def layer_recompute_modes(par: ParallelSpec, layout: StageLayout, model: ModelSpec) -> tuple[str, ...]:
+    """``layer_recompute`` of every layer index of ``model`` (MTP layers included) under ``layout``."""
+    done = recomputed_layers(par, layout.chunks, model.num_layers, layout.rank_stages())
     return tuple(layer_recompute(par, done, i) for i in range(model.total_layers))
 
 
@@ -348,6 +365,6 @@ def activation_rules(scn: Scenario, split_backward: bool | None = None, recomput
     if split_backward is None:
         split_backward = splits_backward(layout.schedule)
     args = (m, tr.micro_batch_size, par.tp, par.sequence_parallel, par.cp, tr.dtype_bytes)
-    modes = layer_recompute_modes(par, layout.chunks, m)
+    modes = layer_recompute_modes(par, layout, m)
     return ActivationRules(layer_memories(scn, split_backward, recompute_workspace, modes),
                            embedding_activation_bytes(*args), head_activation_bytes(*args))
