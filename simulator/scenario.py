@@ -20,14 +20,13 @@ from .model.spec import ModelSpec
 from .tasks import COLLECTIVE_OPS
 from .units import DTYPE_BYTES
 from .defaults import default_grad_dtype, default_sharding, default_virtual_stages, split_layers
-from .strategy.activation_memory import DEFAULT_RECOMPUTE_MODULES
+from .strategy.activation_memory import DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODES
 from .strategy.schedules import SCHEDULES
 from .scenario_checks import ScenarioError, check_reliability, validate
 from .scenario_fields import MODEL_KEYS, check_keys, fields_of, model_from_table
 from .reliability import RELIABILITY_KEYS, ReliabilitySpec, parse_reliability
 
 SCHEDULE_NAMES = tuple(SCHEDULES)
-RECOMPUTE_MODES = ("none", "selective", "full")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 COMPUTE_MODELS = ("roofline", "calibrated")
 

@@ -11,7 +11,7 @@ from .hardware.clusters import ClusterSpec
 from .hardware.gpus import FP8_ARCHITECTURES
 from .model.fp8 import RECIPE_ARCHITECTURES
 from .model.spec import ModelSpec
-from .strategy.activation_memory import RECOMPUTE_MODULES
+from .strategy.activation_memory import RECOMPUTE_MODES as _RECOMPUTE, RECOMPUTE_MODULES
 from .strategy.schedules import SCHEDULES, StageMap
 from .strategy.zero_impl import IMPLEMENTATIONS
 
@@ -23,8 +23,6 @@ if TYPE_CHECKING:  # scenario and reliability import this module: type-only impo
 class ScenarioError(ValueError):
     """A scenario that cannot be simulated; the message names the key and the numbers."""
 
-
-_RECOMPUTE = ("none", "selective", "full")
 
 
 def validate(scn: Scenario) -> None:
@@ -148,6 +146,8 @@ def _check_batch_and_schedule(m: ModelSpec, p: ParallelSpec, t: TrainingSpec) ->
     if p.recompute not in _RECOMPUTE:
         raise ScenarioError(f"parallelism.recompute {p.recompute!r} is unknown; known: {', '.join(_RECOMPUTE)}")
     _check_recompute_layers(p)
+    if p.recompute == "selective-op":
+        _check_op_sac(m, p, t)
     if p.cp_algorithm not in ("ring", "all-gather"):
         raise ScenarioError(f"parallelism.cp_algorithm must be 'ring' or 'all-gather', got {p.cp_algorithm!r}")
     _check_sharding(p)
@@ -180,6 +180,20 @@ def _check_batch_and_schedule(m: ModelSpec, p: ParallelSpec, t: TrainingSpec) ->
 
 
 _SHARDING = IMPLEMENTATIONS
+
+
+def _check_op_sac(m: ModelSpec, p: ParallelSpec, t: TrainingSpec) -> None:
+    """torchtitan's per-op SAC is modelled for dense layers (strategy/recompute.op_sac_rerun) without TP
+    or CP, whose gathers its policy would re-run, and in BF16/FP16 (torchao's float8 is not TE's)."""
+    unmodelled = [(what, value) for what, value, bad in (
+        ("parallelism.tp", p.tp, p.tp > 1), ("parallelism.cp", p.cp, p.cp > 1),
+        ("model.num_experts", m.num_experts, m.is_moe), ("model.kv_lora_rank (MLA)", m.kv_lora_rank, m.is_mla),
+        ("model.parallel_attn_mlp", m.parallel_attn_mlp, m.parallel_attn_mlp),
+        ("training.dtype", t.dtype, t.dtype == "fp8")) if bad]
+    if unmodelled:
+        what, value = unmodelled[0]
+        raise ScenarioError(f"parallelism.recompute = 'selective-op' (torchtitan's per-op SAC) is modelled for "
+                            f"dense layers with tp = 1, cp = 1 and no fp8; got {what} = {value!r}")
 
 
 def _check_recompute_layers(p: ParallelSpec) -> None:

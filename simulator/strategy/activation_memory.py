@@ -13,7 +13,10 @@ from ..model.eager import EAGER_GATED_SAVED_EXTRA_PER_D, EAGER_RMSNORM_SAVED_EXT
 from ..model.spec import ModelSpec
 from ..units import DTYPE_BYTES
 
-RECOMPUTE_MODES = ("none", "selective", "full")
+# "selective-op": torchtitan's per-op selective activation checkpointing (``SelectiveAC``,
+# ``selective_ac_option = "op"``, strategy/recompute.py): a layer keeps its input, the outputs of the
+# odd-numbered matmuls of its forward and the attention's output, and re-runs everything else.
+RECOMPUTE_MODES = ("none", "selective", "full", "selective-op")
 # Megatron-Core's selective recompute (TransformerConfig.recompute_modules, megatron/core/transformer/
 # transformer_config.py; default ["core_attn"]): the submodules whose activations are recomputed. Each
 # drops the ActivationTerms tagged with it (``ActivationTerm.modules``) and re-runs their ops before
@@ -304,10 +307,26 @@ def layer_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp:
     terms = activation_terms(model, micro_batch_size, tp, sp, cp, dtype_bytes, ep, dense_mlp, etp, fp8, eager)
     if recompute == "full":
         return next(x.bytes for x in terms if x.name == "attn_norm_input")
+    if recompute == "selective-op":
+        return op_sac_saved_bytes(terms, model)
     dropped = set(modules) if recompute == "selective" else set()
     if attention != "unfused":  # fused kernels keep no s^2 scores
         dropped.add("core_attn")
     return sum(x.bytes for x in terms if x.stored_at_f and not dropped.intersection(x.modules))
+
+
+def op_sac_saved_bytes(terms: list[ActivationTerm], model: ModelSpec) -> float:
+    """What torchtitan's per-op SAC keeps of a dense layer (torchtitan distributed/activation_checkpoint.py
+    ``SelectiveAC``: MUST_SAVE for the ops of ``_get_default_save_ops``, matmuls and attention among
+    them, "except every second mm"; everything else PREFER_RECOMPUTE; the wrapper keeps the block's
+    input). Its matmuls count in forward order q, k, v, output projection, then the MLP's (gate, up,
+    down; or up, down), so the kept outputs are q, v, the gate's (the up projection's without a gate)
+    and, with a gate, the down projection's: the layer input, q, v, the attention output (the
+    projection's input), half the gated fc1 output (all of an ungated one) and an h-wide fc2 output."""
+    by_name = {x.name: x.bytes for x in terms}
+    x = by_name["attn_norm_input"]  # [tokens, h]: the layer input; the fc2 output has its shape
+    fc1 = by_name["fc1_output"] / 2 if model.gated_mlp else by_name["fc1_output"]
+    return x + by_name["q"] + by_name["v"] + by_name["proj_input"] + fc1 + (x if model.gated_mlp else 0.0)
 
 
 def weight_grad_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool, cp: int,

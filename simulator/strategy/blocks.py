@@ -124,7 +124,7 @@ class LayerBlocks:
         """A shared-input block's MLP backward without fc1's weight gradient, which waits for the
         attention's (``entry_wgrad``); with ``split_w`` its B part."""
         pre = self.mlp_pre
-        return pre.bwd_b if split_w else self._memo("mlp_grad", lambda: pre.bwd_pre + pre.bwd_post)
+        return pre.bwd_b if split_w else self.memo("mlp_grad", lambda: pre.bwd_pre + pre.bwd_post)
 
     def entry_wgrad(self, seg: Segment) -> Work:
         """The weight gradients overlapped with the input-gradient collective of ``seg`` (the attention's
@@ -132,9 +132,9 @@ class LayerBlocks:
         gathered tensor."""
         if not self.shared_input:
             return seg.bwd_wgrad
-        return self._memo(("wgrad", seg.name), lambda: seg.bwd_wgrad + self.mlp_pre.bwd_wgrad)
+        return self.memo(("wgrad", seg.name), lambda: seg.bwd_wgrad + self.mlp_pre.bwd_wgrad)
 
-    def _memo(self, key, build) -> Work:
+    def memo(self, key, build) -> Work:
         """One tuple per key and layer template, since the cost model caches work by identity."""
         if key not in self._picked:
             self._picked[key] = build()

@@ -276,6 +276,7 @@ def layer_backward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, split_
     transient = ctx.transient_bytes(meta["layer"]) if rc.any else 0.0
     pending = [transient]
     x = ctx.join(rank, f"{name}.wait", deps, **meta)
+    x = _rerun(ctx, rank, x, f"{rname}.sac", rc.ops, rmeta, pending)  # torchtitan's per-op SAC: all at once
     if rc.layer:
         _first(ctx, rank, pending)
         x = layer_forward(ctx, rank, _d(x), rname, rmeta, "recompute")

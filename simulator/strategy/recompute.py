@@ -28,6 +28,15 @@ Megatron-Core (megatron/core/transformer/, TransformerConfig.recompute_modules, 
   experts' GEMMs and activation, before their backward. Their own TP collectives are not re-run:
   the layer model has none of its own for them (the MLP block's stand for them).
 
+torchtitan's per-op selective AC (``recompute = "selective-op"``; torchtitan
+distributed/activation_checkpoint.py ``SelectiveAC``, ``selective_ac_option = "op"``) wraps each block in
+a non-reentrant checkpoint whose policy saves the outputs of matmuls and attention except every second
+matmul of the block, counted in forward order (q, k, v, the output projection, then the MLP's gate, up
+and down projections, or up and down); the backward's first use of a saved tensor re-runs the block's
+forward (``early_stop=False``: all of it), with the saved ops' outputs taken from the cache: the norms,
+RoPE, activations and residual adds, and the k, output and up projections (fc2 without a gate). Each
+matmul of a fused op-graph GEMM is its own GEMM there (``op_sac_rerun``).
+
 Nested checkpoints run again as Megatron-Core's do: with "moe", the experts' activation ("moe_act")
 and the shared experts ("shared_experts") are re-run by the MoE recompute and once more before
 their own backward. The bytes the recompute re-materialises (``LayerMemory.transient``) are
@@ -39,6 +48,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..model.spec import ModelSpec
+from ..tasks import InternalError, OpWork
 from .activation_memory import standalone_norms
 from .blocks import LayerBlocks, Work
 
@@ -62,7 +72,8 @@ class LayerRecompute(NamedTuple):
     MLP in ``mlp_pre``; "moe": router and permutation, the experts between the EP all-to-alls, the
     unpermutation and the shared experts), with the block's blocking TP collectives when ``mlp_tp``;
     ``shared``: the shared experts; ``act``: the experts' activation; ``attn_norm``: the input norm;
-    ``up_proj``: MLA's up projections and RoPE; ``core``: the attention core."""
+    ``up_proj``: MLA's up projections and RoPE; ``core``: the attention core; ``ops``: what torchtitan's
+    per-op SAC re-runs of the whole layer, before its backward."""
 
     layer: bool = False
     mlp_norm: Work = ()
@@ -75,6 +86,7 @@ class LayerRecompute(NamedTuple):
     attn_norm: Work = ()
     up_proj: Work = ()
     core: bool = False
+    ops: Work = ()
 
     @property
     def any(self) -> bool:
@@ -93,7 +105,8 @@ class LayerRecompute(NamedTuple):
 
     def works_without_experts(self) -> tuple[Work, ...]:
         """The re-run compute other than the experts' and the core's, in emission order."""
-        return (self.mlp_norm, self.mlp_pre, self.mlp_post, self.shared, self.act, self.attn_norm, self.up_proj)
+        return (self.ops, self.mlp_norm, self.mlp_pre, self.mlp_post, self.shared, self.act, self.attn_norm,
+                self.up_proj)
 
 
 def recomputed_forward(recompute: str, modules: tuple[str, ...], model: ModelSpec, b: LayerBlocks) -> LayerRecompute:
@@ -101,6 +114,8 @@ def recomputed_forward(recompute: str, modules: tuple[str, ...], model: ModelSpe
     ``parallelism.recompute`` and (when "selective") ``parallelism.recompute_modules``."""
     if recompute == "full":  # Chen et al. 2016; Megatron-LM --recompute-granularity full
         return LayerRecompute(layer=True)
+    if recompute == "selective-op":
+        return LayerRecompute(ops=b.memo(("selective-op",), lambda: op_sac_rerun(b, model)))
     if recompute != "selective":
         return LayerRecompute()
     moe_layer = b.experts is not None
@@ -120,3 +135,40 @@ def recomputed_forward(recompute: str, modules: tuple[str, ...], model: ModelSpe
         attn_norm=picked(_LN1, "layernorm" in modules and attn_norm),
         up_proj=picked(_UP_PROJ, "mla_up_proj" in modules and model.is_mla),
         core="core_attn" in modules)
+
+
+def _matmuls(name: str, model: ModelSpec) -> tuple[int, ...]:
+    """Output widths of the matmuls torchtitan's modules run for the op graph's GEMM ``name``, in order
+    (its Attention: wq, wk, wv; its FeedForward: w1 (gate) and w3 (up), then w2)."""
+    if name == "qkv":
+        kv = model.num_kv_heads * model.head_dim
+        return (model.num_attention_heads * model.head_dim, kv, kv)
+    if name == "fc1" and model.gated_mlp:
+        return (model.ffn_hidden_size,) * 2
+    if name in ("fc1", "fc2", "attn_out"):
+        return (0,)  # the whole GEMM
+    raise InternalError(f"selective-op recompute: no matmul order for the GEMM {name!r}")
+
+
+def op_sac_rerun(b: LayerBlocks, model: ModelSpec) -> Work:
+    """The forward work torchtitan's per-op SAC re-runs (module doc): every op but the attention core
+    and the odd-numbered matmuls, each matmul of a fused GEMM scaled to its own columns."""
+    out: list[OpWork] = []
+    count = 0
+    for w in (w for seg in b.segments() for w in seg.fwd):
+        if w.kind == "attention":
+            continue
+        if w.kind != "gemm":
+            out.append(w)
+            continue
+        m, n, k = w.shape
+        widths = _matmuls(w.name.partition(".")[0], model)
+        dtype_bytes = w.bytes / (m * k + k * n + m * n)
+        for part, width in enumerate(widths):
+            count += 1
+            if count % 2:
+                continue
+            cols = width or n
+            out.append(OpWork(f"{w.name}.mm{part}", "gemm", w.flops * cols / n, (m * k + k * cols + m * cols)
+                              * dtype_bytes, (m, cols, k), w.precision, w.backward, w.kernels))
+    return tuple(out)

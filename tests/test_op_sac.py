@@ -1,0 +1,85 @@
+"""torchtitan's per-op selective activation checkpointing (parallelism.recompute = "selective-op";
+torchtitan distributed/activation_checkpoint.py SelectiveAC): the policy saves matmul and attention
+outputs except every second matmul of a block, and the backward re-runs the rest of the block's
+forward at once. The kept bytes and the re-run work in closed form, the lowering's recompute task, the
+step between no and full recompute, the estimate's memory equal to the simulation's, the refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator.explore.estimate import EstimateCache, estimate
+from simulator.model.presets import MODEL_PRESETS
+from simulator.pipeline import simulate
+from simulator.scenario import scenario_from_dict
+from simulator.scenario_checks import ScenarioError
+from simulator.strategy.activation_memory import layer_activation_bytes
+from simulator.strategy.recompute import recomputed_forward
+
+
+def _raw(recompute: str, preset: str = "llama3-8b", **par) -> dict:
+    return {"model": {"preset": preset, "num_layers": 4}, "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+            "parallelism": {"tp": 1, "pp": 1, "zero_stage": 3, "recompute": recompute, **par},
+            "training": {"global_batch_size": 16, "micro_batch_size": 2}}
+
+
+@pytest.mark.parametrize("preset", ["llama3-8b", "gpt3-1.3b"])
+def test_kept_bytes_are_the_saved_ops_outputs(preset):
+    """Per token, in the training dtype: the layer input, q, v, the attention output, the gate's output
+    (the whole fc1 output without a gate) and, with a gate, the down projection's h-wide output."""
+    m = MODEL_PRESETS[preset]
+    b, d = 2, 2
+    kept = layer_activation_bytes(m, b, 1, False, 1, "selective-op", d, attention="flash")
+    h, q, kv, f = m.hidden_size, m.num_attention_heads * m.head_dim, m.num_kv_heads * m.head_dim, m.ffn_hidden_size
+    per_token = h + q + kv + h + f + (h if m.gated_mlp else 0)
+    assert kept == pytest.approx(b * m.seq_length * per_token * d)
+    none = layer_activation_bytes(m, b, 1, False, 1, "none", d, attention="flash")
+    full = layer_activation_bytes(m, b, 1, False, 1, "full", d, attention="flash")
+    assert full < kept < none
+
+
+def test_the_rerun_is_the_forward_but_attention_and_the_odd_matmuls():
+    """Llama's matmuls count q 1, k 2, v 3, o 4, gate 5, up 6, down 7: k, o and up are re-run (the
+    fused QKV GEMM's k columns, the output projection, half the fused gate-up GEMM), with every
+    non-matmul op of the forward; the attention core is not."""
+    scn = scenario_from_dict(_raw("selective-op"), default_name="t")
+    b = EstimateCache().layer_blocks(scn)[0]
+    m = scn.model
+    ops = recomputed_forward("selective-op", (), m, b).ops
+    fwd = {w.name: w for seg in b.segments() for w in seg.fwd}
+    assert not any(w.kind == "attention" for w in ops)
+    assert {w.name for w in ops if w.kind != "gemm"} == {n for n, w in fwd.items() if w.kind not in ("gemm", "attention")}
+    gemms = {w.name: w for w in ops if w.kind == "gemm"}
+    assert set(gemms) == {"qkv.mm1", "attn_out.mm0", "fc1.mm1"}
+    qkv, fc1 = fwd["qkv"], fwd["fc1"]
+    kv = m.num_kv_heads * m.head_dim
+    assert gemms["qkv.mm1"].shape == (qkv.shape[0], kv, qkv.shape[2])
+    assert gemms["qkv.mm1"].flops == pytest.approx(qkv.flops * kv / qkv.shape[1])
+    assert gemms["attn_out.mm0"].flops == fwd["attn_out"].flops
+    assert gemms["fc1.mm1"].flops == pytest.approx(fc1.flops / 2)
+    assert recomputed_forward("selective-op", (), m, b).ops is ops  # one tuple per layer template
+
+
+def test_the_step_sits_between_no_and_full_recompute():
+    runs = {rc: simulate(scenario_from_dict(_raw(rc), default_name=rc)) for rc in ("none", "selective-op", "full")}
+    t = {rc: r.metrics["iteration_time_s"] for rc, r in runs.items()}
+    act = {rc: r.metrics["memory_bytes"]["activations"] for rc, r in runs.items()}
+    assert t["none"] < t["selective-op"] < t["full"]
+    assert act["full"] < act["selective-op"] < act["none"]
+    r = runs["selective-op"]
+    rank = r.graph.ranks[0]
+    rec = [x for x in r.graph.tasks if x.rank == rank and x.category == "recompute"]
+    assert len(rec) == 4 and all(x.name.endswith(".R.sac") for x in rec)  # one per layer and micro-batch
+    scn = r.scenario
+    assert estimate(scn).total_bytes == pytest.approx(r.metrics["memory_bytes"]["total"], rel=1e-9)
+
+
+@pytest.mark.parametrize("raw, match", [
+    (_raw("selective-op", tp=2), r"tp = 1, cp = 1 and no fp8; got parallelism.tp = 2"),
+    (_raw("selective-op", preset="mixtral-8x7b"), r"got model.num_experts = 8"),
+    ({**_raw("selective-op"), "training": {"global_batch_size": 16, "micro_batch_size": 2, "dtype": "fp8"}},
+     r"got training.dtype = 'fp8'"),
+])
+def test_unmodelled_combinations_are_refused_by_name(raw, match):
+    with pytest.raises(ScenarioError, match=match):
+        scenario_from_dict(raw, default_name="bad")
