@@ -79,6 +79,7 @@ def test_the_step_sits_between_no_and_full_recompute():
     (_raw("selective-op", preset="mixtral-8x7b"), r"got model.num_experts = 8"),
     ({**_raw("selective-op"), "training": {"global_batch_size": 16, "micro_batch_size": 2, "dtype": "fp8"}},
      r"got training.dtype = 'fp8'"),
+    (_raw("selective-op", sharding="deepspeed"), r"got parallelism.sharding = 'deepspeed'"),
 ])
 def test_unmodelled_combinations_are_refused_by_name(raw, match):
     with pytest.raises(ScenarioError, match=match):
