@@ -47,7 +47,7 @@ class ParallelSpec:
     virtual_stages: int = 1
     recompute: str = "none"
     # recompute = "full" only (Megatron-LM --recompute-method / --recompute-num-layers): "uniform" re-runs
-    # every layer, one checkpoint per layer (num_layers 1); "block" re-runs only the first
+    # every layer, one checkpoint per group of recompute_num_layers layers; "block" re-runs only the first
     # recompute_num_layers layers of every model chunk and keeps the others' activations; "interval"
     # (torchtitan's selective layer AC, selective_ac_option = N) every N-th layer of a rank
     # (strategy/stage_units.recomputed_layers)

@@ -12,7 +12,7 @@ from .hardware.gpus import FP8_ARCHITECTURES
 from .model.fp8 import RECIPE_ARCHITECTURES
 from .model.spec import ModelSpec
 from .strategy.activation_memory import RECOMPUTE_MODES as _RECOMPUTE, RECOMPUTE_MODULES
-from .strategy.schedules import SCHEDULES, StageMap
+from .strategy.schedules import SCHEDULES, StageMap, splits_backward
 from .strategy.zero_impl import IMPLEMENTATIONS
 
 if TYPE_CHECKING:  # scenario and reliability import this module: type-only imports
@@ -210,11 +210,11 @@ def _check_recompute_layers(p: ParallelSpec) -> None:
     if (p.recompute_method, p.recompute_num_layers) != ("uniform", 1) and p.recompute != "full":
         raise ScenarioError(f"parallelism.recompute_method = {p.recompute_method!r} with recompute_num_layers = "
                             f"{p.recompute_num_layers} needs recompute = 'full', got {p.recompute!r}")
-    if p.recompute_method == "uniform" and p.recompute_num_layers != 1:
-        # Megatron's uniform method checkpoints groups of N layers: only each group's input stays, and the
-        # backward re-materialises N layers at once; the lowering recomputes one layer at a time
+    if p.recompute_method == "uniform" and p.recompute_num_layers != 1 and splits_backward(p.schedule):
+        # a group's B and W passes would each need the whole group re-materialised (stage_units.recompute_groups)
         raise ScenarioError(f"parallelism.recompute_num_layers = {p.recompute_num_layers} with recompute_method = "
-                            f"'uniform' (groups of layers under one checkpoint) is not modelled: use 1, or 'block'")
+                            f"'uniform' (groups of layers under one checkpoint) is not modelled with schedule "
+                            f"{p.schedule!r}, which splits the backward: use 1, or 'block'")
 
 
 def _check_sharding(p: ParallelSpec) -> None:

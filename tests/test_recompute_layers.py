@@ -3,7 +3,9 @@
 and keeps the others' activations. The rule picks the layers Megatron-Core's TransformerBlock does; the
 lowering emits exactly their recompute tasks; the memory, the step time and the search's estimate follow
 it; "uniform" with one layer per checkpoint is today's full recompute; "interval" is torchtitan's selective
-layer AC (every N-th block a rank builds); bad settings are refused."""
+layer AC (every N-th block a rank builds); "uniform" with N > 1 checkpoints groups of N layers
+(Megatron-Core's uniform method): only a group's input stays, its backward re-materialises the group;
+bad settings are refused."""
 
 from __future__ import annotations
 
@@ -136,7 +138,8 @@ def test_a_plan_carries_its_recompute_layers_to_and_from_its_scenario():
     ({"recompute_method": "block", "recompute_num_layers": 0}, r"recompute_num_layers must be >= 1, got 0"),
     ({"recompute": "selective", "recompute_method": "block", "recompute_num_layers": 2},
      r"recompute_method = 'block' with recompute_num_layers = 2 needs recompute = 'full', got 'selective'"),
-    ({"recompute_num_layers": 2}, r"recompute_num_layers = 2 with recompute_method = 'uniform' .* not modelled"),
+    ({"recompute_num_layers": 2, "schedule": "zero-bubble"},
+     r"recompute_num_layers = 2 with recompute_method = 'uniform' .* not modelled with schedule 'zero-bubble'"),
 ])
 def test_bad_settings_are_refused_by_name(par, match):
     raw = _raw()
@@ -194,3 +197,49 @@ def test_the_lowering_recomputes_every_nth_layer_of_a_rank(n, v):
     peak = res.metrics["memory_bytes"]["activations"]
     assert full.metrics["memory_bytes"]["activations"] < peak < none.metrics["memory_bytes"]["activations"]
     assert estimate(scn).total_bytes == pytest.approx(res.metrics["memory_bytes"]["total"], rel=1e-9)
+
+
+def test_uniform_groups_n_layers_of_every_chunk():
+    from simulator.strategy.stage_units import recompute_groups
+    uniform = lambda n: _par(recompute="full", recompute_num_layers=n)  # noqa: E731
+    assert recompute_groups(uniform(2), CHUNKS, 9) == ((0, 1), (3, 4), (6, 7))  # 2 and 5 alone; MTP 9 its own
+    assert recompute_groups(uniform(3), CHUNKS, 9) == ((0, 1, 2), (3, 4, 5), (6, 7, 8))
+    assert recompute_groups(uniform(1), CHUNKS, 9) == ()
+    assert recompute_groups(_par(recompute="full", recompute_method="block", recompute_num_layers=2), CHUNKS, 9) == ()
+
+
+def _group_scn(n: int, vocab: int = 51200):
+    par = {"tp": 1, "pp": 1, "dp": 8, "recompute": "full"}
+    if n > 1:
+        par.update(recompute_method="uniform", recompute_num_layers=n)
+    return scenario_from_dict({"model": {"preset": "gpt3-2.7b", "num_layers": 8, "vocab_size": vocab},
+                               "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 1}, "parallelism": par,
+                               "training": {"global_batch_size": 8, "micro_batch_size": 1}}, default_name="g")
+
+
+def test_a_uniform_group_keeps_its_input_and_rematerialises_the_group_at_its_first_backward():
+    """Per group of N: F stores the first layer's input only; the group's last layer (its first backward)
+    allocates what the group re-materialises, (N - 1) whole layers and the first one's remainder; every
+    layer's backward frees its own; the step's work is the same as one layer per checkpoint."""
+    scn = _group_scn(4)
+    rules = activation_rules(scn)
+    c, whole = (layer_memory(scn, False, recompute=mode).stored for mode in ("full", "none"))
+    assert [rules.unit(i, "F").alloc_bytes for i in range(8)] == [c, 0, 0, 0] * 2
+    for first, top in ((0, 3), (4, 7)):
+        assert rules.unit(top, "B").recompute_bytes == pytest.approx(4 * whole - c)
+        assert all(rules.unit(i, "B").recompute_bytes == 0 for i in range(first, top))
+        assert [sum(-d for d, _ in rules.unit(i, "B").events() if d < 0) for i in range(first, top + 1)] == \
+            pytest.approx([whole] * 4)
+    assert simulate(scn).metrics["iteration_time_s"] == simulate(_group_scn(1)).metrics["iteration_time_s"]
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_the_uniform_groups_peak_in_closed_form(n):
+    """One micro-batch in flight, a head too small to set the peak: the activation peak moves from
+    L inputs + one layer's re-materialised remainder to L/N inputs + the group's, i.e. by
+    (L/N - L) c + (N - 1) x a whole layer; the estimate equals the simulation."""
+    one, grouped = simulate(_group_scn(1, 1024)), simulate(_group_scn(n, 1024))
+    c, whole = (layer_memory(grouped.scenario, False, recompute=mode).stored for mode in ("full", "none"))
+    moved = grouped.metrics["memory_bytes"]["activations"] - one.metrics["memory_bytes"]["activations"]
+    assert moved == pytest.approx((8 / n - 8) * c + (n - 1) * whole)
+    assert estimate(grouped.scenario).total_bytes == pytest.approx(grouped.metrics["memory_bytes"]["total"], rel=1e-9)

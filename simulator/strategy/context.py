@@ -85,6 +85,10 @@ class LowerCtx:
         """Bytes a recomputed layer re-materialises from its recompute until its backward ends."""
         return self.layer_mem[layer].transient if self.layer_mem else 0.0
 
+    def recompute_alloc_bytes(self, layer: int) -> float:
+        """Bytes a recomputed layer's first recompute task allocates (``LayerMemory.recompute_alloc``)."""
+        return self.layer_mem[layer].recompute_alloc if self.layer_mem else 0.0
+
     def stage(self, rank: int) -> int:
         s = self._stage.get(rank)
         if s is None:

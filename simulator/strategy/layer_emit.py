@@ -268,13 +268,14 @@ def layer_backward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, split_
     """Emit one layer's backward (input gradient only when ``split_w``), each recompute
     (``recompute.recomputed_forward``) right before the backward that needs it; returns its last
     task, which releases ``free_bytes`` of activations and the recompute's re-materialised bytes
-    (``ctx.transient_bytes``), allocated by the layer's first recompute task."""
+    (``ctx.transient_bytes``); the layer's first recompute task allocates ``ctx.recompute_alloc_bytes``
+    (the same bytes, or under Megatron's uniform groups its whole group's for the group's first backward)."""
     b = ctx.layer_blocks(meta["layer"])
     part = "B" if split_w else "BW"
     rmeta, rname = {**meta, "phase": "R"}, f"{name}.R"
     rc = recomputed_forward(recompute, ctx.par.recompute_modules, ctx.scn.model, b)
     transient = ctx.transient_bytes(meta["layer"]) if rc.any else 0.0
-    pending = [transient]
+    pending = [ctx.recompute_alloc_bytes(meta["layer"]) if rc.any else 0.0]
     x = ctx.join(rank, f"{name}.wait", deps, **meta)
     x = _rerun(ctx, rank, x, f"{rname}.sac", rc.ops, rmeta, pending)  # torchtitan's per-op SAC: all at once
     if rc.layer:

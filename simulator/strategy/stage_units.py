@@ -10,7 +10,7 @@ report's and the search's. Sizes come from ``activation_memory`` and ``sharding.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Union
 
@@ -154,12 +154,20 @@ class LayerMemory:
     """Activation bytes of one layer kind and micro-batch on one rank, as the lowering moves them:
     ``stored`` allocated by F; freed ``at_b`` by B and ``at_w`` by W (B frees all when the schedule
     does not split the backward); ``transient``: what a recompute re-materialises from the recompute
-    to the end of the layer's backward."""
+    to the end of the layer's backward; ``group_alloc``: with Megatron's uniform groups of N layers
+    (``recompute_groups``) what the layer's first recompute allocates, its whole group's transient for
+    the group's last layer (the first backward) and nothing for the others (None: its own)."""
 
     stored: float
     at_b: float
     at_w: float
     transient: float
+    group_alloc: float | None = None
+
+    @property
+    def recompute_alloc(self) -> float:
+        """Bytes the layer's first recompute task allocates."""
+        return self.transient if self.group_alloc is None else self.group_alloc
 
 
 def layer_memory(scn: Scenario, split_backward: bool, dense_mlp: bool = False, recompute_workspace: bool = True,
@@ -183,13 +191,25 @@ def layer_memory(scn: Scenario, split_backward: bool, dense_mlp: bool = False, r
 
 
 def layer_memories(scn: Scenario, split_backward: bool, recompute_workspace: bool,
-                   modes: tuple[str, ...]) -> tuple[LayerMemory, ...]:
+                   modes: tuple[str, ...], groups: tuple[tuple[int, ...], ...] = ()) -> tuple[LayerMemory, ...]:
     """``layer_memory`` of every layer index, by its kind and its recompute mode (``modes``, per
-    index: ``layer_recompute_modes``), one object per pair."""
+    index: ``layer_recompute_modes``), one object per pair; then each of Megatron's uniform groups
+    (``recompute_groups``) keeps only its first layer's input, and its last layer's recompute allocates
+    what the whole group re-materialises (every other layer's input included)."""
     m = scn.model
     keys = [(i < m.moe_first_dense_layers, modes[i]) for i in range(m.total_layers)]  # MTP: the main kind
     kinds = {k: layer_memory(scn, split_backward, k[0], recompute_workspace, k[1]) for k in dict.fromkeys(keys)}
-    return tuple(kinds[k] for k in keys)
+    out = [kinds[k] for k in keys]
+    for group in groups:
+        inner = {i: LayerMemory(0.0, 0.0, 0.0, out[i].transient + out[i].stored * recompute_workspace, 0.0)
+                 for i in group[1:]}
+        first = replace(out[group[0]], group_alloc=0.0)
+        grouped = {group[0]: first, **inner}
+        top = group[-1]
+        grouped[top] = replace(grouped[top], group_alloc=sum(x.transient for x in grouped.values()))
+        for i, lm in grouped.items():
+            out[i] = lm
+    return tuple(out)
 
 
 # ---- which layers recompute ------------------------------------------------------------------------
@@ -219,6 +239,19 @@ def recomputed_layers(par: ParallelSpec, chunks: tuple[tuple[int, ...], ...], nu
         return frozenset(i for layers in rank_layers for k, i in enumerate(layers, 1) if k % n == 0).union(mtp)
     first = (i for chunk in chunks for i in [j for j in chunk if j < num_layers][:n])
     return frozenset(first).union(mtp)
+
+
+def recompute_groups(par: ParallelSpec, chunks: tuple[tuple[int, ...], ...], num_layers: int) -> tuple[tuple[int, ...], ...]:
+    """Megatron-Core's uniform method with ``recompute_num_layers`` N > 1 (TransformerBlock.
+    _checkpointed_forward: ``checkpoint_handler(custom(layer_idx, layer_idx + N))`` over each model
+    chunk's layers): the consecutive groups of N layers of every chunk that share one checkpoint, each
+    in forward order; () for any other plan (every recomputed layer its own checkpoint). MTP layers
+    (indices from ``num_layers``) keep their own."""
+    n = par.recompute_num_layers
+    if par.recompute != "full" or par.recompute_method != "uniform" or n <= 1:
+        return ()
+    mains = ([i for i in chunk if i < num_layers] for chunk in chunks)
+    return tuple(g for layers in mains for g in (tuple(layers[k:k + n]) for k in range(0, len(layers), n)) if len(g) > 1)
 
 
 def layer_recompute(par: ParallelSpec, recomputed: frozenset[int], layer: int) -> str:
@@ -316,12 +349,13 @@ class UnitDeltas:
     alloc_bytes: float = 0.0
     recompute_bytes: float = 0.0
     free_bytes: float = 0.0
+    recompute_free_bytes: float | None = None  # re-materialised bytes released at the end (None: recompute_bytes)
 
     def events(self) -> tuple[tuple[float, str], ...]:
         """(signed delta, phase tag) in order: the allocation ("R" when it includes a recompute), then the
         release, each omitted when zero (the walk of ``analysis.memory.schedule_trace``)."""
         up = self.alloc_bytes + self.recompute_bytes
-        down = self.free_bytes + self.recompute_bytes
+        down = self.free_bytes + (self.recompute_bytes if self.recompute_free_bytes is None else self.recompute_free_bytes)
         return (((up, "R" if self.recompute_bytes else ""),) if up else ()) + (((-down, ""),) if down else ())
 
 
@@ -343,7 +377,8 @@ class ActivationRules:
             out[end, "F"], out[end, "B"], out[end, "W"] = UnitDeltas(size), UnitDeltas(free_bytes=size), UnitDeltas()
         for i, lm in enumerate(self.layers):
             out[i, "F"] = UnitDeltas(lm.stored)
-            out[i, "B"] = UnitDeltas(max(-lm.at_b, 0.0), lm.transient, max(lm.at_b, 0.0))
+            grouped = None if lm.group_alloc is None else lm.transient  # a uniform group frees its own share
+            out[i, "B"] = UnitDeltas(max(-lm.at_b, 0.0), lm.recompute_alloc, max(lm.at_b, 0.0), grouped)
             out[i, "W"] = UnitDeltas(free_bytes=lm.at_w)
         return out
 
@@ -366,5 +401,6 @@ def activation_rules(scn: Scenario, split_backward: bool | None = None, recomput
         split_backward = splits_backward(layout.schedule)
     args = (m, tr.micro_batch_size, par.tp, par.sequence_parallel, par.cp, tr.dtype_bytes)
     modes = layer_recompute_modes(par, layout, m)
-    return ActivationRules(layer_memories(scn, split_backward, recompute_workspace, modes),
+    groups = recompute_groups(par, layout.chunks, m.num_layers)
+    return ActivationRules(layer_memories(scn, split_backward, recompute_workspace, modes, groups),
                            embedding_activation_bytes(*args), head_activation_bytes(*args))
