@@ -184,19 +184,21 @@ _SHARDING = IMPLEMENTATIONS
 
 def _check_op_sac(m: ModelSpec, p: ParallelSpec, t: TrainingSpec) -> None:
     """torchtitan's per-op SAC is modelled for dense layers (strategy/recompute.op_sac_rerun) without TP
-    or CP, whose gathers its policy would re-run, in BF16/FP16 (torchao's float8 is not TE's), and not
-    under DeepSpeed's ZeRO-3, whose hooks would fetch the re-run linears' parameters again."""
+    or CP, whose gathers its policy would re-run, in BF16/FP16 (torchao's float8 is not TE's), with a
+    fused attention kernel (unfused attention's score matmuls would be saved too), and not under
+    DeepSpeed's ZeRO-3, whose hooks would fetch the re-run linears' parameters again."""
     ds3 = p.zero_stage == 3 and p.sharding.startswith("deepspeed")
     unmodelled = [(what, value) for what, value, bad in (
         ("parallelism.tp", p.tp, p.tp > 1), ("parallelism.cp", p.cp, p.cp > 1),
         ("parallelism.sharding", p.sharding, ds3),
         ("model.num_experts", m.num_experts, m.is_moe), ("model.kv_lora_rank (MLA)", m.kv_lora_rank, m.is_mla),
         ("model.parallel_attn_mlp", m.parallel_attn_mlp, m.parallel_attn_mlp),
-        ("training.dtype", t.dtype, t.dtype == "fp8")) if bad]
+        ("training.dtype", t.dtype, t.dtype == "fp8"),
+        ("training.attention", t.attention, t.attention == "unfused")) if bad]
     if unmodelled:
         what, value = unmodelled[0]
         raise ScenarioError(f"parallelism.recompute = 'selective-op' (torchtitan's per-op SAC) is modelled for "
-                            f"dense layers with tp = 1, cp = 1 and no fp8; got {what} = {value!r}")
+                            f"dense layers with tp = 1, cp = 1, fused attention and no fp8; got {what} = {value!r}")
 
 
 def _check_recompute_layers(p: ParallelSpec) -> None:

@@ -75,11 +75,13 @@ def test_the_step_sits_between_no_and_full_recompute():
 
 
 @pytest.mark.parametrize("raw, match", [
-    (_raw("selective-op", tp=2), r"tp = 1, cp = 1 and no fp8; got parallelism.tp = 2"),
+    (_raw("selective-op", tp=2), r"tp = 1, cp = 1, fused attention and no fp8; got parallelism.tp = 2"),
     (_raw("selective-op", preset="mixtral-8x7b"), r"got model.num_experts = 8"),
     ({**_raw("selective-op"), "training": {"global_batch_size": 16, "micro_batch_size": 2, "dtype": "fp8"}},
      r"got training.dtype = 'fp8'"),
     (_raw("selective-op", sharding="deepspeed"), r"got parallelism.sharding = 'deepspeed'"),
+    ({**_raw("selective-op"), "training": {"global_batch_size": 16, "micro_batch_size": 2, "attention": "unfused"}},
+     r"got training.attention = 'unfused'"),
 ])
 def test_unmodelled_combinations_are_refused_by_name(raw, match):
     with pytest.raises(ScenarioError, match=match):
