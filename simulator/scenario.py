@@ -50,7 +50,7 @@ class ParallelSpec:
     # every layer, one checkpoint per group of recompute_num_layers layers; "block" re-runs only the first
     # recompute_num_layers layers of every model chunk and keeps the others' activations; "interval"
     # (torchtitan's selective layer AC, selective_ac_option = N) every N-th layer of a rank
-    # (strategy/stage_units.recomputed_layers)
+    # (strategy/recompute.recomputed_layers)
     recompute_method: str = "uniform"
     recompute_num_layers: int = 1
     # Megatron-Core recompute_modules of recompute = "selective" (strategy/activation_memory.RECOMPUTE_MODULES)

@@ -213,7 +213,7 @@ def _check_recompute_layers(p: ParallelSpec) -> None:
         raise ScenarioError(f"parallelism.recompute_method = {p.recompute_method!r} with recompute_num_layers = "
                             f"{p.recompute_num_layers} needs recompute = 'full', got {p.recompute!r}")
     if p.recompute_method == "uniform" and p.recompute_num_layers != 1 and splits_backward(p.schedule):
-        # a group's B and W passes would each need the whole group re-materialised (stage_units.recompute_groups)
+        # a group's B and W passes would each need the whole group re-materialised (recompute.recompute_groups)
         raise ScenarioError(f"parallelism.recompute_num_layers = {p.recompute_num_layers} with recompute_method = "
                             f"'uniform' (groups of layers under one checkpoint) is not modelled with schedule "
                             f"{p.schedule!r}, which splits the backward: use 1, or 'block'")

@@ -22,8 +22,8 @@ from simulator.explore.sweep import BaseScenario
 from simulator.pipeline import simulate
 from simulator.scenario import ParallelSpec, scenario_from_dict
 from simulator.scenario_checks import ScenarioError
-from simulator.strategy.stage_units import (activation_rules, layer_memory, layer_recompute, recomputed_layers,
-                                            scenario_layout)
+from simulator.strategy.recompute import layer_recompute, recompute_groups, recomputed_layers
+from simulator.strategy.stage_units import activation_rules, layer_memory, scenario_layout
 from simulator.strategy.zero_impl import chunk_fetches
 
 CHUNKS = ((0, 1, 2), (3, 4, 5), (6, 7, 8, 9))  # three model chunks, the last with an MTP layer (9)
@@ -200,7 +200,6 @@ def test_the_lowering_recomputes_every_nth_layer_of_a_rank(n, v):
 
 
 def test_uniform_groups_n_layers_of_every_chunk():
-    from simulator.strategy.stage_units import recompute_groups
     uniform = lambda n: _par(recompute="full", recompute_num_layers=n)  # noqa: E731
     assert recompute_groups(uniform(2), CHUNKS, 9) == ((0, 1), (3, 4), (6, 7))  # 2 and 5 alone; MTP 9 its own
     assert recompute_groups(uniform(3), CHUNKS, 9) == ((0, 1, 2), (3, 4, 5), (6, 7, 8))

@@ -30,11 +30,10 @@ from ..scenario import Scenario
 from ..strategy.actions import Action
 from ..strategy.blocks import LayerBlocks, Work, build_blocks, layer_blocks
 from ..strategy.blocking_tp import blocking_tp, tp_traffic
-from ..strategy.recompute import recomputed_forward
+from ..strategy.recompute import layer_recompute_modes, recomputed_forward
 from ..strategy.schedules import schedule_actions, splits_backward
 from ..strategy.sharding import grad_accumulation_bytes_per_param
-from ..strategy.stage_units import (StageLayout, activation_rules, layer_recompute_modes, scenario_layout,
-                                    stage_param_counts)
+from ..strategy.stage_units import StageLayout, activation_rules, scenario_layout, stage_param_counts
 from ..tasks import Collective, Task
 from ..units import DTYPE_BYTES
 from .estimate_streams import ds2021_host_s, dp_stream_s, pp_stream_s
@@ -294,7 +293,7 @@ def memory_totals(scn: Scenario, cache: EstimateCache | None = None) -> list[flo
 def _layer_times(scn: Scenario, cache: EstimateCache, b: LayerBlocks,
                  recompute: str) -> tuple[float, float, float, float, float]:
     """(F compute, F blocking TP, B compute, B blocking TP, W compute) seconds of one layer of the kind
-    whose blocks are ``b`` under ``recompute`` (``stage_units.layer_recompute``), one micro-batch."""
+    whose blocks are ``b`` under ``recompute`` (``recompute.layer_recompute``), one micro-batch."""
     par = scn.parallel
     split = splits_backward(cache.layout(scn).schedule)
     work = lambda w, k=1: cache.work_s(scn, w, k)  # noqa: E731

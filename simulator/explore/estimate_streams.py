@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING
 
 from ..scenario import Scenario
 from ..strategy.mesh import DeviceMesh
+from ..strategy.recompute import recomputed_layers
 from ..strategy.sharding import layer_submodules, unit_persistent_sizes
-from ..strategy.stage_units import copy_sync_bytes, recomputed_layers, stage_param_counts, unit_params
+from ..strategy.stage_units import copy_sync_bytes, stage_param_counts, unit_params
 from ..strategy.zero_impl import (FSDP, chunk_fetches, hsdp_groups, list_all_gather_host_work, persistent_copy_host_work,
                                   persistent_gather_work)
 

@@ -26,8 +26,8 @@ from .mesh import DeviceMesh
 from .pair_overlap import interleave
 from .schedules import Action, StageMap, overlapped_pairs, schedule_actions, splits_backward
 from .sharding import grad_accumulation_bytes_per_param, layer_submodules
+from .recompute import layer_recompute_modes
 from .stage_units import (activation_rules, chunk_layers, chunk_sizes, copy_sync_bytes,  # noqa: F401 (re-exported)
-                          layer_recompute_modes,
                           scenario_layout, stage_layout, stage_param_counts, unit_params)
 from .stamp import Stamper
 from .zero_impl import FSDP

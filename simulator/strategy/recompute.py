@@ -1,5 +1,5 @@
-"""What a layer's backward runs again of its forward: the whole layer (full recompute) or the ops of
-Megatron-Core's selective-recompute modules. One rule for the lowering (``layer_emit.layer_backward``
+"""Which layers recompute and what a layer's backward runs again of its forward: the whole layer (full
+recompute) or the ops of Megatron-Core's selective-recompute modules. One rule for the lowering (``layer_emit.layer_backward``
 emits the ops as tasks of category "recompute", phase R) and the search's time estimate
 (``explore/estimate._layer_times`` adds their seconds to the backward).
 
@@ -52,8 +52,10 @@ from ..tasks import InternalError, OpWork
 from .activation_memory import standalone_norms
 from .blocks import LayerBlocks, Work
 
-if TYPE_CHECKING:  # layer_emit imports this module: a type-only import
+if TYPE_CHECKING:  # layer_emit and stage_units import this module; scenario imports strategy: type-only imports
+    from ..scenario import ParallelSpec
     from .blocking_tp import BlockingTP
+    from .stage_units import StageLayout
 
 # the op graph's op names (model/opgraph.py) each module re-runs
 _UP_PROJ = frozenset({"q_up", "q_proj", "kv_up", "rope"})  # MLA's up projections and RoPE
@@ -172,3 +174,59 @@ def op_sac_rerun(b: LayerBlocks, model: ModelSpec) -> Work:
             out.append(OpWork(f"{w.name}.mm{part}", "gemm", w.flops * cols / n, (m * k + k * cols + m * cols)
                               * dtype_bytes, (m, cols, k), w.precision, w.backward, w.kernels))
     return tuple(out)
+
+
+# ---- which layers recompute (one rule for the lowering, the memory rules and the estimate) ----------
+def recomputed_layers(par: ParallelSpec, chunks: tuple[tuple[int, ...], ...], num_layers: int,
+                      held: tuple[tuple[int, ...], ...] = ()) -> frozenset[int]:
+    """The layers whose backward re-runs their whole forward (``recompute = "full"``; none otherwise).
+    Megatron-Core's TransformerBlock._checkpointed_forward: method "uniform" checkpoints every layer;
+    "block" only the first ``recompute_num_layers`` layers of each model chunk (one TransformerBlock per
+    virtual stage, "the rest without any recomputing"). torchtitan's selective layer AC
+    (``selective_ac_option = N``, "interval" here): every N-th transformer block a rank builds, counted
+    from 1 over its model parts in order (``_apply_layer_sac``'s process-wide ``_count``), i.e. over
+    ``held``, each pipeline rank's virtual stages in chunk order (StageLayout.held). MTP layers (indices
+    from ``num_layers``) are recomputed under full recompute whatever the method (the MTP block
+    checkpoints its layers for full granularity). One rule for the lowering, the memory rules and the
+    estimate."""
+    if par.recompute != "full":
+        return frozenset()
+    every = frozenset(i for chunk in chunks for i in chunk)
+    mtp = (i for i in every if i >= num_layers)
+    if par.recompute_method == "uniform":
+        return every
+    n = par.recompute_num_layers
+    if par.recompute_method == "interval":
+        if not held:
+            raise InternalError("recomputed_layers: the interval method needs each rank's virtual stages")
+        rank_layers = ([i for vs in stages for i in chunks[vs] if i < num_layers] for stages in held)
+        return frozenset(i for layers in rank_layers for k, i in enumerate(layers, 1) if k % n == 0).union(mtp)
+    first = (i for chunk in chunks for i in [j for j in chunk if j < num_layers][:n])
+    return frozenset(first).union(mtp)
+
+
+def recompute_groups(par: ParallelSpec, chunks: tuple[tuple[int, ...], ...], num_layers: int) -> tuple[tuple[int, ...], ...]:
+    """Megatron-Core's uniform method with ``recompute_num_layers`` N > 1 (TransformerBlock.
+    _checkpointed_forward: ``checkpoint_handler(custom(layer_idx, layer_idx + N))`` over each model
+    chunk's layers): the consecutive groups of N layers of every chunk that share one checkpoint, each
+    in forward order; () for any other plan (every recomputed layer its own checkpoint). MTP layers
+    (indices from ``num_layers``) keep their own."""
+    n = par.recompute_num_layers
+    if par.recompute != "full" or par.recompute_method != "uniform" or n <= 1:
+        return ()
+    mains = ([i for i in chunk if i < num_layers] for chunk in chunks)
+    return tuple(g for layers in mains for g in (tuple(layers[k:k + n]) for k in range(0, len(layers), n)) if len(g) > 1)
+
+
+def layer_recompute(par: ParallelSpec, recomputed: frozenset[int], layer: int) -> str:
+    """The recompute mode layer ``layer`` runs: the plan's, except "none" for the layers the "block"
+    method leaves out of a full recompute (``recomputed_layers``)."""
+    if par.recompute != "full":
+        return par.recompute
+    return "full" if layer in recomputed else "none"
+
+
+def layer_recompute_modes(par: ParallelSpec, layout: StageLayout, model: ModelSpec) -> tuple[str, ...]:
+    """``layer_recompute`` of every layer index of ``model`` (MTP layers included) under ``layout``."""
+    done = recomputed_layers(par, layout.chunks, model.num_layers, layout.rank_stages())
+    return tuple(layer_recompute(par, done, i) for i in range(model.total_layers))

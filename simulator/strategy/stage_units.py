@@ -1,7 +1,7 @@
 """What a pipeline rank holds and what its passes allocate, written once: the virtual stages of each
 rank (the schedule's stage map) and their layers, each virtual stage's units (embedding, layers, LM
-head), the parameters of a unit and of a rank, which layers a full recompute re-runs, and each unit's
-activation deltas per pass (F, B, W).
+head), the parameters of a unit and of a rank, and each unit's activation deltas per pass (F, B, W), with
+the layers a full recompute re-runs from ``recompute``.
 
 The lowering puts these deltas on its tasks, ``analysis.memory.schedule_trace`` on one event per
 unit and the search estimate folds them per action; the parameters are the lowering's, the memory
@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, Union
 
 from ..model.opgraph import OpGraph, build_op_graph
 from ..model.spec import ModelSpec
-from ..tasks import InternalError
 from .activation_memory import (embedding_activation_bytes, head_activation_bytes, layer_activation_bytes,
                                 layer_activation_split)
+from .recompute import layer_recompute_modes, recompute_groups
 from .schedules import StageMap, splits_backward, stage_map
 from .sharding import params_per_rank
 
@@ -175,7 +175,7 @@ def layer_memory(scn: Scenario, split_backward: bool, dense_mlp: bool = False, r
     """The one rule for a layer's activation deltas (lowering, ``analysis.memory.schedule_trace`` and
     the search's estimate): a scenario's plan, a layer of the MoE or of the dense kind
     (``OpGraph.layer_ops``: an MoE model's first dense layers), under ``recompute`` (default the plan's;
-    ``stage_units.layer_recompute`` of the layer)."""
+    ``recompute.layer_recompute`` of the layer)."""
     m, par, tr = scn.model, scn.parallel, scn.training
     recompute = par.recompute if recompute is None else recompute
     args = (m, tr.micro_batch_size, par.tp, par.sequence_parallel, par.cp)
@@ -210,62 +210,6 @@ def layer_memories(scn: Scenario, split_backward: bool, recompute_workspace: boo
         for i, lm in grouped.items():
             out[i] = lm
     return tuple(out)
-
-
-# ---- which layers recompute ------------------------------------------------------------------------
-def recomputed_layers(par: ParallelSpec, chunks: tuple[tuple[int, ...], ...], num_layers: int,
-                      held: tuple[tuple[int, ...], ...] = ()) -> frozenset[int]:
-    """The layers whose backward re-runs their whole forward (``recompute = "full"``; none otherwise).
-    Megatron-Core's TransformerBlock._checkpointed_forward: method "uniform" checkpoints every layer;
-    "block" only the first ``recompute_num_layers`` layers of each model chunk (one TransformerBlock per
-    virtual stage, "the rest without any recomputing"). torchtitan's selective layer AC
-    (``selective_ac_option = N``, "interval" here): every N-th transformer block a rank builds, counted
-    from 1 over its model parts in order (``_apply_layer_sac``'s process-wide ``_count``), i.e. over
-    ``held``, each pipeline rank's virtual stages in chunk order (StageLayout.held). MTP layers (indices
-    from ``num_layers``) are recomputed under full recompute whatever the method (the MTP block
-    checkpoints its layers for full granularity). One rule for the lowering, the memory rules and the
-    estimate."""
-    if par.recompute != "full":
-        return frozenset()
-    every = frozenset(i for chunk in chunks for i in chunk)
-    mtp = (i for i in every if i >= num_layers)
-    if par.recompute_method == "uniform":
-        return every
-    n = par.recompute_num_layers
-    if par.recompute_method == "interval":
-        if not held:
-            raise InternalError("recomputed_layers: the interval method needs each rank's virtual stages")
-        rank_layers = ([i for vs in stages for i in chunks[vs] if i < num_layers] for stages in held)
-        return frozenset(i for layers in rank_layers for k, i in enumerate(layers, 1) if k % n == 0).union(mtp)
-    first = (i for chunk in chunks for i in [j for j in chunk if j < num_layers][:n])
-    return frozenset(first).union(mtp)
-
-
-def recompute_groups(par: ParallelSpec, chunks: tuple[tuple[int, ...], ...], num_layers: int) -> tuple[tuple[int, ...], ...]:
-    """Megatron-Core's uniform method with ``recompute_num_layers`` N > 1 (TransformerBlock.
-    _checkpointed_forward: ``checkpoint_handler(custom(layer_idx, layer_idx + N))`` over each model
-    chunk's layers): the consecutive groups of N layers of every chunk that share one checkpoint, each
-    in forward order; () for any other plan (every recomputed layer its own checkpoint). MTP layers
-    (indices from ``num_layers``) keep their own."""
-    n = par.recompute_num_layers
-    if par.recompute != "full" or par.recompute_method != "uniform" or n <= 1:
-        return ()
-    mains = ([i for i in chunk if i < num_layers] for chunk in chunks)
-    return tuple(g for layers in mains for g in (tuple(layers[k:k + n]) for k in range(0, len(layers), n)) if len(g) > 1)
-
-
-def layer_recompute(par: ParallelSpec, recomputed: frozenset[int], layer: int) -> str:
-    """The recompute mode layer ``layer`` runs: the plan's, except "none" for the layers the "block"
-    method leaves out of a full recompute (``recomputed_layers``)."""
-    if par.recompute != "full":
-        return par.recompute
-    return "full" if layer in recomputed else "none"
-
-
-def layer_recompute_modes(par: ParallelSpec, layout: StageLayout, model: ModelSpec) -> tuple[str, ...]:
-    """``layer_recompute`` of every layer index of ``model`` (MTP layers included) under ``layout``."""
-    done = recomputed_layers(par, layout.chunks, model.num_layers, layout.rank_stages())
-    return tuple(layer_recompute(par, done, i) for i in range(model.total_layers))
 
 
 # ---- parameters ------------------------------------------------------------------------------------

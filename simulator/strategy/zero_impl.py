@@ -258,7 +258,7 @@ def chunk_fetches(sharding: str, zero_stage: int, recomputed: frozenset[int], un
     """``pass_fetches`` of one model chunk: ``units`` its units in forward order ("embed", layer
     indices, "head"), ``unit_dense`` their dense parameters on the rank, ``layer_subs`` every layer's
     DeepSpeed submodule sizes by global index (``layer_submodules``), ``recomputed`` the layers whose
-    forward the backward re-runs (``stage_units.recomputed_layers``). One rule for the lowering and
+    forward the backward re-runs (``recompute.recomputed_layers``). One rule for the lowering and
     the estimate."""
     ds = sharding in DEEPSPEED
     layers = {i for i, u in enumerate(units) if u not in ("embed", "head")}
