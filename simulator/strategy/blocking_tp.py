@@ -79,7 +79,8 @@ def overlap_site(par: ParallelSpec, site: str, work: Work, last: bool = False, m
 
 class BlockingTP(NamedTuple):
     """The TP/SP collectives of one layer that block its compute stream, each (op, overlap site of
-    ``overlap_site``, GATHER_SITES name of an all-gather a TE linear consumes or "") or None: forward at the attention's entry and exit and the MLP's entry and exit;
+    ``overlap_site``, GATHER_SITES name of an all-gather a TE linear consumes or "") or None: forward
+    at the attention's entry and exit and the MLP's entry and exit;
     backward the conjugates of the exits (SP's all-gathers of the output gradients). One rule for the
     lowering (``layer_forward``/``layer_backward``) and the search estimator (explore/estimate)."""
 

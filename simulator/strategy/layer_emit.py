@@ -326,8 +326,9 @@ def layer_weight_grad(ctx: LowerCtx, rank: int, deps: tuple, name: str, meta: di
     b = ctx.layer_blocks(meta["layer"])
     if ctx.par.sequence_parallel and ctx.par.tp > 1:
         sites = {"attn": "qkv_dgrad", "mlp": "" if b.experts is not None else "fc1_dgrad"}
+        blks = ("attn",) if b.shared_input else ("mlp", "attn")
         deps += tuple(ctx.tp_collective(rank, f"{name}.{blk}.input_all_gather", "all_gather", ctx.tp_bytes(sites[blk]),
-                                        after, COMM_TP, **meta) for blk in (("attn",) if b.shared_input else ("mlp", "attn")))
+                                        after, COMM_TP, **meta) for blk in blks)
     return ctx.compute(rank, f"{name}.W", b.layer_w, deps, mem_delta_bytes=-free_bytes, **meta)
 
 

@@ -1,7 +1,7 @@
-"""Which layers recompute and what a layer's backward runs again of its forward: the whole layer (full
-recompute) or the ops of Megatron-Core's selective-recompute modules. One rule for the lowering (``layer_emit.layer_backward``
-emits the ops as tasks of category "recompute", phase R) and the search's time estimate
-(``explore/estimate._layer_times`` adds their seconds to the backward).
+"""Which layers recompute and what a layer's backward runs again of its forward: the whole layer
+(full recompute) or the ops of Megatron-Core's selective-recompute modules. One rule for the lowering
+(``layer_emit.layer_backward`` emits the ops as tasks of category "recompute", phase R) and the search's
+time estimate (``explore/estimate._layer_times`` adds their seconds to the backward).
 
 Megatron-Core (megatron/core/transformer/, TransformerConfig.recompute_modules, default
 ["core_attn"]) re-runs each module's forward right before the backward that needs it:
@@ -205,7 +205,8 @@ def recomputed_layers(par: ParallelSpec, chunks: tuple[tuple[int, ...], ...], nu
     return frozenset(first).union(mtp)
 
 
-def recompute_groups(par: ParallelSpec, chunks: tuple[tuple[int, ...], ...], num_layers: int) -> tuple[tuple[int, ...], ...]:
+def recompute_groups(par: ParallelSpec, chunks: tuple[tuple[int, ...], ...],
+                     num_layers: int) -> tuple[tuple[int, ...], ...]:
     """Megatron-Core's uniform method with ``recompute_num_layers`` N > 1 (TransformerBlock.
     _checkpointed_forward: ``checkpoint_handler(custom(layer_idx, layer_idx + N))`` over each model
     chunk's layers): the consecutive groups of N layers of every chunk that share one checkpoint, each
@@ -215,7 +216,8 @@ def recompute_groups(par: ParallelSpec, chunks: tuple[tuple[int, ...], ...], num
     if par.recompute != "full" or par.recompute_method != "uniform" or n <= 1:
         return ()
     mains = ([i for i in chunk if i < num_layers] for chunk in chunks)
-    return tuple(g for layers in mains for g in (tuple(layers[k:k + n]) for k in range(0, len(layers), n)) if len(g) > 1)
+    groups = (tuple(layers[k:k + n]) for layers in mains for k in range(0, len(layers), n))
+    return tuple(g for g in groups if len(g) > 1)
 
 
 def layer_recompute(par: ParallelSpec, recomputed: frozenset[int], layer: int) -> str:

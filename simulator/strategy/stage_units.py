@@ -299,7 +299,8 @@ class UnitDeltas:
         """(signed delta, phase tag) in order: the allocation ("R" when it includes a recompute), then the
         release, each omitted when zero (the walk of ``analysis.memory.schedule_trace``)."""
         up = self.alloc_bytes + self.recompute_bytes
-        down = self.free_bytes + (self.recompute_bytes if self.recompute_free_bytes is None else self.recompute_free_bytes)
+        freed = self.recompute_bytes if self.recompute_free_bytes is None else self.recompute_free_bytes
+        down = self.free_bytes + freed
         return (((up, "R" if self.recompute_bytes else ""),) if up else ()) + (((-down, ""),) if down else ())
 
 
