@@ -133,6 +133,19 @@ def test_a_plan_carries_its_recompute_layers_to_and_from_its_scenario():
     assert block3.label() == "tp2 pp4 dp1 b1 1f1b z0 block3"
 
 
+@pytest.mark.parametrize("method, n", [("interval", 2), ("uniform", 4)])
+def test_a_plan_keeps_the_other_methods(method, n):
+    """A sweep's rows carry the plan of each scenario (plan_of): the interval and grouped-uniform plans
+    keep their method and N, and apply_plan writes them back."""
+    scn = _scn(method=method, n=n)
+    plan = plan_of(scn)
+    assert (plan.recompute_method, plan.recompute_num_layers) == (method, n)
+    assert plan.label().endswith(f"z0 {method}{n}")
+    par = apply_plan(_raw(), plan)["parallelism"]
+    assert (par["recompute_method"], par["recompute_num_layers"]) == (method, n)
+    assert plan_of(scenario_from_dict(apply_plan(_raw(), plan), default_name="p")) == plan
+
+
 @pytest.mark.parametrize("par, match", [
     ({"recompute_method": "blocks"}, r"recompute_method must be 'uniform', 'block' or 'interval', got 'blocks'"),
     ({"recompute_method": "block", "recompute_num_layers": 0}, r"recompute_num_layers must be >= 1, got 0"),

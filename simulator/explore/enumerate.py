@@ -67,6 +67,9 @@ class Plan:
     sequence_parallel: bool = False
     # full recompute of the first N layers of every model chunk only (recompute_method "block"); 0: all
     recompute_num_layers: int = 0
+    # the method N applies with when not "block" (what the search's partial recompute uses): "interval"
+    # (every N-th layer) or "uniform" (groups of N layers); a sweep over a scenario's own methods sets it
+    recompute_method: str = ""
 
     def label(self) -> str:
         """Compact text, e.g. ``tp8 pp16 dp8 b1 interleaved-1f1b v2 z1 full sp``."""
@@ -76,7 +79,8 @@ class Plan:
         parts += [f"b{self.micro_batch_size}"]
         if self.pp > 1:
             parts.append(self.schedule + (f" v{self.virtual_stages}" if self.virtual_stages > 1 else ""))
-        rc = f"block{self.recompute_num_layers}" if self.recompute_num_layers else self.recompute
+        rc = f"{self.recompute_method or 'block'}{self.recompute_num_layers}" if self.recompute_num_layers \
+            else self.recompute
         parts += [f"z{self.zero_stage}", rc] + (["sp"] if self.sequence_parallel else [])
         return " ".join(parts)
 
@@ -90,9 +94,11 @@ PLAN_FIELDS = tuple(f.name for f in fields(Plan))
 def plan_of(scn: Scenario) -> Plan:
     """The plan a validated Scenario runs."""
     p = scn.parallel
+    every = (p.recompute_method, p.recompute_num_layers) == ("uniform", 1)
     return Plan(p.tp, p.pp, p.dp, p.cp, p.ep, scn.training.micro_batch_size, p.schedule if p.pp > 1 else "1f1b",
                 p.virtual_stages if p.pp > 1 else 1, p.zero_stage, p.recompute, p.sequence_parallel,
-                p.recompute_num_layers if p.recompute_method == "block" else 0)
+                0 if every else p.recompute_num_layers,
+                "" if every or p.recompute_method == "block" else p.recompute_method)
 
 
 def apply_plan(raw: dict, plan: Plan) -> dict:
@@ -104,10 +110,10 @@ def apply_plan(raw: dict, plan: Plan) -> dict:
     par.update({k: getattr(plan, k) for k in PLAN_KEYS})
     if plan.recompute != "selective":  # the scenario's modules apply to its selective plans only
         par.pop("recompute_modules", None)
-    par.pop("recompute_method", None)  # the plan's: every layer, or the first N of each chunk
+    par.pop("recompute_method", None)  # the plan's: every layer, or N by its method (block by default)
     par.pop("recompute_num_layers", None)
     if plan.recompute_num_layers:
-        par.update(recompute_method="block", recompute_num_layers=plan.recompute_num_layers)
+        par.update(recompute_method=plan.recompute_method or "block", recompute_num_layers=plan.recompute_num_layers)
     out["parallelism"] = par
     out["training"] = dict(out.get("training", {}), micro_batch_size=plan.micro_batch_size)
     return out
