@@ -111,14 +111,14 @@ def blocking_tp(par: ParallelSpec, b: LayerBlocks) -> BlockingTP:
     norms, one with a shared norm (``LayerBlocks.shared_input``)."""
     sp, moe, parallel = par.sequence_parallel, b.experts is not None, b.parallel_norms > 0
     exit_op = "reduce_scatter" if sp else "all_reduce"
-    mlp = "" if moe else "fc"  # an MoE layer's tokens are gathered by its dispatcher, in BF16
+    fc1_in, fc2_grad = ("", "") if moe else ("fc1_fprop", "fc2_dgrad")  # MoE: its dispatcher's BF16 gathers
     return BlockingTP(
         ("all_gather", overlap_site(par, "qkv_fprop", b.attn_pre.fwd), "qkv_fprop") if sp else None,
         None if parallel else (exit_op, overlap_site(par, "proj_fprop", b.attn_post.fwd), ""),
-        ("all_gather", overlap_site(par, "fc1_fprop", b.mlp_pre.fwd, moe=moe), mlp and "fc1_fprop")
+        ("all_gather", overlap_site(par, "fc1_fprop", b.mlp_pre.fwd, moe=moe), fc1_in)
         if sp and not b.shared_input else None,
         (exit_op, overlap_site(par, "fc2_fprop", b.mlp_pre.fwd, last=True, moe=moe), ""),
-        ("all_gather", overlap_site(par, "fc2_dgrad", b.mlp_pre.bwd_b, moe=moe), mlp and "fc2_dgrad") if sp else None,
+        ("all_gather", overlap_site(par, "fc2_dgrad", b.mlp_pre.bwd_b, moe=moe), fc2_grad) if sp else None,
         ("all_gather", overlap_site(par, "proj_dgrad", b.attn_post.bwd_b), "proj_dgrad")
         if sp and not parallel else None)
 
