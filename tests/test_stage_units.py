@@ -143,6 +143,7 @@ def test_recompute_allocation_is_tagged_r():
 @pytest.mark.parametrize("sp,overlap,moe,fp8", [(False, False, False, ""), (True, False, False, ""),
                                                 (True, True, False, ""), (True, True, True, ""),
                                                 (True, True, False, "delayed"), (True, False, True, "current"),
+                                                (True, True, False, "current"),
                                                 (True, False, False, "mxfp8")])
 def test_the_lowerings_blocking_tp_collectives_are_blocking_tps(sp, overlap, moe, fp8):
     """blocking_tp.blocking_tp is the one rule for which TP collectives block a layer's compute stream
