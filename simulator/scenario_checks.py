@@ -12,6 +12,7 @@ from .hardware.gpus import FP8_ARCHITECTURES
 from .model.fp8 import RECIPE_ARCHITECTURES
 from .model.spec import ModelSpec
 from .strategy.activation_memory import RECOMPUTE_MODES as _RECOMPUTE, RECOMPUTE_MODULES
+from .strategy.recompute import RECOMPUTE_METHODS
 from .strategy.schedules import SCHEDULES, StageMap, splits_backward
 from .strategy.zero_impl import IMPLEMENTATIONS
 
@@ -22,7 +23,6 @@ if TYPE_CHECKING:  # scenario and reliability import this module: type-only impo
 
 class ScenarioError(ValueError):
     """A scenario that cannot be simulated; the message names the key and the numbers."""
-
 
 
 def validate(scn: Scenario) -> None:
@@ -204,9 +204,9 @@ def _check_op_sac(m: ModelSpec, p: ParallelSpec, t: TrainingSpec) -> None:
 def _check_recompute_layers(p: ParallelSpec) -> None:
     """Megatron-LM's --recompute-method / --recompute-num-layers and torchtitan's layer AC interval, for
     full recompute only."""
-    if p.recompute_method not in ("uniform", "block", "interval"):
-        raise ScenarioError(f"parallelism.recompute_method must be 'uniform', 'block' or 'interval', "
-                            f"got {p.recompute_method!r}")
+    if p.recompute_method not in RECOMPUTE_METHODS:
+        names = ", ".join(map(repr, RECOMPUTE_METHODS[:-1])) + f" or {RECOMPUTE_METHODS[-1]!r}"
+        raise ScenarioError(f"parallelism.recompute_method must be {names}, got {p.recompute_method!r}")
     if p.recompute_num_layers < 1:
         raise ScenarioError(f"parallelism.recompute_num_layers must be >= 1, got {p.recompute_num_layers}")
     if (p.recompute_method, p.recompute_num_layers) != ("uniform", 1) and p.recompute != "full":

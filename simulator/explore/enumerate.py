@@ -79,10 +79,14 @@ class Plan:
         parts += [f"b{self.micro_batch_size}"]
         if self.pp > 1:
             parts.append(self.schedule + (f" v{self.virtual_stages}" if self.virtual_stages > 1 else ""))
-        rc = f"{self.recompute_method or 'block'}{self.recompute_num_layers}" if self.recompute_num_layers \
-            else self.recompute
-        parts += [f"z{self.zero_stage}", rc] + (["sp"] if self.sequence_parallel else [])
+        parts += [f"z{self.zero_stage}", self.recompute_label()] + (["sp"] if self.sequence_parallel else [])
         return " ".join(parts)
+
+    def recompute_label(self) -> str:
+        """The plan's recompute as labels show it: none, selective, full, or blockN / intervalN / uniformN."""
+        if self.recompute_num_layers:
+            return f"{self.recompute_method or 'block'}{self.recompute_num_layers}"
+        return self.recompute
 
     def as_dict(self) -> dict:
         return asdict(self)

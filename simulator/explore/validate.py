@@ -22,6 +22,7 @@ from pathlib import Path
 from ..hardware.hwfile import read_text
 from ..pipeline import simulate_metrics
 from ..scenario import scenario_from_dict
+from .enumerate import plan_of
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 DEFAULT_CSV = DATA / "training_runs.csv"
@@ -131,8 +132,7 @@ def evaluate_row(row: dict) -> dict:
                fits_in_memory=m["fits_in_memory"], memory_total_bytes=m["memory_bytes"]["total"],
                busiest_rank=m["busiest_rank"]["rank"], busiest_breakdown=m["busiest_rank"]["time_breakdown_s"],
                plan=f"tp{p.tp} pp{p.pp} dp{p.dp}" + (f" v{p.virtual_stages}" if p.virtual_stages > 1 else "")
-               + f" mb{scn.training.micro_batch_size} z{p.zero_stage} "
-               + (f"{p.recompute_method}{p.recompute_num_layers}" if p.recompute_method != "uniform" else p.recompute))
+               + f" mb{scn.training.micro_batch_size} z{p.zero_stage} {plan_of(scn).recompute_label()}")
     return out
 
 

@@ -47,7 +47,6 @@ class LowerCtx:
     _stage: dict = field(default_factory=dict)  # rank -> pipeline stage (cache)
     _groups: dict = field(default_factory=dict)  # (axis, rank) -> group (cache)
     _collectives: dict = field(default_factory=dict)  # Collective interning: one object per distinct value
-    _activation_bytes: float | None = None
     _tp_traffic: TPTraffic | None = None
 
     # ---- shorthands -----------------------------------------------------------------------
@@ -60,13 +59,10 @@ class LowerCtx:
         return self.scn.training.dtype_bytes
 
     def full_activation_bytes(self) -> float:
-        """b·(s/cp)·h elements: the TP collectives' buffer (nccl-tests size of an all-reduce, of a
-        reduce-scatter's input, of an all-gather's output). Memoised: the lowering asks per collective."""
-        if self._activation_bytes is None:
-            m = self.scn.model
-            self._activation_bytes = float(self.scn.training.micro_batch_size * (m.seq_length // self.par.cp)
-                                           * m.hidden_size * self.dtype_bytes)
-        return self._activation_bytes
+        """b·(s/cp)·h elements in the training dtype: the TP collectives' buffer (nccl-tests size of an
+        all-reduce, of a reduce-scatter's input, of an all-gather's output) outside FP8's gathers, and
+        what a pipeline send carries (``blocking_tp.TPTraffic``)."""
+        return self.traffic().bytes()
 
     def tp_bytes(self, site: str = "") -> float:
         """Bytes of a layer's TP/SP collective at TE gather ``site`` ("" for others; blocking_tp.TPTraffic)."""

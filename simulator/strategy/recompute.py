@@ -57,6 +57,9 @@ if TYPE_CHECKING:  # layer_emit and stage_units import this module; scenario imp
     from .blocking_tp import BlockingTP
     from .stage_units import StageLayout
 
+# recompute_method with recompute = "full": Megatron-LM's uniform and block, torchtitan's interval
+# (``recomputed_layers``, ``recompute_groups``)
+RECOMPUTE_METHODS = ("uniform", "block", "interval")
 # the op graph's op names (model/opgraph.py) each module re-runs
 _UP_PROJ = frozenset({"q_up", "q_proj", "kv_up", "rope"})  # MLA's up projections and RoPE
 _DENSE_MLP = frozenset({"ln2", "fc1", "act", "fc2"})  # TE linear_fc1 holds the norm (layer spec)

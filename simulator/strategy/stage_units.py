@@ -201,8 +201,9 @@ def layer_memories(scn: Scenario, split_backward: bool, recompute_workspace: boo
     kinds = {k: layer_memory(scn, split_backward, k[0], recompute_workspace, k[1]) for k in dict.fromkeys(keys)}
     out = [kinds[k] for k in keys]
     for group in groups:
-        inner = {i: LayerMemory(0.0, 0.0, 0.0, out[i].transient + out[i].stored * recompute_workspace, 0.0)
-                 for i in group[1:]}
+        # a later layer of the group stores nothing; its re-materialised input joins its remainder
+        inner = {i: LayerMemory(0.0, 0.0, 0.0, out[i].transient + (out[i].stored if recompute_workspace else 0.0),
+                                0.0) for i in group[1:]}
         first = replace(out[group[0]], group_alloc=0.0)
         grouped = {group[0]: first, **inner}
         top = group[-1]
