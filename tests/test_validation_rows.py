@@ -32,9 +32,12 @@ def test_bundled_csv_is_the_shared_rows_plus_source_settings():
     assert len(rows) == 14 and all(r["settings_from_source"] for r in rows)
     extra = read_rows([DEFAULT_CSVS[1]])
     today = read_rows([DEFAULT_CSVS[2]])
-    assert read_rows([]) == rows + extra + today  # the default runs every bundled file
+    blackwell = read_rows([DEFAULT_CSVS[3]])
+    assert read_rows([]) == rows + extra + today + blackwell  # the default runs every bundled file
     assert len(extra) == 12 and all(r["settings_from_source"] and r["source"] for r in extra)
-    assert not {r["name"] for r in extra} & {r["name"] for r in rows}
+    assert all(r["settings_from_source"] and r["source_url"] and r["quote"] for r in blackwell)
+    names = [r["name"] for r in rows + extra + today + blackwell]
+    assert len(names) == len(set(names))
     if SHARED.is_file():
         shared = read_rows([SHARED])
         assert [r["name"] for r in rows] == [r["name"] for r in shared]

@@ -27,8 +27,14 @@ Rules where no measurement exists (each a stated estimate):
 - Ampere: only forward + backward was found (Dao 2023, Fig. 4, the repository's
   assets/flash2_a100_fwd_bwd_benchmark.png); both passes take it, so fwd + bwd reproduces it. No
   separate cuDNN measurement: cuDNN takes FlashAttention-2's.
-- Blackwell: no published measurement at hand; it takes Hopper's fractions of peak (like compute.py's
-  GEMM efficiencies), an estimate until calibrated.
+- Blackwell: cuDNN's fused attention is NVIDIA's measurement on a GB200 (cudnn-frontend
+  benchmark/sdpa_benchmark_training, results/llama3.1/gb200, cuDNN 9.22, April 2026: Llama 3.1 GQA
+  dims, 64 query and 8 K/V heads of 128, batch 2, s = 2k .. 32k, forward and backward, with and
+  without the causal mask, measured directly), read against the GB200's dense BF16 datasheet peak. Its
+  points are 2k .. 32k (the "below the shortest" rule starts at 2k); past 16k the measured throughput
+  falls (causal forward 1,708 -> 1,622 TFLOP/s at 32k), which the curve keeps. FlashAttention on
+  Blackwell: no measurement at hand (FlashAttention-2 targets sm80/sm90); it takes Hopper's fractions
+  of peak, an estimate until calibrated.
 """
 
 from __future__ import annotations
@@ -36,13 +42,18 @@ from __future__ import annotations
 import math
 
 SEQ_POINTS = (512, 1024, 2048, 4096, 8192, 16384)
+# The sequence lengths of each benchmark GPU's tables (each point twice the one before).
+SEQ_POINTS_OF = {"hopper": SEQ_POINTS, "ampere": SEQ_POINTS, "blackwell": (2048, 4096, 8192, 16384, 32768)}
 # Dense 16-bit tensor-core peak of the GPU each table was measured on (datasheets): H100 SXM5 989.4
-# TFLOP/s (H100 whitepaper), A100 SXM4 312 (A100 whitepaper).
-BENCH_PEAK_TFLOPS = {"hopper": 989.4, "ampere": 312.0}
-ARCH_MEASURED = {"hopper": "hopper", "ampere": "ampere", "blackwell": "hopper"}
+# TFLOP/s (H100 whitepaper), A100 SXM4 312 (A100 whitepaper), GB200 2,500 (GB200 NVL72 datasheet:
+# 360 PFLOPS BF16 with 2:4 sparsity for 72 GPUs).
+BENCH_PEAK_TFLOPS = {"hopper": 989.4, "ampere": 312.0, "blackwell": 2500.0}
+# (architecture, implementation) -> the benchmark GPU whose tables it reads; unlisted: the architecture's own
+ARCH_MEASURED = {"hopper": "hopper", "ampere": "ampere", "blackwell": "blackwell"}
+BORROWED = {("blackwell", "flash"): "hopper"}
 
-# (architecture, implementation, pass, causal, head_dim) -> TFLOP/s at SEQ_POINTS; pass "fwd", "bwd" or
-# "fwd_bwd". Benchmark shapes: batch x seqlen = 16k tokens, hidden 2048 (heads = 2048 / head_dim).
+# (architecture, implementation, pass, causal, head_dim) -> TFLOP/s at SEQ_POINTS_OF[architecture];
+# pass "fwd", "bwd" or "fwd_bwd". Benchmark shapes: batch x seqlen = 16k tokens, hidden 2048 (heads = 2048 / head_dim).
 MEASURED_TFLOPS: dict[tuple[str, str, str, bool, int], tuple[float, ...]] = {
     # Shah et al. 2024, FlashAttention-3 (arXiv 2407.08608), Fig. 4: forward, H100 80GB SXM5, BF16.
     # "flash" is FlashAttention-2 (the flash-attn package's kernels), "cudnn" cuDNN's fused attention.
@@ -70,6 +81,12 @@ MEASURED_TFLOPS: dict[tuple[str, str, str, bool, int], tuple[float, ...]] = {
     ("ampere", "flash", "fwd_bwd", False, 128): (151, 173, 187, 196, 201, 203),
     ("ampere", "flash", "fwd_bwd", True, 64): (88, 119, 140, 156, 165, 171),
     ("ampere", "flash", "fwd_bwd", True, 128): (99, 133, 155, 173, 182, 189),
+    # cudnn-frontend results/llama3.1/gb200/llama3.1_20260424_100750.csv (NVIDIA GB200, cuDNN 9.22):
+    # BF16, non-deterministic backward, at 2k, 4k, 8k, 16k, 32k (SEQ_POINTS_OF["blackwell"]).
+    ("blackwell", "cudnn", "fwd", False, 128): (1433, 1599, 1771, 1697, 1634),
+    ("blackwell", "cudnn", "fwd", True, 128): (1097, 1408, 1574, 1708, 1622),
+    ("blackwell", "cudnn", "bwd", False, 128): (1124, 1350, 1404, 1374, 1262),
+    ("blackwell", "cudnn", "bwd", True, 128): (885, 1148, 1332, 1328, 1226),
 }
 
 
@@ -83,17 +100,24 @@ def _table(arch: str, impl: str, direction: str, causal: bool, head_dim: int) ->
     return MEASURED_TFLOPS[arch, impl, direction, causal, _nearest_head_dim(arch, impl, direction, causal, head_dim)]
 
 
-def measured_curve(arch: str, impl: str, backward: bool, causal: bool, head_dim: int) -> tuple[float, ...]:
-    """TFLOP/s at SEQ_POINTS on the benchmark GPU of ``arch``'s measurements (see the module's rules)."""
-    bench = ARCH_MEASURED.get(arch)
-    if bench is None:
+def bench_of(arch: str, impl: str) -> str:
+    """The benchmark GPU whose measurements ``impl`` on ``arch`` reads (``ARCH_MEASURED``, ``BORROWED``)."""
+    if arch not in ARCH_MEASURED:
         raise ValueError(f"no attention measurements for architecture {arch!r}; known: {', '.join(ARCH_MEASURED)}")
     if impl not in ("flash", "cudnn"):
         raise ValueError(f"fused attention implementation must be 'flash' or 'cudnn', got {impl!r}")
+    return BORROWED.get((arch, impl), ARCH_MEASURED[arch])
+
+
+def measured_curve(arch: str, impl: str, backward: bool, causal: bool, head_dim: int) -> tuple[float, ...]:
+    """TFLOP/s at the benchmark GPU's SEQ_POINTS_OF (``bench_of``; see the module's rules)."""
+    bench = bench_of(arch, impl)
     if bench == "ampere":
         return _table(bench, "flash", "fwd_bwd", causal, head_dim)
     if not backward:
         return _table(bench, impl, "fwd", causal, head_dim)
+    if any(k[:4] == (bench, impl, "bwd", causal) for k in MEASURED_TFLOPS):  # measured with the mask
+        return _table(bench, impl, "bwd", causal, head_dim)
     bwd = _table(bench, impl, "bwd", False, head_dim)
     if not causal:
         return bwd
@@ -101,15 +125,15 @@ def measured_curve(arch: str, impl: str, backward: bool, causal: bool, head_dim:
     return tuple(b * m / f for b, m, f in zip(bwd, masked, full))
 
 
-def interpolate_tflops(curve: tuple[float, ...], seq_len: float) -> float:
-    """``curve`` at ``seq_len``: linear in log2(s) between SEQ_POINTS, the plateau above the longest,
-    proportional to s below the shortest (time per query tile held)."""
-    if seq_len >= SEQ_POINTS[-1]:
+def interpolate_tflops(curve: tuple[float, ...], seq_len: float, points: tuple[int, ...] = SEQ_POINTS) -> float:
+    """``curve`` at ``seq_len``: linear in log2(s) between ``points`` (the curve's sequence lengths),
+    the plateau above the longest, proportional to s below the shortest (time per query tile held)."""
+    if seq_len >= points[-1]:
         return curve[-1]
-    if seq_len <= SEQ_POINTS[0]:
-        return curve[0] * max(seq_len, 1.0) / SEQ_POINTS[0]
-    x = math.log2(seq_len / SEQ_POINTS[0])  # SEQ_POINTS double: point i sits at x = i
-    i = min(int(x), len(SEQ_POINTS) - 2)
+    if seq_len <= points[0]:
+        return curve[0] * max(seq_len, 1.0) / points[0]
+    x = math.log2(seq_len / points[0])  # the points double: point i sits at x = i
+    i = min(int(x), len(points) - 2)
     return curve[i] + (x - i) * (curve[i + 1] - curve[i])
 
 
@@ -133,5 +157,6 @@ def attention_efficiency(arch: str, impl: str, backward: bool, causal: bool, hea
     """Fraction of the dense BF16 datasheet peak a fused attention kernel reaches, in the benchmarks'
     FLOP convention (causal counts half the scores; the backward 2.5x the forward)."""
     curve = measured_curve(arch, impl, backward, causal, head_dim)
-    tflops = interpolate_tflops(curve, kernel_seq_len(seq_q, seq_kv, score_fraction))
-    return tflops / BENCH_PEAK_TFLOPS[ARCH_MEASURED[arch]]
+    bench = bench_of(arch, impl)
+    tflops = interpolate_tflops(curve, kernel_seq_len(seq_q, seq_kv, score_fraction), SEQ_POINTS_OF[bench])
+    return tflops / BENCH_PEAK_TFLOPS[bench]

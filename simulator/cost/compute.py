@@ -54,8 +54,16 @@ class Efficiency:
 #   of before: 7.9%, up to +63% at partial waves). The sustained 8192^3 product ran at 665 TFLOP/s with the SM clock at
 #   1,350 MHz and 697 W; the model, 679. cuBLAS on Hopper shows no wave steps: throughput is flat in m
 #   from 512 rows on (gpu_waves.csv), as persistent stream-K scheduling gives (Osama et al. 2023,
-#   Stream-K, PPoPP'23; CUTLASS 3 sm90 PersistentTileSchedulerSm90StreamK). Blackwell takes Hopper's
-#   (not measured).
+#   Stream-K, PPoPP'23; CUTLASS 3 sm90 PersistentTileSchedulerSm90StreamK).
+#   B200 (blackwell), measured by others: torch.matmul BF16 (cuBLAS) on an HGX B200 (pytorch/ao PR
+#   #2427, 2025-06, benchmarks/float8/bench_matmul.py): 4096^3 in 97.4 us, 6144^3 in 319 us, 8192^3 in
+#   774 us (1.41, 1.45, 1.42 PFLOP/s, 0.63-0.65 of the 2.25 PFLOP/s datasheet peak). gemm_max 0.657 is
+#   their least-squares fit (log time) through stream_k_gemm_s with Hopper's tiles and tile overhead,
+#   148 SMs and the datasheet peak (no sustained clock is measured: the fit holds the clock): within
+#   -2.5%..+2.1% of the three (3072^3, 38 us, below the 50 us of the fit: +8.5%). A GB200 takes the
+#   same fraction of its own datasheet peak (same die and kernels; the datasheet quotes the GB200's
+#   higher power limit in its peak). FP8 (fp8_gemm_max): no Blackwell measurement at hand; it keeps
+#   Hopper's measured FP8/BF16 ratio of gemm_max (0.79 / 0.81), an estimate.
 # - block_k / tile_overhead_iters: CUTLASS multistage main loop (media/docs/efficient_gemm.md,
 #   "software pipelining"): an output tile costs ceil(k / block_k) iterations plus a prologue of
 #   stages - 1 iterations that fill the pipeline and an epilogue that writes the tile, equivalent
@@ -84,19 +92,18 @@ class Efficiency:
 #   for clock (H100 whitepaper: 132 x 4,096 x 1.83 GHz = 989.4); Blackwell datacenter 8,192
 #   (NVIDIA/cudnn-frontend PR #314, per-arch MMA table: "BF16/FP16 dense = 8192"). With the GPU's
 #   SM count they give the clock its datasheet peak is quoted at, over which a sustained clock scales.
-# - Blackwell: no published measurement of its GEMM/attention efficiency per clock is at hand; it
-#   takes Hopper's (same CUTLASS tile pipeline family), 148 SMs (B200, DGX B200 page), and its own
-#   MMA rate per clock (attention likewise, attention_eff.py). An estimate until measured: calibrate it
-#   with `calibrate profile`.
+# - Blackwell: Hopper's tile pipeline (same CUTLASS family; tiles, block_k, tile overhead not measured
+#   there), 148 SMs (B200, DGX B200 page), its own MMA rate per clock and gemm_max (above; attention:
+#   attention_eff.py). Calibrate your own with `calibrate profile`.
 EFFICIENCIES: dict[str, Efficiency] = {
     "ampere": Efficiency(gemm_max=0.767, memory=0.85, num_sms=108, block_k=32,
                          tile_overhead_iters=4.67, kernel_overhead_s=2e-6, dense_flops_per_clock_per_sm=2048),
     "hopper": Efficiency(gemm_max=0.81, memory=0.85, num_sms=132, block_k=64,
                          tile_overhead_iters=1.5, kernel_overhead_s=2e-6, fp8_block_k=128,
                          dense_flops_per_clock_per_sm=4096, stream_k=True, fp8_gemm_max=0.79),
-    "blackwell": Efficiency(gemm_max=0.81, memory=0.85, num_sms=148,
+    "blackwell": Efficiency(gemm_max=0.657, memory=0.85, num_sms=148,
                             block_k=64, tile_overhead_iters=1.5, kernel_overhead_s=2e-6, fp8_block_k=128,
-                            dense_flops_per_clock_per_sm=8192, stream_k=True, fp8_gemm_max=0.79),
+                            dense_flops_per_clock_per_sm=8192, stream_k=True, fp8_gemm_max=0.657 * 0.79 / 0.81),
 }
 
 # Block-scaled FP8 GEMMs (training.fp8_recipe "blockwise" / "mxfp8", model/fp8.py): main-loop rate

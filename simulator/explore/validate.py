@@ -2,8 +2,10 @@
 
 Each CSV row follows the scenario contract (DESIGN.md §4.1); an empty cell is simply an absent key,
 so the row gets exactly the defaults a user's scenario gets (``simulator/defaults.py``). The bundled
-CSVs are ``simulator/data/training_runs.csv`` (the shared published runs) and
-``training_runs_extra.csv`` (further published runs, held out from every modelling decision), each
+CSVs are ``simulator/data/training_runs.csv`` and ``training_runs_2.csv`` (the shared published runs),
+``training_runs_extra.csv`` (further published runs, held out from every modelling decision) and
+``training_runs_blackwell.csv`` (published GB200 runs, whose Blackwell kernel constants come from kernel
+microbenchmarks, never from these rows), each
 with the software settings the sources imply (column ``settings_from_source`` says why), never a
 fitted number.
 """
@@ -26,7 +28,8 @@ from .enumerate import plan_of
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 DEFAULT_CSV = DATA / "training_runs.csv"
-DEFAULT_CSVS = (DEFAULT_CSV, DATA / "training_runs_extra.csv", DATA / "training_runs_2.csv")
+DEFAULT_CSVS = (DEFAULT_CSV, DATA / "training_runs_extra.csv", DATA / "training_runs_2.csv",
+                DATA / "training_runs_blackwell.csv")
 MODEL_COLUMNS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size",
                  "vocab_size", "seq_length", "num_experts", "moe_top_k", "mtp_layers")
 PARALLEL_INT = ("tp", "pp", "dp", "cp", "ep", "etp", "zero_stage", "virtual_stages", "recompute_num_layers")
@@ -39,7 +42,7 @@ OTHER_COLUMNS = ("mlp", "model_preset", "moe_capacity_factor", "dropout", "moe_p
                  "num_nodes", "gpus_per_node", "nics_per_node", "nic_bandwidth_Gbps", "sequence_parallel",
                  "tp_comm_overlap", "layers_per_stage", "recompute_modules", "global_batch_size",
                  "micro_batch_size", "dtype", "attention", "grad_dtype", "grad_accumulation_fusion",
-                 "optimizer_state_dtype", "fp8_params", "kernels")
+                 "optimizer_state_dtype", "fp8_params", "kernels", "cuda_graphs")
 DESCRIPTIVE_COLUMNS = ("source", "name", "kind", "notes", "quote", "source_url", "settings_from_source",
                        "measured_metric", "measured_value", "iteration_time_s", "target_iteration_time_s")
 KNOWN_COLUMNS = frozenset(MODEL_COLUMNS + PARALLEL_INT + PARALLEL_STR + OTHER_COLUMNS + DESCRIPTIVE_COLUMNS)
@@ -103,7 +106,7 @@ def row_to_raw(row: dict) -> dict:
     for k in ("dtype", "attention", "grad_dtype", "optimizer_state_dtype", "kernels"):
         if k in given:
             training[k] = given[k]
-    for k in ("grad_accumulation_fusion", "fp8_params"):
+    for k in ("grad_accumulation_fusion", "fp8_params", "cuda_graphs"):
         if k in given:
             training[k] = _bool(given, k)
     return {"name": given.get("name", "row"), "model": model, "cluster": cluster, "parallelism": par,
