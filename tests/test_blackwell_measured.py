@@ -42,8 +42,8 @@ def test_a_gb200_gemm_runs_at_the_same_fraction_of_its_own_datasheet_peak():
 
 
 def test_the_published_gb200_runs_are_expressible_as_published():
-    rows = read_rows([DEFAULT_CSVS[3]])
-    assert len(rows) == 12 and {r["gpu"] for r in rows} == {"gb200-nvl72"}
+    rows = [r for r in read_rows([DEFAULT_CSVS[3]]) if r["gpu"] == "gb200-nvl72"]
+    assert len(rows) == 12
     for r in rows:
         scn = scenario_from_dict(row_to_raw(r), default_name=r["name"])
         assert scn.cluster.gpu.name == "gb200" and scn.num_gpus == int(r["num_nodes"]) * 64

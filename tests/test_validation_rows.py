@@ -32,11 +32,11 @@ def test_bundled_csv_is_the_shared_rows_plus_source_settings():
     assert len(rows) == 14 and all(r["settings_from_source"] for r in rows)
     extra = read_rows([DEFAULT_CSVS[1]])
     today = read_rows([DEFAULT_CSVS[2]])
-    blackwell = read_rows([DEFAULT_CSVS[3]])
-    assert read_rows([]) == rows + extra + today + blackwell  # the default runs every bundled file
+    nemo2 = read_rows([DEFAULT_CSVS[3]])
+    assert read_rows([]) == rows + extra + today + nemo2  # the default runs every bundled file
     assert len(extra) == 12 and all(r["settings_from_source"] and r["source"] for r in extra)
-    assert all(r["settings_from_source"] and r["source_url"] and r["quote"] for r in blackwell)
-    names = [r["name"] for r in rows + extra + today + blackwell]
+    assert all(r["settings_from_source"] and r["source_url"] and r["quote"] for r in nemo2)
+    names = [r["name"] for r in rows + extra + today + nemo2]
     assert len(names) == len(set(names))
     if SHARED.is_file():
         shared = read_rows([SHARED])

@@ -4,8 +4,8 @@ Each CSV row follows the scenario contract (DESIGN.md §4.1); an empty cell is s
 so the row gets exactly the defaults a user's scenario gets (``simulator/defaults.py``). The bundled
 CSVs are ``simulator/data/training_runs.csv`` and ``training_runs_2.csv`` (the shared published runs),
 ``training_runs_extra.csv`` (further published runs, held out from every modelling decision) and
-``training_runs_blackwell.csv`` (published GB200 runs, whose Blackwell kernel constants come from kernel
-microbenchmarks, never from these rows), each
+``training_runs_nemo2.csv`` (NeMo 2 recipes as DGX Cloud v25.05 published them on GB200 and H100; the
+Blackwell kernel constants come from kernel microbenchmarks, never from these rows), each
 with the software settings the sources imply (column ``settings_from_source`` says why), never a
 fitted number.
 """
@@ -29,7 +29,7 @@ from .enumerate import plan_of
 DATA = Path(__file__).resolve().parents[1] / "data"
 DEFAULT_CSV = DATA / "training_runs.csv"
 DEFAULT_CSVS = (DEFAULT_CSV, DATA / "training_runs_extra.csv", DATA / "training_runs_2.csv",
-                DATA / "training_runs_blackwell.csv")
+                DATA / "training_runs_nemo2.csv")
 MODEL_COLUMNS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size",
                  "vocab_size", "seq_length", "num_experts", "moe_top_k", "mtp_layers")
 PARALLEL_INT = ("tp", "pp", "dp", "cp", "ep", "etp", "zero_stage", "virtual_stages", "recompute_num_layers")
