@@ -48,12 +48,14 @@ SEQ_POINTS_OF = {"hopper": SEQ_POINTS, "ampere": SEQ_POINTS, "blackwell": (2048,
 # TFLOP/s (H100 whitepaper), A100 SXM4 312 (A100 whitepaper), GB200 2,500 (GB200 NVL72 datasheet:
 # 360 PFLOPS BF16 with 2:4 sparsity for 72 GPUs).
 BENCH_PEAK_TFLOPS = {"hopper": 989.4, "ampere": 312.0, "blackwell": 2500.0}
-# (architecture, implementation) -> the benchmark GPU whose tables it reads; unlisted: the architecture's own
+# architecture -> the benchmark GPU whose tables it reads; BORROWED: the (architecture, implementation)
+# pairs with no measurement of their own, and the benchmark GPU they read instead
 ARCH_MEASURED = {"hopper": "hopper", "ampere": "ampere", "blackwell": "blackwell"}
 BORROWED = {("blackwell", "flash"): "hopper"}
 
 # (architecture, implementation, pass, causal, head_dim) -> TFLOP/s at SEQ_POINTS_OF[architecture];
-# pass "fwd", "bwd" or "fwd_bwd". Benchmark shapes: batch x seqlen = 16k tokens, hidden 2048 (heads = 2048 / head_dim).
+# pass "fwd", "bwd" or "fwd_bwd". The papers' shapes: batch x seqlen = 16k tokens, hidden 2048 (heads =
+# 2048 / head_dim); the GB200 rows': batch 2, 64 query and 8 K/V heads.
 MEASURED_TFLOPS: dict[tuple[str, str, str, bool, int], tuple[float, ...]] = {
     # Shah et al. 2024, FlashAttention-3 (arXiv 2407.08608), Fig. 4: forward, H100 80GB SXM5, BF16.
     # "flash" is FlashAttention-2 (the flash-attn package's kernels), "cudnn" cuDNN's fused attention.
