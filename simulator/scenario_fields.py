@@ -115,7 +115,8 @@ def model_from_table(table: dict, base_dir: Path) -> ModelSpec:
             raise ScenarioError(f"model.{key} must be positive, got {base[key]}")
     for key in ("num_kv_heads", "ffn_hidden_size", "head_dim", "sliding_window", "sliding_window_pattern",
                 "max_position_embeddings", "moe_ffn_hidden_size", "moe_shared_expert_ffn_hidden_size",
-                "moe_first_dense_layers", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim"):
+                "moe_first_dense_layers", "moe_layer_interval", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
+                "v_head_dim"):
         if base.get(key, 0) < 0:
             raise ScenarioError(f"model.{key} must be positive, got {base[key]}")
     if base.get("mlp", "gelu") not in MLP_KINDS:

@@ -282,12 +282,16 @@ def test_every_unrepresentable_key_refused_by_name(change, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
-def test_qwen3_moe_dense_layers_refused():
+def test_qwen3_moe_dense_layers_list_refused_and_sparse_step_read():
     cfg = json.loads((DATA / "Qwen3-30B-A3B" / "config.json").read_text())
     with pytest.raises(ValueError, match="mlp_only_layers"):
         hf_config_to_fields(dict(cfg, mlp_only_layers=[0, 1]))
-    with pytest.raises(ValueError, match="decoder_sparse_step = 2"):
-        hf_config_to_fields(dict(cfg, decoder_sparse_step=2))
+    # Qwen3MoeDecoderLayer: an MoE layer when (layer_idx + 1) % decoder_sparse_step == 0, else a dense MLP
+    assert hf_config_to_fields(cfg)["moe_layer_interval"] == 1
+    fields = hf_config_to_fields(dict(cfg, decoder_sparse_step=2))
+    m = ModelSpec(**fields, seq_length=4096)
+    assert fields["moe_layer_interval"] == 2 and m.num_moe_layers == m.num_layers // 2
+    assert [m.has_dense_mlp(i) for i in range(4)] == [True, False, True, False]
 
 
 def test_dropout_read_from_config():

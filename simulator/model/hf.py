@@ -213,13 +213,12 @@ def _moe(k: _Keys, ffn: int) -> dict:
     if mt == "gpt_oss":
         return {"ffn_hidden_size": ffn, "num_experts": k.int("num_local_experts"),
                 "moe_top_k": k.int("num_experts_per_tok", "experts_per_token")}
-    if mt == "qwen3_moe":
-        if k.int("decoder_sparse_step", default=1) != 1:
-            raise k.refuse("decoder_sparse_step", "only every layer sparse (1) is representable")
+    if mt == "qwen3_moe":  # Qwen3MoeDecoderLayer: MoE when (layer_idx + 1) % decoder_sparse_step == 0
         if k.get("mlp_only_layers", default=[]):
-            raise k.refuse("mlp_only_layers", "dense layers among the MoE layers are not representable")
+            raise k.refuse("mlp_only_layers", "a list of dense layers among the MoE layers is not representable")
         return {"num_experts": k.int("num_experts"), "moe_top_k": k.int("num_experts_per_tok"),
-                "ffn_hidden_size": ffn, "moe_ffn_hidden_size": k.int("moe_intermediate_size")}
+                "ffn_hidden_size": ffn, "moe_ffn_hidden_size": k.int("moe_intermediate_size"),
+                "moe_layer_interval": k.int("decoder_sparse_step", default=1)}
     if mt in ("deepseek_v2", "deepseek_v3"):  # DeepseekV3MoE: routed experts + shared experts
         if k.int("moe_layer_freq", default=1) != 1:
             raise k.refuse("moe_layer_freq", "only every layer after the first dense ones sparse (1) is representable")

@@ -70,7 +70,7 @@ class OpGraph:
     embed: tuple[Op, ...]
     layer: tuple[Op, ...]  # one transformer layer (an MoE layer for MoE models), global attention
     head: tuple[Op, ...]
-    dense_layer: tuple[Op, ...] = ()  # the first model.moe_first_dense_layers layers (dense MLP)
+    dense_layer: tuple[Op, ...] = ()  # an MoE model's dense-MLP layers (ModelSpec.has_dense_mlp)
     # the same two with sliding-window attention (models with windowed layers only)
     windowed_layer: tuple[Op, ...] = ()
     windowed_dense_layer: tuple[Op, ...] = ()
@@ -96,7 +96,7 @@ class OpGraph:
         the main model's (``ModelSpec.total_layers``)."""
         if index >= self.model.num_layers:
             return self.mtp_layer
-        dense = index < self.model.moe_first_dense_layers
+        dense = self.model.has_dense_mlp(index)
         if self.model.is_windowed_layer(index):
             return self.windowed_dense_layer if dense else self.windowed_layer
         return self.dense_layer if dense else self.layer
@@ -387,7 +387,7 @@ def build_op_graph(model: ModelSpec, micro_batch_size: int, dtype: str = "bf16",
         return fp8.fp8_layer(out, fp8_recipe) if dtype == "fp8" else out
     kinds: dict = {}
     for i in range(model.num_layers):
-        dense, windowed = i < model.moe_first_dense_layers, model.is_windowed_layer(i)
+        dense, windowed = model.has_dense_mlp(i), model.is_windowed_layer(i)
         if (dense, windowed) not in kinds:
             kinds[dense, windowed] = layer(_attention_ops(model, b, d, windowed) + _mlp_ops(model, b, d, dense=dense))
     main = next(kinds[k] for k in ((False, False), (False, True), (True, False), (True, True)) if k in kinds)

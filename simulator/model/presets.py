@@ -10,8 +10,14 @@ et al. 2024, Table 1: squared ReLU, LayerNorm, no bias, no dropout, untied, seq 
 (Adler et al. 2024, Table 1), Grok-1 (xai-org/grok-1 model.py and README: GeGLU, four RMSNorms per
 layer, tied embeddings, 8192 context), Qwen3-235B-A22B (Qwen/Qwen3-235B-A22B config.json; Qwen3
 report: pretraining stages at 4096 tokens), GPT-OSS-120B (openai/gpt-oss-120b config.json,
-initial_context_length 4096) and DeepSeek-V3 (deepseek-ai/DeepSeek-V3 config.json without its
-multi-token-prediction module; DeepSeek-V3 report §4.2: pretraining at 4K tokens).
+initial_context_length 4096), DeepSeek-V3 (deepseek-ai/DeepSeek-V3 config.json without its
+multi-token-prediction module; DeepSeek-V3 report §4.2: pretraining at 4K tokens) and Llama 4 Scout and
+Maverick (the text model of meta-llama/Llama-4-Scout-17B-16E / -Maverick-17B-128E: 48 layers of 5120, 40
+heads, 8 KV heads, one routed expert of 8192 per token beside a shared expert of 8192, 16 / 128 experts,
+MoE in every layer / every second one (interleave_moe_layer_step), dense layers 16384 wide, vocabulary
+202,048; 107.8B / 400.7B parameters, 17.2B active, against Meta's rounded 109B / 400B and 17B. Their
+chunked attention (8192-token chunks in three of four layers) is causal attention at the 8192-token
+sequence of these presets; longer sequences are charged full causal attention).
 """
 
 from __future__ import annotations
@@ -75,5 +81,9 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         _llama("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, 4096, num_experts=256, moe_top_k=8,
                moe_ffn_hidden_size=2048, moe_shared_expert_ffn_hidden_size=2048, moe_first_dense_layers=3,
                q_lora_rank=1536, kv_lora_rank=512, head_dim=192, qk_rope_head_dim=64, v_head_dim=128),
+        _llama("llama4-scout", 48, 5120, 40, 8, 16384, 202048, 8192, num_experts=16, moe_top_k=1,
+               moe_ffn_hidden_size=8192, moe_shared_expert_ffn_hidden_size=8192),
+        _llama("llama4-maverick", 48, 5120, 40, 8, 16384, 202048, 8192, num_experts=128, moe_top_k=1,
+               moe_ffn_hidden_size=8192, moe_shared_expert_ffn_hidden_size=8192, moe_layer_interval=2),
     )
 }

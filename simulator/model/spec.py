@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# MLP kinds. Gated kinds (Shazeer 2020, "GLU Variants Improve Transformer") multiply an activated
-# gate projection by an up projection: 3 weight matrices. SwiGLU: Llama (Touvron et al. 2023);
-# GeGLU: Grok-1 (xai-org/grok-1 model.py, gelu(gate) * up). Plain kinds have 2 matrices: GELU
-# (GPT-2/3), squared ReLU relu(x)^2 (So et al. 2021 "Primer"; Nemotron-4, Parmar et al. 2024 §2).
+# MLP kinds. Gated kinds (Shazeer 2020, "GLU Variants Improve Transformer") multiply an activated gate
+# projection by an up projection, 3 weight matrices: SwiGLU (Llama, Touvron et al. 2023), GeGLU (Grok-1,
+# model.py: gelu(gate) * up). Plain kinds, 2: GELU (GPT-2/3), squared ReLU (So et al. 2021; Nemotron-4).
 MLP_KINDS = ("gelu", "squared-relu", "swiglu", "geglu")
 NORM_KINDS = ("layernorm", "rmsnorm")  # weight + bias | weight only
 POSITION_KINDS = ("learned", "rope")  # an s·h table | no parameters
@@ -30,7 +29,7 @@ class ModelSpec:
     num_kv_heads: int = 0  # 0 -> num_attention_heads (multi-head attention)
     ffn_hidden_size: int = 0  # 0 -> 4 * hidden_size
     mlp: str = "gelu"  # one of MLP_KINDS: "gelu", "squared-relu" (2 GEMMs); "swiglu", "geglu" (3, gated)
-    num_experts: int = 1  # MoE when > 1: every layer's MLP is replaced by num_experts experts
+    num_experts: int = 1  # MoE when > 1: the MoE layers' MLP is replaced by num_experts experts
     moe_top_k: int = 1
     # Expert capacity (GShard, Lepikhin et al. 2020 §2.2; Switch, Fedus et al. 2021 eq. 4): each expert
     # takes at most cf·T·k/E tokens, the rest are dropped; 0: dropless (Megatron-core
@@ -57,10 +56,12 @@ class ModelSpec:
     # Fine-grained MoE (DeepSeekMoE, Dai et al. 2024; Qwen3-MoE): experts narrower than the dense
     # MLP (0 -> ffn_hidden_size), shared experts every token passes through (their total width, as
     # Megatron-core's moe_shared_expert_intermediate_size), and dense MLPs in the first layers
-    # (DeepSeek-V3 first_k_dense_replace = 3; Megatron-core moe_layer_freq).
+    # (DeepSeek-V3 first_k_dense_replace = 3), then layer i is MoE when (i + 1) % moe_layer_interval == 0
+    # (Llama 4 interleave_moe_layer_step; Megatron-core moe_layer_freq, [0, 1] * n for 2).
     moe_ffn_hidden_size: int = 0
     moe_shared_expert_ffn_hidden_size: int = 0
     moe_first_dense_layers: int = 0
+    moe_layer_interval: int = 1
     # Multi-head latent attention (MLA, DeepSeek-V2 §2.1, Liu et al. 2024), on when kv_lora_rank > 0:
     # K and V come up from a kv_lora_rank latent, Q from a q_lora_rank latent (0: a plain projection);
     # head_dim is the query/key head (qk_nope + qk_rope_head_dim, the decoupled RoPE part) and
@@ -164,6 +165,8 @@ class ModelSpec:
         if self.moe_first_dense_layers > (self.num_layers if self.is_moe else 0):
             raise ValueError(f"moe_first_dense_layers {self.moe_first_dense_layers} needs an MoE model "
                              f"with that many layers (num_layers {self.num_layers}, num_experts {self.num_experts})")
+        if not 1 <= self.moe_layer_interval <= (self.num_layers if self.is_moe else 1):
+            raise ValueError(f"moe_layer_interval {self.moe_layer_interval} must be 1 (up to {self.num_layers}: MoE)")
         if self.is_mla and not 0 < self.qk_rope_head_dim < self.head_dim:
             raise ValueError(f"qk_rope_head_dim {self.qk_rope_head_dim} must be in 1..head_dim-1 "
                              f"(head_dim {self.head_dim} = qk_nope + qk_rope) with kv_lora_rank {self.kv_lora_rank}")
@@ -251,7 +254,12 @@ class ModelSpec:
 
     @property
     def num_moe_layers(self) -> int:
-        return self.num_layers - self.moe_first_dense_layers if self.is_moe else 0
+        return sum(not self.has_dense_mlp(i) for i in range(self.num_layers)) if self.is_moe else 0
+
+    def has_dense_mlp(self, index: int) -> bool:
+        """Layer ``index`` of an MoE model runs a dense ffn_hidden_size MLP (MTP layers: MoE)."""
+        return self.is_moe and index < self.num_layers and (
+            index < self.moe_first_dense_layers or (index + 1) % self.moe_layer_interval != 0)
 
     @property
     def is_moe(self) -> bool:
@@ -361,7 +369,7 @@ class ModelSpec:
                 + self.mlp_params_per_layer())
 
     def dense_layer_params(self) -> int:
-        """Parameters of one of the first moe_first_dense_layers layers: a dense ffn_hidden_size MLP."""
+        """Parameters of an MoE model's dense layer (``has_dense_mlp``): a dense ffn_hidden_size MLP."""
         return (self.attention_params_per_layer() + self.norms_per_layer * self.norm_params()
                 + self._mlp_params(self.ffn_hidden_size))
 
@@ -381,9 +389,9 @@ class ModelSpec:
 
     def num_params(self) -> int:
         """Trained parameters: the main model plus its MTP modules (``mtp_module_params``)."""
-        dense = self.moe_first_dense_layers * self.dense_layer_params()
-        return (self.embedding_params() + (self.num_layers - self.moe_first_dense_layers)
-                * self.params_per_layer() + dense + self.head_params()
+        moe = self.num_moe_layers if self.is_moe else self.num_layers
+        return (self.embedding_params() + moe * self.params_per_layer()
+                + (self.num_layers - moe) * self.dense_layer_params() + self.head_params()
                 + self.mtp_layers * self.mtp_module_params())
 
     def num_active_params(self) -> int:

@@ -116,7 +116,7 @@ def activation_terms(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool,
     slots times etp (the expert-TP all-gather), over ffn/etp columns (``sharding._expert_tokens``).
     CP: the sequence is split over cp ranks, and ring attention scores local queries against the
     whole sequence: (s/cp) x s scores per head.
-    ``dense_mlp``: one of an MoE model's first dense layers (ModelSpec.moe_first_dense_layers), whose
+    ``dense_mlp``: one of an MoE model's dense layers (ModelSpec.has_dense_mlp), whose
     MLP is the dense ffn_hidden_size one. Parallel attention + MLP blocks: ``_mlp_input_terms``.
 
     Each term names the selective-recompute modules that do not keep it (``ActivationTerm.modules``;

@@ -197,7 +197,7 @@ def layer_memories(scn: Scenario, split_backward: bool, recompute_workspace: boo
     (``recompute_groups``) keeps only its first layer's input, and its last layer's recompute allocates
     what the whole group re-materialises (every other layer's input included)."""
     m = scn.model
-    keys = [(i < m.moe_first_dense_layers, modes[i]) for i in range(m.total_layers)]  # MTP: the main kind
+    keys = [(m.has_dense_mlp(i), modes[i]) for i in range(m.total_layers)]  # MTP: the main kind
     kinds = {k: layer_memory(scn, split_backward, k[0], recompute_workspace, k[1]) for k in dict.fromkeys(keys)}
     out = [kinds[k] for k in keys]
     for group in groups:
