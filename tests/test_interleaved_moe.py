@@ -60,6 +60,9 @@ def test_llama4_presets_match_metas_parameter_counts():
         assert round(m.num_active_params() / 1e9) == 17
     assert maverick.num_params() == pytest.approx(400e9, rel=0.005)
     assert scout.num_params() == pytest.approx(109e9, rel=0.02)
+    # the figures the README and the presets' docstring quote
+    assert [round(m.num_params() / 1e9, 1) for m in (scout, maverick)] == [107.8, 400.7]
+    assert [round(m.num_active_params() / 1e9, 1) for m in (scout, maverick)] == [17.2, 17.2]
     assert (scout.num_moe_layers, maverick.num_moe_layers) == (48, 24)
 
 

@@ -95,15 +95,18 @@ class Efficiency:
 # - Blackwell: Hopper's tile pipeline (same CUTLASS family; tiles, block_k, tile overhead not measured
 #   there), 148 SMs (B200, DGX B200 page), its own MMA rate per clock and gemm_max (above; attention:
 #   attention_eff.py). Calibrate your own with `calibrate profile`.
+HOPPER_GEMM_MAX, HOPPER_FP8_GEMM_MAX = 0.81, 0.79  # the lent H100's fit (above)
+BLACKWELL_GEMM_MAX = 0.657  # the B200 GEMMs of pytorch/ao PR #2427 (above)
 EFFICIENCIES: dict[str, Efficiency] = {
     "ampere": Efficiency(gemm_max=0.767, memory=0.85, num_sms=108, block_k=32,
                          tile_overhead_iters=4.67, kernel_overhead_s=2e-6, dense_flops_per_clock_per_sm=2048),
-    "hopper": Efficiency(gemm_max=0.81, memory=0.85, num_sms=132, block_k=64,
+    "hopper": Efficiency(gemm_max=HOPPER_GEMM_MAX, memory=0.85, num_sms=132, block_k=64,
                          tile_overhead_iters=1.5, kernel_overhead_s=2e-6, fp8_block_k=128,
-                         dense_flops_per_clock_per_sm=4096, stream_k=True, fp8_gemm_max=0.79),
-    "blackwell": Efficiency(gemm_max=0.657, memory=0.85, num_sms=148,
+                         dense_flops_per_clock_per_sm=4096, stream_k=True, fp8_gemm_max=HOPPER_FP8_GEMM_MAX),
+    "blackwell": Efficiency(gemm_max=BLACKWELL_GEMM_MAX, memory=0.85, num_sms=148,
                             block_k=64, tile_overhead_iters=1.5, kernel_overhead_s=2e-6, fp8_block_k=128,
-                            dense_flops_per_clock_per_sm=8192, stream_k=True, fp8_gemm_max=0.657 * 0.79 / 0.81),
+                            dense_flops_per_clock_per_sm=8192, stream_k=True,
+                            fp8_gemm_max=BLACKWELL_GEMM_MAX * HOPPER_FP8_GEMM_MAX / HOPPER_GEMM_MAX),
 }
 
 # Block-scaled FP8 GEMMs (training.fp8_recipe "blockwise" / "mxfp8", model/fp8.py): main-loop rate
