@@ -18,6 +18,7 @@ from ..model.opgraph import ATTENTION_IMPLS, attention_flops
 from ..tasks import OpWork, gemm_grad_shapes
 from ..units import DTYPE_BYTES
 from .attention_eff import attention_efficiency
+from .clocks import held_clock_MHz, power_limited_boost, sustained_clock_ratio
 
 # Bytes moved per attention-score element by the unfused kernels (see _unfused_attention_s).
 UNFUSED_FWD_BYTES_PER_SCORE = 13
@@ -168,18 +169,6 @@ FLASH_BWD_RECOMPUTE = 2.5 / 2.0
 CAUSAL_EXECUTED_FRACTION = 0.5
 
 
-def sustained_clock_ratio(gpu: GPUSpec, eff: Efficiency) -> float:
-    """Tensor-core rate held under sustained training load over the datasheet peak's: the SM clock the
-    GPU holds at its power limit (``GPUSpec.sustained_clock_MHz``, measured) over the clock the bf16
-    peak is quoted at (peak / (SMs x dense FLOP per SM clock)). Memory-bound kernels keep the HBM
-    bandwidth: the power limit pulls the SM clock down, not the memory clock. 1 where no sustained
-    clock is known or it is above the quoted one."""
-    if not gpu.sustained_clock_MHz or not eff.dense_flops_per_clock_per_sm:
-        return 1.0
-    quoted_clock_Hz = gpu.peak("bf16") / (eff.num_sms * eff.dense_flops_per_clock_per_sm)
-    return min(1.0, gpu.sustained_clock_MHz * 1e6 / quoted_clock_Hz)
-
-
 def k_efficiency(k: int, block_k: int, overhead_iters: float) -> float:
     """Main-loop share of a tile's time: iterations / (iterations + prologue and epilogue)."""
     iters = math.ceil(k / block_k)
@@ -226,19 +215,6 @@ def stream_k_gemm_s(flops: float, rate_flops_per_s: float, m: int, n: int, k: in
     return (math.ceil(tiles * iters / num_sms) + overhead_iters * pieces) * iter_s + fixup_s
 
 
-def power_limited_boost(gpu: GPUSpec, sms: int, busy_sms: int) -> float:
-    """Clock gain of tensor-core work on ``busy_sms`` of ``sms`` SMs of a GPU whose full-GPU tensor load
-    is held below its boost clock by the power limit (``sustained_clock_MHz``): dynamic power goes as
-    SMs x f x V^2 with the voltage following the clock, so at the same power the clock rises as
-    (sms / busy_sms)^(1/3), up to the boost clock. Measured on the lent H100 here
-    (scenarios/calibration/h100/gpu_contention.csv): 8192^3 and 8192 x 28672 x 4096 BF16 GEMMs beside
-    66 SMs held by other CTAs take 1.53x and 1.59x their time, not 2x (this rule with its waves: 1.63x,
-    1.59x). 1 for GPUs with no measured sustained clock."""
-    if not gpu.sustained_clock_MHz or not gpu.boost_clock_MHz or busy_sms >= sms:
-        return 1.0
-    return min(gpu.boost_clock_MHz / gpu.sustained_clock_MHz, (sms / busy_sms) ** (1.0 / 3.0))
-
-
 class RooflineCompute:
     """Kernel time from FLOPs and bytes against one GPU's peak, with the global efficiencies."""
 
@@ -252,6 +228,7 @@ class RooflineCompute:
         # FP8 training (Transformer Engine): FP8 GEMMs are marked per op; everything else runs in BF16.
         # Tensor-core peaks at the clock the GPU sustains under training load (sustained_clock_ratio).
         self.clock_ratio = sustained_clock_ratio(gpu, self.eff)
+        self.held_MHz = held_clock_MHz(gpu, self.eff)
         self.peak_flops_per_s = gpu.peak("bf16" if dtype == "fp8" else dtype) * self.clock_ratio
         self.fp8_peak_flops_per_s = gpu.peak_flops_per_s.get("fp8", 0.0) * self.clock_ratio
         self.mem_Bps = gpu.hbm_bandwidth_Bps * self.eff.memory
@@ -265,7 +242,7 @@ class RooflineCompute:
         left = max(1, min(sms, self.eff.num_sms))
         other = copy.copy(self)
         other.eff = replace(self.eff, num_sms=left)
-        share = left / self.eff.num_sms * power_limited_boost(self.gpu, self.eff.num_sms, left)
+        share = left / self.eff.num_sms * power_limited_boost(self.gpu, self.eff.num_sms, left, self.held_MHz)
         other.peak_flops_per_s = self.peak_flops_per_s * share
         other.fp8_peak_flops_per_s = self.fp8_peak_flops_per_s * share
         other.launch_sms = left if chosen_for_them else self.launch_sms

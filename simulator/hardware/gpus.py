@@ -25,6 +25,9 @@ class GPUSpec:
     # peaks scale by it over the clock the datasheet quotes them at (cost/compute); 0 = not measured:
     # the datasheet peaks hold
     sustained_clock_MHz: float = 0.0
+    # power limit set below the TDP (nvidia-smi -pl; Meta's Grand Teton H100 run at 500 W): the clock
+    # held under load falls with it (cost/compute.held_clock_MHz); 0 = the TDP
+    power_limit_W: float = 0.0
 
     def peak(self, dtype: str) -> float:
         try:

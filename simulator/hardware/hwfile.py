@@ -19,7 +19,8 @@ from .gpus import ARCHITECTURES, GPU_PRESETS, NVLS_ARCHITECTURES, GPUSpec
 
 DTYPES = ("fp32", "bf16", "fp16", "fp8", "fp4")
 _GPU_KEYS = ("preset", "name", "architecture", "peak_tflops", "hbm_bandwidth_GBps", "memory_capacity_MiB",
-             "memory_capacity_GB", "tdp_W", "boost_clock_MHz", "sustained_clock_MHz")
+             "memory_capacity_GB", "tdp_W", "boost_clock_MHz", "sustained_clock_MHz",
+             "power_limit_W")
 # [cluster] key -> (ClusterSpec field, converter to SI); counts and choices are handled apart.
 _CLUSTER_RATES = {"nvlink_bandwidth_GBps": ("nvlink_bandwidth_Bps", lambda v: v * GB),
                   "nic_bandwidth_Gbps": ("nic_bandwidth_Bps", gbit_per_s_to_bytes_per_s),
@@ -110,7 +111,7 @@ def gpu_from_table(table: dict, where: str = "gpu", base: GPUSpec | None = None)
     for key, unit in (("memory_capacity_MiB", MiB), ("memory_capacity_GB", GB)):
         if key in table:
             fields["memory_capacity_bytes"] = _number(where, key, table[key]) * unit
-    for key in ("tdp_W", "boost_clock_MHz", "sustained_clock_MHz"):
+    for key in ("tdp_W", "boost_clock_MHz", "sustained_clock_MHz", "power_limit_W"):
         if key in table:
             fields[key] = _number(where, key, table[key], strict=False)
     if base is not None:
@@ -126,10 +127,15 @@ def gpu_from_table(table: dict, where: str = "gpu", base: GPUSpec | None = None)
 
 
 def _check_clocks(where: str, gpu: GPUSpec) -> GPUSpec:
-    """A sustained clock above the boost clock is a typo (the boost clock is the most the SMs run at)."""
+    """A sustained clock above the boost clock is a typo (the boost clock is the most the SMs run at);
+    a power limit needs the TDP it lowers and cannot exceed it."""
     if gpu.boost_clock_MHz and gpu.sustained_clock_MHz > gpu.boost_clock_MHz:
         raise ValueError(f"{where}.sustained_clock_MHz = {gpu.sustained_clock_MHz:g} exceeds boost_clock_MHz = "
                          f"{gpu.boost_clock_MHz:g}")
+    if gpu.power_limit_W and not gpu.tdp_W:
+        raise ValueError(f"{where}.power_limit_W = {gpu.power_limit_W:g} needs the GPU's tdp_W")
+    if gpu.power_limit_W > gpu.tdp_W:
+        raise ValueError(f"{where}.power_limit_W = {gpu.power_limit_W:g} exceeds tdp_W = {gpu.tdp_W:g}")
     return gpu
 
 

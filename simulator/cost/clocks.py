@@ -1,0 +1,61 @@
+"""The SM clock a GPU holds under sustained tensor-core load, and what it gives the tensor-core rate.
+
+Datasheet peaks are quoted at one clock; a GPU at its power limit holds a lower one under training
+load (``GPUSpec.sustained_clock_MHz``, measured), lower still under a power limit set below its TDP
+(``GPUSpec.power_limit_W``), and a higher one when part of its SMs idle (``power_limited_boost``).
+One power rule serves the three: dynamic power goes as SMs x f x V^2 with the voltage following the
+clock, so at a given power the clock goes as (power / busy SMs)^(1/3), never above the boost clock.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..hardware.gpus import GPUSpec
+
+if TYPE_CHECKING:
+    from .compute import Efficiency
+
+
+def held_clock_MHz(gpu: GPUSpec, eff: Efficiency) -> float:
+    """SM clock the GPU holds under sustained tensor-core load: the measured ``sustained_clock_MHz``
+    at its TDP (else the clock its datasheet peaks are quoted at), lowered where a ``power_limit_W``
+    below the TDP is set by the rule of ``power_limited_boost``: dynamic power goes as f x V^2 with
+    the voltage following the clock, so the clock goes as the power's cube root (derived, the rule
+    measured on the lent H100 for the SM-count case; static and HBM power are neglected, so a low
+    limit's clock is an upper bound). 0 where nothing is known: the datasheet peaks hold."""
+    if not gpu.power_limit_W or gpu.power_limit_W >= gpu.tdp_W:
+        return gpu.sustained_clock_MHz
+    base = gpu.sustained_clock_MHz or (quoted_clock_Hz(gpu, eff) / 1e6 if eff.dense_flops_per_clock_per_sm else 0.0)
+    return base * (gpu.power_limit_W / gpu.tdp_W) ** (1.0 / 3.0)
+
+
+def quoted_clock_Hz(gpu: GPUSpec, eff: Efficiency) -> float:
+    """The clock the bf16 datasheet peak is quoted at: peak / (SMs x dense FLOP per SM clock)."""
+    return gpu.peak("bf16") / (eff.num_sms * eff.dense_flops_per_clock_per_sm)
+
+
+def sustained_clock_ratio(gpu: GPUSpec, eff: Efficiency) -> float:
+    """Tensor-core rate held under sustained training load over the datasheet peak's: the held clock
+    (``held_clock_MHz``: measured at the TDP, lowered by a power limit) over the clock the bf16 peak
+    is quoted at. Memory-bound kernels keep the HBM bandwidth: the power limit pulls the SM clock
+    down, not the memory clock. 1 where no sustained clock is known or it is above the quoted one."""
+    if not eff.dense_flops_per_clock_per_sm:
+        return 1.0
+    held = held_clock_MHz(gpu, eff)
+    if not held:
+        return 1.0
+    return min(1.0, held * 1e6 / quoted_clock_Hz(gpu, eff))
+
+
+def power_limited_boost(gpu: GPUSpec, sms: int, busy_sms: int, held_MHz: float) -> float:
+    """Clock gain of tensor-core work on ``busy_sms`` of ``sms`` SMs of a GPU whose full-GPU tensor load
+    is held below its boost clock by the power limit (at ``held_MHz``, ``held_clock_MHz``): dynamic
+    power goes as SMs x f x V^2 with the voltage following the clock, so at the same power the clock
+    rises as (sms / busy_sms)^(1/3), up to the boost clock. Measured on the lent H100 here
+    (scenarios/calibration/h100/gpu_contention.csv): 8192^3 and 8192 x 28672 x 4096 BF16 GEMMs beside
+    66 SMs held by other CTAs take 1.53x and 1.59x their time, not 2x (this rule with its waves: 1.63x,
+    1.59x). 1 for GPUs with no held clock known."""
+    if not held_MHz or not gpu.boost_clock_MHz or busy_sms >= sms:
+        return 1.0
+    return min(gpu.boost_clock_MHz / held_MHz, (sms / busy_sms) ** (1.0 / 3.0))
