@@ -33,10 +33,11 @@ def test_bundled_csv_is_the_shared_rows_plus_source_settings():
     extra = read_rows([DEFAULT_CSVS[1]])
     today = read_rows([DEFAULT_CSVS[2]])
     nemo2 = read_rows([DEFAULT_CSVS[3]])
-    assert read_rows([]) == rows + extra + today + nemo2  # the default runs every bundled file
+    titan = read_rows([DEFAULT_CSVS[4]])
+    assert read_rows([]) == rows + extra + today + nemo2 + titan  # the default runs every bundled file
     assert len(extra) == 12 and all(r["settings_from_source"] and r["source"] for r in extra)
-    assert all(r["settings_from_source"] and r["source_url"] and r["quote"] for r in nemo2)
-    names = [r["name"] for r in rows + extra + today + nemo2]
+    assert all(r["settings_from_source"] and r["source_url"] and r["quote"] for r in nemo2 + titan)
+    names = [r["name"] for r in rows + extra + today + nemo2 + titan]
     assert len(names) == len(set(names))
     if SHARED.is_file():
         shared = read_rows([SHARED])
@@ -83,11 +84,27 @@ def test_bundled_today_rows_are_the_shared_rows_with_only_published_settings():
         assert [r["iteration_time_s"] for r in shared] == [r["target_iteration_time_s"] for r in shared]
 
 
+def test_torchtitan_times_are_its_tokens_per_gpu_over_its_published_tps():
+    """torchtitan logs tps = tokens of the local batch / (seconds x cp x tp x pp) (train.py): each row's
+    step time is the local batch (global / dp) x seq_len / (cp tp pp) over the TPS/GPU its quote shows."""
+    titan = read_rows([DEFAULT_CSVS[4]])
+    assert len(titan) == 20 and all(r["gpu"] == "grand-teton-h100" for r in titan)
+    for r in titan:
+        n = {k: int(r[k]) for k in ("global_batch_size", "dp", "seq_length", "cp", "tp", "pp")}
+        tokens = n["global_batch_size"] // n["dp"] * n["seq_length"] // (n["cp"] * n["tp"] * n["pp"])
+        tps = float(r["measured_value"])
+        assert float(r["iteration_time_s"]) == pytest.approx(tokens / tps, rel=1e-4)
+        assert f"{tps:,g}" in r["quote"] or f"{tps:g}" in r["quote"]
+        assert n["dp"] * n["cp"] * n["tp"] * n["pp"] == 8 * int(r["num_nodes"])
+
+
 def test_row_columns_for_the_optimizer_and_fp8_weights_reach_the_scenario():
     raw = row_to_raw(small_row(grad_dtype="bf16", optimizer_state_dtype="bf16", fp8_params="true", dtype="fp8"))
     assert raw["training"]["optimizer_state_dtype"] == "bf16" and raw["training"]["fp8_params"] is True
     assert raw["training"]["grad_dtype"] == "bf16"
     assert row_to_raw(small_row(kernels="eager"))["training"]["kernels"] == "eager"  # a torchtitan/HF row
+    raw = row_to_raw(small_row(dtype="fp8", fp8_recipe="current", cp="2", cp_algorithm="all-gather"))
+    assert raw["training"]["fp8_recipe"] == "current" and raw["parallelism"]["cp_algorithm"] == "all-gather"
 
 
 def test_row_columns_for_overlap_nics_and_experts_reach_the_scenario():

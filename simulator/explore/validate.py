@@ -5,7 +5,9 @@ so the row gets exactly the defaults a user's scenario gets (``simulator/default
 CSVs are ``simulator/data/training_runs.csv`` and ``training_runs_2.csv`` (the shared published runs),
 ``training_runs_extra.csv`` (further published runs, held out from every modelling decision) and
 ``training_runs_nemo2.csv`` (NeMo 2 recipes as DGX Cloud v25.05 published them on GB200 and H100; the
-Blackwell kernel constants come from kernel microbenchmarks, never from these rows), each
+Blackwell kernel constants come from kernel microbenchmarks, never from these rows) and
+``training_runs_torchtitan.csv`` (the PyTorch team's torchtitan runs on 500 W Grand Teton H100: FSDP2,
+torch.compile, torchao float8, async TP, PP, CP; held out from every modelling decision), each
 with the software settings the sources imply (column ``settings_from_source`` says why), never a
 fitted number.
 """
@@ -29,11 +31,11 @@ from .enumerate import plan_of
 DATA = Path(__file__).resolve().parents[1] / "data"
 DEFAULT_CSV = DATA / "training_runs.csv"
 DEFAULT_CSVS = (DEFAULT_CSV, DATA / "training_runs_extra.csv", DATA / "training_runs_2.csv",
-                DATA / "training_runs_nemo2.csv")
+                DATA / "training_runs_nemo2.csv", DATA / "training_runs_torchtitan.csv")
 MODEL_COLUMNS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size",
                  "vocab_size", "seq_length", "num_experts", "moe_top_k", "mtp_layers")
 PARALLEL_INT = ("tp", "pp", "dp", "cp", "ep", "etp", "zero_stage", "virtual_stages", "recompute_num_layers")
-PARALLEL_STR = ("schedule", "recompute", "sharding", "recompute_method")
+PARALLEL_STR = ("schedule", "recompute", "sharding", "recompute_method", "cp_algorithm")
 BOOL = {"true": True, "false": False}
 # The other columns row_to_raw reads, and those that only describe a row (its provenance, how its step
 # time was derived); any other column is refused, so that a misspelled one is not silently ignored.
@@ -42,7 +44,7 @@ OTHER_COLUMNS = ("mlp", "model_preset", "moe_capacity_factor", "dropout", "moe_p
                  "num_nodes", "gpus_per_node", "nics_per_node", "nic_bandwidth_Gbps", "sequence_parallel",
                  "tp_comm_overlap", "layers_per_stage", "recompute_modules", "global_batch_size",
                  "micro_batch_size", "dtype", "attention", "grad_dtype", "grad_accumulation_fusion",
-                 "optimizer_state_dtype", "fp8_params", "kernels", "cuda_graphs")
+                 "optimizer_state_dtype", "fp8_params", "kernels", "cuda_graphs", "fp8_recipe")
 DESCRIPTIVE_COLUMNS = ("source", "name", "kind", "notes", "quote", "source_url", "settings_from_source",
                        "measured_metric", "measured_value", "iteration_time_s", "target_iteration_time_s")
 KNOWN_COLUMNS = frozenset(MODEL_COLUMNS + PARALLEL_INT + PARALLEL_STR + OTHER_COLUMNS + DESCRIPTIVE_COLUMNS)
@@ -103,7 +105,7 @@ def row_to_raw(row: dict) -> dict:
     if "recompute_modules" in given:  # Megatron-Core --recompute-modules, semicolon-separated
         par["recompute_modules"] = _items(given, "recompute_modules")
     training: dict = {k: _int(given, k) for k in ("global_batch_size", "micro_batch_size") if k in given}
-    for k in ("dtype", "attention", "grad_dtype", "optimizer_state_dtype", "kernels"):
+    for k in ("dtype", "attention", "grad_dtype", "optimizer_state_dtype", "kernels", "fp8_recipe"):
         if k in given:
             training[k] = given[k]
     for k in ("grad_accumulation_fusion", "fp8_params", "cuda_graphs"):
