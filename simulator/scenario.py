@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .hardware.clusters import ClusterSpec
 from .hardware.hwfile import CLUSTER_KEYS, cluster_from_table, read_cluster_file, read_text
-from .model.eager import KERNEL_MODES
+from .model.eager import CROSS_ENTROPY_IMPLS, KERNEL_MODES
 from .model.fp8 import FP8_RECIPES
 from .model.opgraph import ATTENTION_IMPLS
 from .model.spec import ModelSpec
@@ -98,6 +98,9 @@ class TrainingSpec:
     # "fused": the layer's norms, RoPE and activations as single fused kernels (Transformer Engine,
     # Megatron-Core, torch.compile); "eager": as plain PyTorch modules run them (model/eager.py)
     kernels: str = "fused"
+    # the loss: "fused" (Megatron-Core's vocab-parallel cross entropy, the gradient written over its
+    # fp32 softmax) | "torch" (F.cross_entropy on fp32 logits: torchtitan, plain PyTorch loops)
+    cross_entropy: str = "fused"
 
     @property
     def dtype_bytes(self) -> int:
@@ -295,6 +298,9 @@ def _training(table: dict) -> TrainingSpec:
         raise ScenarioError(f"training.optimizer_state_dtype must be fp32 or bf16, got {t.optimizer_state_dtype!r}")
     if t.kernels not in KERNEL_MODES:
         raise ScenarioError(f"training.kernels must be one of {', '.join(KERNEL_MODES)}, got {t.kernels!r}")
+    if t.cross_entropy not in CROSS_ENTROPY_IMPLS:
+        raise ScenarioError(f"training.cross_entropy must be one of {', '.join(CROSS_ENTROPY_IMPLS)}, "
+                            f"got {t.cross_entropy!r}")
     if t.kernels == "eager" and t.dtype == "fp8":
         raise ScenarioError("training.kernels = \"eager\" cannot run dtype fp8: FP8 training is Transformer Engine's "
                             "fused modules (use kernels = \"fused\")")

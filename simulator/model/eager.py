@@ -46,6 +46,9 @@ if TYPE_CHECKING:  # opgraph imports this module inside build_op_graph
     from .spec import ModelSpec
 
 KERNEL_MODES = ("fused", "eager")
+# training.cross_entropy: Megatron-Core's fused vocab-parallel loss, or PyTorch's F.cross_entropy
+# (strategy/activation_memory.loss_backward_bytes)
+CROSS_ENTROPY_IMPLS = ("fused", "torch")
 # Bytes per element (forward, backward) and kernels (forward, backward), d = activation dtype bytes.
 FP32 = DTYPE_BYTES["fp32"]
 

@@ -380,3 +380,17 @@ def head_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp: 
     tokens = (model.seq_length // cp) * micro_batch_size
     r = tp if sp else 1
     return 2 * dtype_bytes * tokens * model.hidden_size / r + LOGITS_BYTES * tokens * model.vocab_size / tp
+
+
+def loss_backward_bytes(model: ModelSpec, micro_batch_size: int, tp: int, cp: int, cross_entropy: str) -> float:
+    """Last stage, per micro-batch: what the loss's backward allocates beside the fp32 logit-sized tensor
+    the loss keeps (``head_activation_bytes``). Megatron-Core's vocab-parallel cross entropy writes the
+    gradient over its saved softmax (``VocabParallelCrossEntropy``): nothing. PyTorch's
+    ``F.cross_entropy`` on fp32 logits (log_softmax, then nll_loss) saves the log-softmax output, and
+    its backward allocates nll_loss's gradient and then log_softmax's, two more fp32 logit-sized
+    tensors alive at once (torch/csrc/autograd: each backward node returns a new tensor); with loss
+    parallel (DTensor, vocabulary sharded over TP) each is V/t wide."""
+    if cross_entropy == "fused":
+        return 0.0
+    tokens = (model.seq_length // cp) * micro_batch_size
+    return 2 * LOGITS_BYTES * tokens * model.vocab_size / tp

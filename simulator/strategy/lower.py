@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from ..model.opgraph import build_op_graph
 from ..tasks import InternalError, TaskGraph
-from .blocks import build_blocks, layer_blocks
+from .blocks import build_blocks, layer_blocks, split_off
 from .context import LowerCtx
 from .emit_sync import ParamGradSync
 from .grad_sync import zero3_reduce
@@ -262,8 +262,12 @@ class _Emitter(ParamGradSync):
             deps = (x,) + waits if x is not None else waits
             if unit == "head":
                 x = ctx.join(r, f"{name}.head.wait", deps, **meta)
-                x = column_backward(ctx, r, b.head, x, f"{name}.head", meta, self.split_w,
-                                    self.mem.unit(unit, "B").free_bytes)
+                d, head = self.mem.unit(unit, "B"), b.head
+                if d.alloc_bytes:  # the loss's own gradients (loss_backward_bytes): its backward allocates them
+                    loss, head = split_off(head, "loss")
+                    ctx.alloc_next(r, d.alloc_bytes)
+                    x = ctx.compute(r, f"{name}.head.loss", loss, () if x is None else (x,), **meta)
+                x = column_backward(ctx, r, head, x, f"{name}.head", meta, self.split_w, d.free_bytes)
             elif unit == "embed":
                 x = ctx.join(r, f"{name}.embed.wait", deps, **meta)
                 if ctx.par.sequence_parallel:  # conjugate of the embedding's reduce-scatter

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Union
 from ..model.opgraph import OpGraph, build_op_graph
 from ..model.spec import ModelSpec
 from .activation_memory import (embedding_activation_bytes, head_activation_bytes, layer_activation_bytes,
-                                layer_activation_split)
+                                layer_activation_split, loss_backward_bytes)
 from .recompute import layer_recompute_modes, recompute_groups
 from .schedules import StageMap, splits_backward, stage_map
 from .sharding import params_per_rank
@@ -315,12 +315,16 @@ class ActivationRules:
     layers: tuple[LayerMemory, ...]
     embed_bytes: float
     head_bytes: float
+    loss_backward_bytes: float = 0.0  # the head's B also allocates, then frees, the loss's gradients
 
     @cached_property
     def _table(self) -> dict:
         out: dict = {}
         for end, size in (("embed", self.embed_bytes), ("head", self.head_bytes)):
             out[end, "F"], out[end, "B"], out[end, "W"] = UnitDeltas(size), UnitDeltas(free_bytes=size), UnitDeltas()
+        grads = self.loss_backward_bytes
+        if grads:
+            out["head", "B"] = UnitDeltas(grads, free_bytes=self.head_bytes + grads)
         for i, lm in enumerate(self.layers):
             out[i, "F"] = UnitDeltas(lm.stored)
             grouped = None if lm.group_alloc is None else lm.transient  # a uniform group frees its own share
@@ -349,4 +353,5 @@ def activation_rules(scn: Scenario, split_backward: bool | None = None, recomput
     modes = layer_recompute_modes(par, layout, m)
     groups = recompute_groups(par, layout.chunks, m.num_layers)
     return ActivationRules(layer_memories(scn, split_backward, recompute_workspace, modes, groups),
-                           embedding_activation_bytes(*args), head_activation_bytes(*args))
+                           embedding_activation_bytes(*args), head_activation_bytes(*args),
+                           loss_backward_bytes(m, tr.micro_batch_size, par.tp, par.cp, tr.cross_entropy))
