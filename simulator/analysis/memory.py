@@ -20,7 +20,7 @@ from ..strategy.schedules import schedule_actions
 from ..strategy.sharding import layer_submodules, params_per_rank
 from ..strategy.stage_units import (activation_rules, layout_copies, rank_param_counts, scenario_layout,  # noqa: F401
                                    stage_layout, stage_param_counts)  # (stage_layout re-exported)
-from ..strategy.zero_impl import DEEPSPEED, deepspeed_live_params
+from ..strategy.zero_impl import DEEPSPEED, deepspeed_live_params, pipelined_fsdp2, state_zero_stage
 from ..tasks import InternalError
 from ..trace import Trace, TraceEvent
 from ..units import DTYPE_BYTES, MiB
@@ -216,7 +216,7 @@ def static_buffers(scn: Scenario, counts: dict, trace_has_buffers: bool = False)
         # holds stay BF16 but are counted. (ZeRO-3 gathers a layer's weights per use: no persistent copy.)
         # with fp8_params the FP8 copy is the parameter itself: only its transpose is cached
         out["fp8_weight_cache"] = params * (weight_copy_bytes_per_param(tr.fp8_recipe) - tr.fp8_params)
-    if par.zero_stage >= 3 and not trace_has_buffers and par.dp * par.cp > 1:
+    if par.zero_stage >= 3 and not trace_has_buffers and par.dp * par.cp > 1 and not pipelined_fsdp2(par):
         out["zero3_gathered"] = zero3_gathered_bytes(scn)
     return out
 
@@ -256,10 +256,11 @@ def memory_report(scn: Scenario, stage_params: dict, trace: Trace) -> MemoryRepo
     dense_dp = par.shard_group_size or par.dp * par.cp  # HSDP shards inside its shard group
     expert_dp = par.expert_dp  # MoE parallel folding: tp·cp·dp/(ep·etp) (strategy/mesh)
     per_rank, timeline, act_timeline, detail = {}, {}, {}, {}
+    stage = state_zero_stage(par)  # FSDP2 under torch's pipelining: whole parameters and gradients
     for rank, counts in stage_params.items():
-        state = _add(model_state_bytes(counts.get("dense", 0), par.zero_stage, dense_dp, tr.param_bytes,
+        state = _add(model_state_bytes(counts.get("dense", 0), stage, dense_dp, tr.param_bytes,
                                        tr.grad_dtype_bytes, par.offload_optimizer, opt_bpp),
-                     model_state_bytes(counts.get("expert", 0), par.zero_stage, expert_dp,
+                     model_state_bytes(counts.get("expert", 0), stage, expert_dp,
                                        tr.param_bytes, tr.grad_dtype_bytes, par.offload_optimizer,
                                        opt_bpp))
         start, end, delta, phases = trace.memory_columns(rank)  # all the timeline reads: no event need be made

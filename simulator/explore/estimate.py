@@ -34,6 +34,7 @@ from ..strategy.recompute import layer_recompute_modes, recomputed_forward
 from ..strategy.schedules import schedule_actions, splits_backward
 from ..strategy.sharding import grad_accumulation_bytes_per_param
 from ..strategy.stage_units import StageLayout, activation_rules, scenario_layout, stage_param_counts
+from ..strategy.zero_impl import state_zero_stage
 from ..tasks import Collective, Task
 from ..units import DTYPE_BYTES
 from .estimate_streams import ds2021_host_s, dp_stream_s, pp_stream_s
@@ -282,8 +283,8 @@ def memory_totals(scn: Scenario, cache: EstimateCache | None = None) -> list[flo
     graph, layout = cache.graph(scn), cache.layout(scn)
     for s, act in enumerate(activation_peaks(scn, cache)):
         counts = cache.stage_counts(scn, s, lambda: stage_param_counts(graph, par, layout, s))
-        state = [model_state_bytes(counts[k], par.zero_stage, dp, pbytes, tr.grad_dtype_bytes, par.offload_optimizer,
-                                   opt) for k, dp in (("dense", dense_dp), ("expert", par.expert_dp))]
+        state = [model_state_bytes(counts[k], state_zero_stage(par), dp, pbytes, tr.grad_dtype_bytes,
+                                   par.offload_optimizer, opt) for k, dp in (("dense", dense_dp), ("expert", par.expert_dp))]
         fixed = sum(static_buffers(scn, counts).values()) + FRAGMENTATION_FRACTION * act
         out.append(sum(sum(x.values()) for x in state) + fixed + act)
     return out

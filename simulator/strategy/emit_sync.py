@@ -19,7 +19,7 @@ from .grad_sync import (STREAM_DP_RS, deepspeed_persistent_gather, gather_parame
 from .schedules import StageMap
 from .sharding import unit_persistent_sizes
 from .stage_units import StageLayout, copy_sync_bytes
-from .zero_impl import DEEPSPEED, FSDP2_COPY_PASSES, chunk_fetches
+from .zero_impl import DEEPSPEED, FSDP2_COPY_PASSES, chunk_fetches, pipelined_fsdp2
 
 
 class ParamGradSync:
@@ -111,6 +111,11 @@ class ParamGradSync:
             self.grad_waits[r] += reduce_gradients(ctx, r, ready, end, f"{action}.vs{vs}.", STREAM_DP_RS)
             return
         if self.fsdp1 and not self.split_w:  # reduced as each unit finished (_backward_units)
+            return
+        if self.zero3 and pipelined_fsdp2(ctx.par):  # once per step, after the stage's last backward
+            for unit, _ in units if final else ():
+                name = f"{action}.{unit if unit in ('embed', 'head') else 'L' + unit}"
+                self.grad_waits[r] += zero3_reduce(ctx, r, name, *self._params(unit), end)
             return
         if self.zero3:
             for unit, tid in units:

@@ -80,6 +80,22 @@ FSDP2_COPY_PASSES = 2
 PERSISTENT_COPY_VIEW_OPS = 3
 
 
+
+def pipelined_fsdp2(par) -> bool:
+    """FSDP2 under torch.distributed.pipelining (pp > 1): the pipeline stage runs every backward with
+    ``set_requires_gradient_sync(False)`` and ``set_reshard_after_backward(False)`` and calls every
+    unit's post-backward only after its last one (torch/distributed/pipelining/stage.py,
+    ``backward_maybe_with_nosync``, torch 2.6): gradients accumulate unsharded in the reduce dtype,
+    gathered parameters stay gathered, and each unit is reduce-scattered once per step, after the
+    stage's last backward."""
+    return par.sharding == "fsdp2" and par.pp > 1 and par.zero_stage >= 2 and par.dp * par.cp > 1
+
+
+def state_zero_stage(par) -> int:
+    """The ZeRO stage whose sharding the model state follows at its peak: ZeRO-1's (parameters and
+    gradients whole, optimizer state sharded) for ``pipelined_fsdp2``, else ``zero_stage``."""
+    return 1 if pipelined_fsdp2(par) else par.zero_stage
+
 @dataclass(frozen=True)
 class Fetch:
     """One all-gather: the units that wait for it, the elements it gathers, and whether it may be
