@@ -133,6 +133,17 @@ def test_interleaved_all_warmup_when_microbatches_equal_stages():
     assert rows[1] == grid(["1F0 1F1 3F0 3F1 3B0 3B1 1B0 1B1"])[0]
 
 
+def test_torch_interleaved_keeps_its_warmup_when_microbatches_equal_stages():
+    """torch.distributed.pipelining's ScheduleInterleaved1F1B: Megatron's order and warm-up, except at
+    m == p, where rank r still warms up (v - 1) * p + 2 * (p - 1 - r) forwards."""
+    assert schedule_actions("torch-interleaved-1f1b", 2, 2, 2)[1] == grid(["1F0 1F1 3F0 3B0 3F1 3B1 1B0 1B1"])[0]
+    assert schedule_actions("torch-interleaved-1f1b", 2, 2, 2)[0] == schedule_actions("interleaved-1f1b", 2, 2, 2)[0]
+    for p, m, v in ((2, 4, 2), (4, 8, 2), (4, 12, 3)):
+        assert schedule_actions("torch-interleaved-1f1b", p, m, v) == schedule_actions("interleaved-1f1b", p, m, v)
+    for dur in (FB, {"F": Fraction(1), "B": Fraction(1)}):
+        assert bubble_fractions("torch-interleaved-1f1b", 8, 8, 2, dur) == [Fraction(7, 23)] * 8
+
+
 def test_zero_bubble_h1_grid_p3_m4():
     # 1F1B warm-up, backward split in B and W, W deferred by `rank` backward steps.
     assert schedule_actions("zero-bubble", 3, 4) == grid([
@@ -300,8 +311,8 @@ def test_invalid_combinations_raise_with_numbers(args, match):
 def test_splits_backward():
     assert [n for n in SCHEDULES if splits_backward(n)] == ["zero-bubble", "zb-h2", "zb-v", "dualpipe-v",
                                                                 "dualpipe"]
-    assert set(SCHEDULES) == {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zb-h2", "zb-v",
-                              "dualpipe-v", "dualpipe"}
+    assert set(SCHEDULES) == {"gpipe", "1f1b", "interleaved-1f1b", "torch-interleaved-1f1b", "zero-bubble",
+                              "zb-h2", "zb-v", "dualpipe-v", "dualpipe"}
     with pytest.raises(ValueError, match="zb-v"):
         splits_backward("pipedream")
 

@@ -47,7 +47,7 @@ def one_f_one_b(p: int, m: int, v: int = 1) -> list[list[Action]]:
     return out
 
 
-def interleaved_1f1b(p: int, m: int, v: int) -> list[list[Action]]:
+def interleaved_1f1b(p: int, m: int, v: int, all_warmup_at_m_p: bool = True) -> list[list[Action]]:
     """Megatron-LM interleaved 1F1B (Narayanan et al. 2021, sec. 2.2.1; Megatron-LM
     ``forward_backward_pipelining_with_interleaving``), transcribed step for step.
 
@@ -55,13 +55,14 @@ def interleaved_1f1b(p: int, m: int, v: int) -> list[list[Action]]:
     (k mod p*v) // p on micro-batch (k // (p*v)) * p + k mod p: micro-batches go p at a time
     through chunk 0, then the same p through chunk 1, ... Backward iteration k uses the same
     micro-batch and chunk v-1-((k mod p*v) // p). Warm-up is (p - r - 1) * 2 + (v - 1) * p
-    forwards (capped at m*v), or all m*v when m == p (Megatron's special case); then one forward
-    and one backward alternate; then the remaining backwards drain.
+    forwards (capped at m*v), or all m*v when m == p (Megatron's special case; not
+    ``all_warmup_at_m_p``: ``torch_interleaved_1f1b``); then one forward and one backward alternate;
+    then the remaining backwards drain.
     """
     total, group = m * v, p * v
     out = []
     for r in range(p):
-        warmup = total if m == p else min((p - r - 1) * 2 + (v - 1) * p, total)
+        warmup = total if m == p and all_warmup_at_m_p else min((p - r - 1) * 2 + (v - 1) * p, total)
 
         def act(k: int, phase: str) -> Action:
             c = (k % group) // p
@@ -75,6 +76,14 @@ def interleaved_1f1b(p: int, m: int, v: int) -> list[list[Action]]:
         out.append(acts)
     return out
 
+
+
+def torch_interleaved_1f1b(p: int, m: int, v: int) -> list[list[Action]]:
+    """torch.distributed.pipelining's ScheduleInterleaved1F1B (torch 2.6, schedules.py
+    ``_calculate_single_rank_operations``): Megatron's order (forwards in rounds of p micro-batches
+    per chunk, backwards from the last chunk) and warm-up, (v - 1) * p + 2 * (p - 1 - r) forwards
+    capped at m*v, without Megatron's all-forwards-first case at m == p."""
+    return interleaved_1f1b(p, m, v, all_warmup_at_m_p=False)
 
 def zero_bubble_h1(p: int, m: int, v: int = 1) -> list[list[Action]]:
     """ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", ICLR, sec. 3.1 and fig. 3).
@@ -192,6 +201,8 @@ SCHEDULES: dict[str, Schedule] = {s.name: s for s in (
     Schedule("gpipe", gpipe, lambda p, m, v: (p - 1) / (m + p - 1)),
     Schedule("1f1b", one_f_one_b, lambda p, m, v: (p - 1) / (m + p - 1)),
     Schedule("interleaved-1f1b", interleaved_1f1b, lambda p, m, v: (p - 1) / (v * m + p - 1),
+             chunks=0, microbatches_multiple_of_p=True),
+    Schedule("torch-interleaved-1f1b", torch_interleaved_1f1b, lambda p, m, v: (p - 1) / (v * m + p - 1),
              chunks=0, microbatches_multiple_of_p=True),
     Schedule("zero-bubble", zero_bubble_h1, lambda p, m, v: (p - 1) / (3 * m + p - 1),
              splits_backward=True),
