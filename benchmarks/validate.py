@@ -35,6 +35,19 @@ def _line(label: str, s: dict) -> str:
             f"(target within +-{TARGET_MEAN:.0%})")
 
 
+def memory_line(rows: list[dict]) -> str:
+    """Predicted peak memory per GPU against the published peaks of the rows that give one."""
+    if not rows:
+        return "published peak memory: no row gives one"
+    errs = [r["memory_total_bytes"] / r["measured_memory_bytes"] - 1 for r in rows]
+    worst = max(zip(errs, rows), key=lambda e: abs(e[0]))
+    near = sum(abs(e) <= 0.10 for e in errs)
+    return (f"published peak memory ({len(rows)} rows): predicted within {min(errs):+.1%}..{max(errs):+.1%}, "
+            f"{near} of {len(rows)} within +-10%, mean |error| {sum(map(abs, errs)) / len(errs):.1%}; "
+            f"worst {worst[1]['name']} "
+            f"({worst[1]['memory_total_bytes'] / 2**30:.1f} vs {worst[1]['measured_memory_bytes'] / 2**30:.1f} GiB)")
+
+
 def main(argv: list[str]) -> int:
     t0 = time.perf_counter()
     rows = read_rows(argv)
@@ -53,6 +66,7 @@ def main(argv: list[str]) -> int:
     refused = [f"{r['name']} ({r['memory_total_bytes'] / 2**30:.1f} GiB)" for r in ok_rows if not r["fits_in_memory"]]
     print(f"memory: {len(ok_rows) - len(refused)} of {len(ok_rows)} published runs (all of which ran) predicted to fit; "
           f"predicted out of memory: {', '.join(refused) or 'none'}")
+    print(memory_line([r for r in ok_rows if r.get("measured_memory_bytes")]))
     print(f"{time.perf_counter() - t0:.1f} s")
     ok = shared["mape"] is not None and shared["mape"] <= TARGET_MAPE and shared["max_abs_error"] <= TARGET_MAX \
         and abs(shared["mean_error"]) <= TARGET_MEAN and not shared["failed"]

@@ -63,7 +63,8 @@ def test_gemms_slow_by_the_clock_hbm_kernels_do_not():
 
 @pytest.mark.parametrize("gpu, message", [
     ({"preset": "h100-sxm5-80gb", "power_limit_W": 800}, "cluster.gpu.power_limit_W = 800 exceeds tdp_W = 700"),
-    ({"preset": "h100-sxm5-80gb", "tdp_W": 0, "power_limit_W": 500}, "cluster.gpu.power_limit_W = 500 needs the GPU's tdp_W"),
+    ({"preset": "h100-sxm5-80gb", "tdp_W": 0, "power_limit_W": 500},
+     "cluster.gpu.power_limit_W = 500 needs the GPU's tdp_W"),
     ({"preset": "h100-sxm5-80gb", "power_limit_W": -5}, "cluster.gpu.power_limit_W must be a finite number >= 0"),
 ])
 def test_a_bad_power_limit_names_the_field(gpu, message):

@@ -44,9 +44,11 @@ OTHER_COLUMNS = ("mlp", "model_preset", "moe_capacity_factor", "dropout", "moe_p
                  "num_nodes", "gpus_per_node", "nics_per_node", "nic_bandwidth_Gbps", "sequence_parallel",
                  "tp_comm_overlap", "layers_per_stage", "recompute_modules", "global_batch_size",
                  "micro_batch_size", "dtype", "attention", "grad_dtype", "grad_accumulation_fusion",
-                 "optimizer_state_dtype", "fp8_params", "kernels", "cuda_graphs", "fp8_recipe")
+                 "optimizer_state_dtype", "fp8_params", "kernels", "cuda_graphs", "fp8_recipe",
+                 "cross_entropy")
 DESCRIPTIVE_COLUMNS = ("source", "name", "kind", "notes", "quote", "source_url", "settings_from_source",
-                       "measured_metric", "measured_value", "iteration_time_s", "target_iteration_time_s")
+                       "measured_metric", "measured_value", "iteration_time_s", "target_iteration_time_s",
+                       "measured_memory_GiB")
 KNOWN_COLUMNS = frozenset(MODEL_COLUMNS + PARALLEL_INT + PARALLEL_STR + OTHER_COLUMNS + DESCRIPTIVE_COLUMNS)
 
 
@@ -105,7 +107,7 @@ def row_to_raw(row: dict) -> dict:
     if "recompute_modules" in given:  # Megatron-Core --recompute-modules, semicolon-separated
         par["recompute_modules"] = _items(given, "recompute_modules")
     training: dict = {k: _int(given, k) for k in ("global_batch_size", "micro_batch_size") if k in given}
-    for k in ("dtype", "attention", "grad_dtype", "optimizer_state_dtype", "kernels", "fp8_recipe"):
+    for k in ("dtype", "attention", "grad_dtype", "optimizer_state_dtype", "kernels", "fp8_recipe", "cross_entropy"):
         if k in given:
             training[k] = given[k]
     for k in ("grad_accumulation_fusion", "fp8_params", "cuda_graphs"):
@@ -132,6 +134,8 @@ def evaluate_row(row: dict) -> dict:
         out["reason"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return out
     p = scn.parallel
+    if row.get("measured_memory_GiB", "").strip():  # a published peak (a framework's max reserved memory)
+        out["measured_memory_bytes"] = _number(row, "measured_memory_GiB", float) * 2 ** 30
     out.update(status="ok", predicted_s=m["iteration_time_s"], error=m["iteration_time_s"] / out["measured_s"] - 1,
                num_gpus=m["num_gpus"], mfu=m["mfu"], hfu=m["hfu"], breakdown=m["time_breakdown_s"],
                fits_in_memory=m["fits_in_memory"], memory_total_bytes=m["memory_bytes"]["total"],
