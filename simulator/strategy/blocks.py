@@ -42,7 +42,6 @@ class Segment:
     bwd_b_post: Work = ()
 
 
-
 def split_off(seg: Segment, kind: str) -> tuple[Work, Segment]:
     """(the backward work of the segment's ops of ``kind``, the segment without them): the loss's
     backward run as a task of its own (``activation_memory.loss_backward_bytes``)."""
@@ -51,6 +50,7 @@ def split_off(seg: Segment, kind: str) -> tuple[Work, Segment]:
     cut = tuple(x for x in seg.bwd if x.kind == kind)
     return cut, replace(seg, bwd=keep(seg.bwd), bwd_b=keep(seg.bwd_b), bwd_pre=keep(seg.bwd_pre),
                         bwd_b_pre=keep(seg.bwd_b_pre), bwd_post=keep(seg.bwd_post), bwd_b_post=keep(seg.bwd_b_post))
+
 
 def _cut(name: str, bwd_b: Work, bwd_w: Work, bwd: Work) -> dict:
     """Backward parts around the first GEMM of the forward (the last one in backward order)."""

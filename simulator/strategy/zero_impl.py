@@ -50,8 +50,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..tasks import OpWork
+
+if TYPE_CHECKING:
+    from ..scenario import ParallelSpec
 
 IMPLEMENTATIONS = ("megatron-distopt", "deepspeed", "deepspeed-2021", "fsdp1", "fsdp2")
 FSDP = ("fsdp1", "fsdp2")
@@ -80,8 +84,7 @@ FSDP2_COPY_PASSES = 2
 PERSISTENT_COPY_VIEW_OPS = 3
 
 
-
-def pipelined_fsdp2(par) -> bool:
+def pipelined_fsdp2(par: ParallelSpec) -> bool:
     """FSDP2 under torch.distributed.pipelining (pp > 1): the pipeline stage runs every backward with
     ``set_requires_gradient_sync(False)`` and ``set_reshard_after_backward(False)`` and calls every
     unit's post-backward only after its last one (torch/distributed/pipelining/stage.py,
@@ -91,10 +94,11 @@ def pipelined_fsdp2(par) -> bool:
     return par.sharding == "fsdp2" and par.pp > 1 and par.zero_stage >= 2 and par.dp * par.cp > 1
 
 
-def state_zero_stage(par) -> int:
+def state_zero_stage(par: ParallelSpec) -> int:
     """The ZeRO stage whose sharding the model state follows at its peak: ZeRO-1's (parameters and
     gradients whole, optimizer state sharded) for ``pipelined_fsdp2``, else ``zero_stage``."""
     return 1 if pipelined_fsdp2(par) else par.zero_stage
+
 
 @dataclass(frozen=True)
 class Fetch:
