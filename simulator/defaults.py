@@ -62,17 +62,22 @@ def default_grad_dtype(zero_stage: int, dtype: str) -> str:
     return "bf16" if dtype == "fp8" else dtype  # FP8 training (TE) produces BF16 weight gradients
 
 
-def default_sharding(zero_stage: int) -> str:
+def default_sharding(zero_stage: int, pp: int = 1) -> str:
     """The framework whose ZeRO implementation a ``zero_stage`` means when ``parallelism.sharding`` is
     not given (``strategy/zero_impl``).
 
     Stage 0/1: Megatron-core's DDP and distributed optimizer (the simulator's Megatron-LM baseline).
     Stage 2: DeepSpeed, the framework that defines ZeRO-2 (gradients partitioned as produced,
-    reduce_bucket_size buckets); Megatron-core has no stage 2. Stage 3: PyTorch FSDP2
-    (``fully_shard``), PyTorch's current sharded data parallelism (torchtitan's default) and the
-    idealised ZeRO-3 of Rajbhandari et al. 2020: one all-gather per block and pass, one-block prefetch.
+    reduce_bucket_size buckets); Megatron-core has no stage 2. With a pipeline (``pp`` > 1) DeepSpeed
+    runs no ZeRO-2 or 3 (its PipelineEngine asserts "ZeRO-2 and ZeRO-3 are incompatible with pipeline
+    parallelism", deepspeed/runtime/pipe/engine.py), so stage 2 there is FSDP2's SHARD_GRAD_OP under
+    torch.distributed.pipelining, as torchtitan runs it. Stage 3: PyTorch FSDP2 (``fully_shard``),
+    PyTorch's current sharded data parallelism (torchtitan's default) and the idealised ZeRO-3 of
+    Rajbhandari et al. 2020: one all-gather per block and pass, one-block prefetch.
     """
-    return "megatron-distopt" if zero_stage <= 1 else "deepspeed" if zero_stage == 2 else "fsdp2"
+    if zero_stage <= 1:
+        return "megatron-distopt"
+    return "deepspeed" if zero_stage == 2 and pp == 1 else "fsdp2"
 
 
 # ---- [reliability] defaults (simulator/reliability.py; the goodput command) -----------------------

@@ -330,7 +330,7 @@ def _parallel(table: dict, model: ModelSpec, cluster: ClusterSpec, training: Tra
                                 f"ceil({model.num_layers} / {vals['pp']})) finds none: set "
                                 f"parallelism.virtual_stages or use '1f1b'")
     if not vals.get("sharding"):
-        vals["sharding"] = default_sharding(vals.get("zero_stage", 0))
+        vals["sharding"] = default_sharding(vals.get("zero_stage", 0), vals.get("pp", 1))
     par = ParallelSpec(**vals)
     if vals.get("recompute_modules") and par.recompute != "selective":  # Megatron-Core reads them for selective only
         raise ScenarioError(f"parallelism.recompute_modules = {list(par.recompute_modules)} needs recompute = "

@@ -193,12 +193,11 @@ def _check_op_sac(m: ModelSpec, p: ParallelSpec, t: TrainingSpec) -> None:
         ("parallelism.sharding", p.sharding, ds3),
         ("model.num_experts", m.num_experts, m.is_moe), ("model.kv_lora_rank (MLA)", m.kv_lora_rank, m.is_mla),
         ("model.parallel_attn_mlp", m.parallel_attn_mlp, m.parallel_attn_mlp),
-        ("training.dtype", t.dtype, t.dtype == "fp8"),
         ("training.attention", t.attention, t.attention == "unfused")) if bad]
     if unmodelled:
         what, value = unmodelled[0]
         raise ScenarioError(f"parallelism.recompute = 'selective-op' (torchtitan's per-op SAC) is modelled for "
-                            f"dense layers with tp = 1, cp = 1, fused attention and no fp8; got {what} = {value!r}")
+                            f"dense layers with tp = 1, cp = 1 and fused attention; got {what} = {value!r}")
 
 
 def _check_recompute_layers(p: ParallelSpec) -> None:
@@ -227,6 +226,10 @@ def _check_sharding(p: ParallelSpec) -> None:
     if p.sharding == "megatron-distopt" and p.zero_stage > 1:
         raise ScenarioError(f"parallelism.sharding = 'megatron-distopt' runs zero_stage 0 or 1, got "
                             f"zero_stage = {p.zero_stage}")
+    if p.sharding.startswith("deepspeed") and p.zero_stage >= 2 and p.pp > 1:
+        raise ScenarioError(f"parallelism.sharding = {p.sharding!r} with zero_stage {p.zero_stage} and pp = {p.pp}: "
+                            f"DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3 (use pp = 1, zero_stage <= 1, "
+                            f"or sharding fsdp2)")
     if p.sharding == "deepspeed-2021" and p.zero_stage != 3:  # zero_impl models its ZeRO-3 coordinator only
         raise ScenarioError(f"parallelism.sharding = 'deepspeed-2021' is DeepSpeed's 2021 ZeRO-3 engine: it needs "
                             f"zero_stage 3, got zero_stage = {p.zero_stage}")

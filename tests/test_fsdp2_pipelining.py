@@ -16,7 +16,8 @@ MODEL = {"num_layers": 4, "hidden_size": 512, "num_attention_heads": 8, "vocab_s
 def scn(pp: int = 2, zero_stage: int = 2, sharding: str = "fsdp2", microbatches: int = 4):
     dp = 8 // pp
     return scenario_from_dict({"model": MODEL, "cluster": {"preset": "dgx-h100", "num_nodes": 1},
-                               "parallelism": {"pp": pp, "dp": dp, "zero_stage": zero_stage, "sharding": sharding},
+                               "parallelism": {"pp": pp, "dp": dp, "zero_stage": zero_stage,
+                                               **({"sharding": sharding} if sharding else {})},
                                "training": {"global_batch_size": dp * microbatches, "grad_dtype": "fp32"}})
 
 
@@ -55,3 +56,19 @@ def test_the_step_holds_whole_parameters_and_unsharded_gradients():
     assert piped["grads"] == pytest.approx(flat["grads"] * 4)  # fp32, sharded over dp 4 when not piped
     assert piped["params"] == pytest.approx(flat["params"])  # SHARD_GRAD_OP: whole through a micro-batch
     assert piped["optimizer"] == pytest.approx(flat["optimizer"])
+
+
+def test_zero2_with_a_pipeline_defaults_to_fsdp2_and_deepspeed_refuses_it():
+    """DeepSpeed's PipelineEngine asserts "ZeRO-2 and ZeRO-3 are incompatible with pipeline
+    parallelism": ZeRO-2 with pp > 1 means FSDP2's SHARD_GRAD_OP under torch's pipelining (torchtitan)."""
+    from simulator.defaults import default_sharding
+    from simulator.scenario import ScenarioError
+
+    assert (default_sharding(2), default_sharding(2, pp=4), default_sharding(3, pp=4)) == ("deepspeed", "fsdp2", "fsdp2")
+    assert scn(zero_stage=2, sharding="").parallel.sharding == "fsdp2"
+    assert scn(pp=1, zero_stage=2, sharding="").parallel.sharding == "deepspeed"
+    for sharding, z in (("deepspeed", 2), ("deepspeed", 3), ("deepspeed-2021", 3)):
+        with pytest.raises(ScenarioError) as exc:
+            scn(zero_stage=z, sharding=sharding)
+        assert "DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3" in str(exc.value)
+        assert f"zero_stage {z} and pp = 2" in str(exc.value) and "\n" not in str(exc.value)

@@ -27,7 +27,7 @@ CASES = {
     "zero-bubble-sp": _scenario(schedule="zero-bubble", sequence_parallel=True, recompute="full"),
     "zb-v": _scenario(schedule="zb-v", virtual_stages=2, sequence_parallel=True),
     "zero3-fsdp2": _scenario(zero_stage=3, sharding="fsdp2", recompute="full"),
-    "zero3-deepspeed": _scenario(zero_stage=3, sharding="deepspeed"),
+    "zero3-deepspeed": _scenario(zero_stage=3, sharding="deepspeed", pp=1, dp=4),  # DeepSpeed: no ZeRO-3 with PP
     "cp-ring": _scenario(cp=2, sequence_parallel=True, recompute="selective"),
     "tp-comm-overlap": _scenario(sequence_parallel=True, tp_comm_overlap=True),
     "moe-ep": _scenario({"preset": "mixtral-8x7b", "num_layers": 4, "seq_length": 512}, tp=1, ep=2,
