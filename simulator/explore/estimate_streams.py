@@ -14,7 +14,7 @@ from ..strategy.recompute import recomputed_layers
 from ..strategy.sharding import layer_submodules, unit_persistent_sizes
 from ..strategy.stage_units import copy_sync_bytes, stage_param_counts, unit_params
 from ..strategy.zero_impl import (FSDP, chunk_fetches, hsdp_groups, list_all_gather_host_work, persistent_copy_host_work,
-                                  persistent_gather_work)
+                                  persistent_gather_work, pipelined_fsdp2)
 
 if TYPE_CHECKING:
     from .estimate import EstimateCache, RankProfile
@@ -58,19 +58,22 @@ def _dp_streams_s(scn: Scenario, cache: "EstimateCache", stage: int) -> float:
         return coll("all_reduce", grads)
     shard = hsdp_groups(group, group[0], par.shard_group_size)[0]
     if par.zero_stage == 3 or (par.zero_stage == 2 and par.sharding in FSDP):
-        gathered = m * gathered_params(scn, stage, cache) * tr.dtype_bytes
-        return max(cache.collective_s(scn, "all_gather", gathered, shard),
-                   cache.collective_s(scn, "reduce_scatter", m * grads, shard))
+        once = pipelined_fsdp2(par)  # gathered at each chunk's first forward, reduced after its last backward
+        gathered = (1 if once else m) * gathered_params(scn, stage, cache, ("F",) if once else ("F", "B"))
+        return max(cache.collective_s(scn, "all_gather", gathered * tr.dtype_bytes, shard),
+                   cache.collective_s(scn, "reduce_scatter", (1 if once else m) * grads, shard))
     return coll("reduce_scatter", grads * (m if par.zero_stage == 2 else 1)) + coll("all_gather", weights)
 
 
-def gathered_params(scn: Scenario, stage: int, cache: "EstimateCache | None" = None) -> float:
-    """Dense parameters a rank of ``stage`` all-gathers per micro-batch: every pass's fetches of every
-    chunk it holds, by the framework's rule (``zero_impl.chunk_fetches``, as the lowering issues them)."""
-    return sum(f.params for f in stage_fetches(scn, stage, cache))
+def gathered_params(scn: Scenario, stage: int, cache: "EstimateCache | None" = None,
+                    passes: tuple[str, ...] = ("F", "B")) -> float:
+    """Dense parameters a rank of ``stage`` all-gathers per micro-batch: the fetches of ``passes`` of
+    every chunk it holds, by the framework's rule (``zero_impl.chunk_fetches``, as the lowering issues them)."""
+    return sum(f.params for f in stage_fetches(scn, stage, cache, passes))
 
 
-def stage_fetches(scn: Scenario, stage: int, cache: "EstimateCache | None" = None) -> list:
+def stage_fetches(scn: Scenario, stage: int, cache: "EstimateCache | None" = None,
+                  passes: tuple[str, ...] = ("F", "B")) -> list:
     """The all-gathers (``zero_impl.Fetch``) a rank of ``stage`` issues per micro-batch, every pass of
     every chunk it holds (under the schedule's stage map), its units' parameters by
     ``stage_units.unit_params`` as the lowering counts them."""
@@ -86,7 +89,7 @@ def stage_fetches(scn: Scenario, stage: int, cache: "EstimateCache | None" = Non
         units = [str(u) for u in layout.units(vs)]
         dense = [params.of(u)[0] for u in units]
         fetches = chunk_fetches(par.sharding, par.zero_stage, recomputed, units, dense, subs)
-        out += [f for v in fetches.values() for f in v]
+        out += [f for phase in passes for f in fetches.get(phase, ())]
     return out
 
 

@@ -36,6 +36,7 @@ class ParamGradSync:
     fsdp1: bool
     tied_pp: bool | None
     plans: dict
+    resident: set  # (rank, virtual stage) whose parameters stay gathered (pipelined_fsdp2)
     gathers: dict
     grad_waits: dict
     final_ready: dict
@@ -64,6 +65,11 @@ class ParamGradSync:
         from being prefetched is issued when its unit starts, after the unit before has run. FSDP2
         copies each gathered unit out into its parameters on the compute stream."""
         units = self._units(vs) if phase == "F" else self._units(vs)[::-1]
+        if self.zero3 and pipelined_fsdp2(self.ctx.par):  # gathered once, at the chunk's first forward
+            if phase == "B" or (r, vs) in self.resident:
+                yield from (() for _ in units)
+                return
+            self.resident.add((r, vs))
         if not self.zero3:
             yield from (() for _ in units)
             return

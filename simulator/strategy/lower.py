@@ -93,6 +93,7 @@ class _Emitter(ParamGradSync):
         self.zero3 = par.dp * par.cp > 1 and (par.zero_stage == 3 or (par.zero_stage == 2 and par.sharding in FSDP))
         self.fsdp1 = self.zero3 and par.sharding == "fsdp1"  # reduce-scatters issued unit by unit (grad_sync)
         self.plans: dict = {}  # virtual stage -> zero_impl.pass_fetches
+        self.resident: set = set()  # (rank, virtual stage) gathered for the step (zero_impl.pipelined_fsdp2)
         self.stamp = Stamper(ctx)  # layers emitted once per shape, then stamped out (``stamp``)
         # each unit's activation deltas per pass and its parameters on this rank (stage_units)
         self.mem = activation_rules(ctx.scn, split_w)
@@ -195,7 +196,7 @@ class _Emitter(ParamGradSync):
         ZeRO-3 the whole pass is stamped from a template (``stamp``); the parameter all-gathers its
         first units wait for (``_early_param_gather``) go in as outside dependencies."""
         meta = self._meta(vs, mb, "F")
-        if self.zero3:
+        if self.zero3 and (r, vs) not in self.resident:  # its gathers go in (after the first: none)
             x = self._forward_units(self.ctx, r, (dep,), f"F{mb}", meta, vs, ())
         else:
             got = [tuple(self.gathers.pop((r, vs, u), ())) for u in self._units(vs)] if self.gathers else []
@@ -241,7 +242,7 @@ class _Emitter(ParamGradSync):
         """B of virtual stage vs for micro-batch mb after ``dep``; stamped outside ZeRO-3 (see _forward)."""
         final = self._count(r, vs, "B")
         meta = self._meta(vs, mb, "B")
-        if self.zero3:
+        if self.zero3 and (r, vs) not in self.resident:
             out = self._backward_units(self.ctx, r, (dep,), f"B{mb}", meta, vs)
         else:
             out = self.stamp.call(self._backward_units, r, (dep,), f"B{mb}", meta, vs)

@@ -90,7 +90,9 @@ def pipelined_fsdp2(par: ParallelSpec) -> bool:
     unit's post-backward only after its last one (torch/distributed/pipelining/stage.py,
     ``backward_maybe_with_nosync``, torch 2.6): gradients accumulate unsharded in the reduce dtype,
     gathered parameters stay gathered, and each unit is reduce-scattered once per step, after the
-    stage's last backward."""
+    stage's last backward. Parameters are gathered once, at each chunk's first forward: torchtitan sets
+    reshard_after_forward False under PP (parallelize_llama.apply_fsdp); ZeRO-3 with a pipeline is
+    taken to run the same."""
     return par.sharding == "fsdp2" and par.pp > 1 and par.zero_stage >= 2 and par.dp * par.cp > 1
 
 
