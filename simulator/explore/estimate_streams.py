@@ -59,9 +59,10 @@ def _dp_streams_s(scn: Scenario, cache: "EstimateCache", stage: int) -> float:
     shard = hsdp_groups(group, group[0], par.shard_group_size)[0]
     if par.zero_stage == 3 or (par.zero_stage == 2 and par.sharding in FSDP):
         once = pipelined_fsdp2(par)  # gathered at each chunk's first forward, reduced after its last backward
-        gathered = (1 if once else m) * gathered_params(scn, stage, cache, ("F",) if once else ("F", "B"))
+        passes = 1 if once else m
+        gathered = passes * gathered_params(scn, stage, cache, ("F",) if once else ("F", "B"))
         return max(cache.collective_s(scn, "all_gather", gathered * tr.dtype_bytes, shard),
-                   cache.collective_s(scn, "reduce_scatter", (1 if once else m) * grads, shard))
+                   cache.collective_s(scn, "reduce_scatter", passes * grads, shard))
     return coll("reduce_scatter", grads * (m if par.zero_stage == 2 else 1)) + coll("all_gather", weights)
 
 

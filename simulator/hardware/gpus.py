@@ -26,7 +26,7 @@ class GPUSpec:
     # the datasheet peaks hold
     sustained_clock_MHz: float = 0.0
     # power limit set below the TDP (nvidia-smi -pl; Meta's Grand Teton H100 run at 500 W): the clock
-    # held under load falls with it (cost/compute.held_clock_MHz); 0 = the TDP
+    # held under load falls with it (cost/clocks.held_clock_MHz); 0 = the TDP
     power_limit_W: float = 0.0
 
     def peak(self, dtype: str) -> float:

@@ -19,7 +19,7 @@ from .grad_sync import (STREAM_DP_RS, deepspeed_persistent_gather, gather_parame
 from .schedules import StageMap
 from .sharding import unit_persistent_sizes
 from .stage_units import StageLayout, copy_sync_bytes
-from .zero_impl import DEEPSPEED, FSDP2_COPY_PASSES, chunk_fetches, pipelined_fsdp2
+from .zero_impl import DEEPSPEED, FSDP2_COPY_PASSES, chunk_fetches
 
 
 class ParamGradSync:
@@ -36,6 +36,7 @@ class ParamGradSync:
     fsdp1: bool
     tied_pp: bool | None
     plans: dict
+    pipelined: bool  # zero3 under zero_impl.pipelined_fsdp2
     resident: set  # (rank, virtual stage) whose parameters stay gathered (pipelined_fsdp2)
     gathers: dict
     grad_waits: dict
@@ -65,14 +66,12 @@ class ParamGradSync:
         from being prefetched is issued when its unit starts, after the unit before has run. FSDP2
         copies each gathered unit out into its parameters on the compute stream."""
         units = self._units(vs) if phase == "F" else self._units(vs)[::-1]
-        if self.zero3 and pipelined_fsdp2(self.ctx.par):  # gathered once, at the chunk's first forward
-            if phase == "B" or (r, vs) in self.resident:
-                yield from (() for _ in units)
-                return
-            self.resident.add((r, vs))
-        if not self.zero3:
+        # pipelined FSDP2 gathers a chunk once, at its first forward (zero_impl.pipelined_fsdp2)
+        if not self.zero3 or (self.pipelined and (phase == "B" or (r, vs) in self.resident)):
             yield from (() for _ in units)
             return
+        if self.pipelined:
+            self.resident.add((r, vs))
         fwd_index = {u: i for i, u in enumerate(self._units(vs))}
         pos = [fwd_index[u] for u in units]
         fetches = self._plan(vs)[phase]
@@ -118,15 +117,12 @@ class ParamGradSync:
             return
         if self.fsdp1 and not self.split_w:  # reduced as each unit finished (_backward_units)
             return
-        if self.zero3 and pipelined_fsdp2(ctx.par):  # once per step, after the stage's last backward
-            for unit, _ in units if final else ():
-                name = f"{action}.{unit if unit in ('embed', 'head') else 'L' + unit}"
-                self.grad_waits[r] += zero3_reduce(ctx, r, name, *self._params(unit), end)
-            return
         if self.zero3:
+            if self.pipelined and not final:  # reduced once per step, after the stage's last backward
+                return
             for unit, tid in units:
                 name = f"{action}.{unit if unit in ('embed', 'head') else 'L' + unit}"
-                self.grad_waits[r] += zero3_reduce(ctx, r, name, *self._params(unit), tid)
+                self.grad_waits[r] += zero3_reduce(ctx, r, name, *self._params(unit), end if self.pipelined else tid)
             return
         ready = [(tid,) + self._params(unit) for unit, tid in units]
         if stage == 2:

@@ -30,7 +30,7 @@ from .recompute import layer_recompute_modes
 from .stage_units import (activation_rules, chunk_layers, chunk_sizes, copy_sync_bytes,  # noqa: F401 (re-exported)
                           scenario_layout, stage_layout, stage_param_counts, unit_params)
 from .stamp import Stamper
-from .zero_impl import FSDP
+from .zero_impl import FSDP, pipelined_fsdp2
 
 if TYPE_CHECKING:  # scenario imports strategy: a type-only import
     from ..scenario import Scenario
@@ -93,6 +93,7 @@ class _Emitter(ParamGradSync):
         self.zero3 = par.dp * par.cp > 1 and (par.zero_stage == 3 or (par.zero_stage == 2 and par.sharding in FSDP))
         self.fsdp1 = self.zero3 and par.sharding == "fsdp1"  # reduce-scatters issued unit by unit (grad_sync)
         self.plans: dict = {}  # virtual stage -> zero_impl.pass_fetches
+        self.pipelined = self.zero3 and pipelined_fsdp2(par)  # FSDP2 under torch's pipelining
         self.resident: set = set()  # (rank, virtual stage) gathered for the step (zero_impl.pipelined_fsdp2)
         self.stamp = Stamper(ctx)  # layers emitted once per shape, then stamped out (``stamp``)
         # each unit's activation deltas per pass and its parameters on this rank (stage_units)
