@@ -97,6 +97,8 @@ def _calibrate_parsers(sub) -> None:
     pr.add_argument("--out")
     pr.add_argument("--scenario", help="scenario whose kernels to profile (default: the tiny GPT)")
     pr.add_argument("--steps", type=int, default=3, help="profiled training steps of the tiny model")
+    pr.add_argument("--no-presets", action="store_true",
+                    help="on a GPU, profile the scenario's own kernels only (not every preset's layers)")
     cm = csub.add_parser("compare")
     cm.add_argument("trace")
     cm.add_argument("scenario")
@@ -184,7 +186,8 @@ def _calibrate(args) -> int:
     if args.action == "fit":
         return cmd_fit(args.traces, args.scenario, args.out)
     if args.action == "profile":
-        return cmd_profile(args.device, args.out, scenario=args.scenario, steps=args.steps)
+        return cmd_profile(args.device, args.out, scenario=args.scenario, steps=args.steps,
+                           presets=False if args.no_presets else None)
     if args.action == "compare":
         return cmd_compare(args.trace, args.scenario, args.out)
     return cmd_show(args.trace, args.out)

@@ -1,6 +1,7 @@
 """calibration/profile, tiny_model and cli: kernel specs, the CPU profiling pipeline, and the loop
 profile -> tables -> calibrated simulation -> compare, end to end on the CPU (torch needed)."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -119,3 +120,74 @@ def test_profile_on_cuda(tmp_path):
     assert cmd_compare(str(out / "tiny-gpt.trace.json.gz"), str(out / "tiny-gpt.toml"), str(tmp_path / "c")) == 0
     c = json.loads((tmp_path / "c" / "compare.json").read_text())
     assert c["mapping"] == "annotation" and c["device"] and c["measured_step_s"] > 0
+
+
+@pytest.mark.parametrize("flag, presets", [([], None), (["--no-presets"], False)])
+def test_no_presets_flag_profiles_the_scenarios_kernels_only(monkeypatch, flag, presets):
+    import simulator.calibration.cli as cli
+    from simulator.__main__ import main
+
+    seen = {}
+    monkeypatch.setattr(cli, "cmd_profile", lambda *a, **k: seen.update(k) or 0)
+    assert main(["calibrate", "profile", "--device", "cuda", "--scenario", str(TINY), *flag]) == 0
+    assert seen["presets"] is presets and seen["scenario"] == str(TINY)
+
+
+def test_eager_ops_compute_what_torchtitans_modules_compute():
+    """The calibration model's eager Llama ops (calibration/eager_ops.py): the fp32 RMSNorm equals
+    torch's rms_norm, the complex rotary embedding turns each (even, odd) pair by its angle and keeps
+    its length, repeat_kv copies every K/V head to its query heads."""
+    torch = pytest.importorskip("torch")
+    from simulator.calibration.eager_ops import freqs_cis, repeat_kv, rms_norm_class, rotary
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 3, 8)
+    norm = rms_norm_class()(8, 1e-5)
+    assert torch.allclose(norm(x), torch.nn.functional.rms_norm(x, (8,), norm.weight, 1e-5), atol=1e-6)
+    cis = freqs_cis(8, 5)
+    y = rotary(x, cis)
+    pairs, turned = x.reshape(2, 5, 3, 4, 2), y.reshape(2, 5, 3, 4, 2)
+    assert torch.allclose(pairs.norm(dim=-1), turned.norm(dim=-1), atol=1e-5)
+    angle = torch.atan2(pairs[..., 1], pairs[..., 0]) + cis.angle().view(1, 5, 1, 4)
+    assert torch.allclose(torch.atan2(turned[..., 1], turned[..., 0]).cos(), angle.cos(), atol=1e-4)
+    kv = repeat_kv(x, 2)
+    assert kv.shape == (2, 5, 6, 8) and torch.equal(kv[:, :, 4], x[:, :, 2]) and torch.equal(kv[:, :, 5], x[:, :, 2])
+
+
+def test_an_eager_llama_scenario_trains_torchtitans_ops_and_maps_every_op(tmp_path):
+    """kernels = "eager" on a Llama-style scenario: the calibration model runs torchtitan's separate
+    projections, fp32 RMSNorm, complex rotary embedding and repeated K/V (one CPU step), and compare
+    still maps nearly all of the measured kernel time to the scenario's ops."""
+    torch = pytest.importorskip("torch")
+    from simulator.calibration.cli import cmd_compare
+    from simulator.calibration.tiny_model import build_model, train_profiled
+
+    text = (ROOT / "scenarios" / "calibration" / "llama31-8b-4layers.toml").read_text()
+    small = text.replace('preset = "llama3-8b"\nnum_layers = 4', 'preset = "llama3-8b"\nnum_layers = 2\n'
+                         'hidden_size = 64\nnum_attention_heads = 4\nnum_kv_heads = 2\nffn_hidden_size = 128\n'
+                         'vocab_size = 256\nseq_length = 32')
+    assert small != text
+    path = tmp_path / "small.toml"
+    path.write_text(small)
+    scn = load_scenario(path)
+    names = {n for n, _ in build_model(scn.model, "cpu", eager=True).named_modules()}
+    assert {"blocks.0.wq", "blocks.0.wk", "blocks.0.wv", "blocks.0.w1", "blocks.0.w3"} <= names
+    trace = train_profiled(scn, "cpu", tmp_path / "t.json.gz", steps=1, warmup=0)
+    assert cmd_compare(str(trace), str(path), str(tmp_path / "cmp")) == 0
+    c = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert c["coverage"] > 0.9
+    assert {r["op"] for r in c["per_op"]} >= {"ln1", "qkv", "rope", "attn_core", "fc1", "act", "fc2"}
+
+
+def test_the_calibrated_scenario_keeps_the_kernels_attention_and_loss_it_was_profiled_with(tmp_path):
+    """profile writes the scenario back with [cost] calibrated; the training choices that decide which
+    kernels run (attention backend, eager or fused small ops, the loss) survive the round trip."""
+    from simulator.calibration.cli import calibrated_scenario_toml
+
+    scn = load_scenario(ROOT / "scenarios" / "calibration" / "llama31-8b-4layers.toml")
+    out = tmp_path / "cal.toml"
+    out.write_text(calibrated_scenario_toml(scn, str(tmp_path), "dgx-h100"))
+    back = load_scenario(out)
+    assert dataclasses.replace(back.model, name=scn.model.name) == scn.model and back.cost.compute == "calibrated"
+    for key in ("attention", "kernels", "cross_entropy", "dtype", "micro_batch_size", "global_batch_size"):
+        assert getattr(back.training, key) == getattr(scn.training, key), key

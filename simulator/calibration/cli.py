@@ -47,7 +47,8 @@ def calibrated_scenario_toml(scn: Scenario, tables: str, cluster_preset: str | N
               "[cluster]", f'preset = "{cluster_preset or scn.cluster.name}"', "num_nodes = 1",
               "gpus_per_node = 1", "nics_per_node = 1", "", "[parallelism]", f"tp = {p.tp}", f"pp = {p.pp}", "",
               "[training]", f"global_batch_size = {t.global_batch_size}",
-              f"micro_batch_size = {t.micro_batch_size}", f'dtype = "{t.dtype}"', "",
+              f"micro_batch_size = {t.micro_batch_size}", f'dtype = "{t.dtype}"', f'attention = "{t.attention}"',
+              f'kernels = "{t.kernels}"', f'cross_entropy = "{t.cross_entropy}"', "",
               "[cost]", 'compute = "calibrated"', f'tables = "{tables}"', ""]
     return "\n".join(lines)
 
@@ -106,7 +107,7 @@ def cmd_profile(device: str | None, out_dir: str | None, scenario: str | None = 
         return _fail(str(exc))
     out = Path(out_dir) if out_dir else Path("results") / "calibration" / device_slug(dev)
     command = f"python -m simulator calibrate profile --device {dev} --out {out}" + (
-        f" --scenario {scenario}" if scenario else "")
+        f" --scenario {scenario}" if scenario else "") + (" --no-presets" if presets is False else "")
     threads = torch.get_num_threads()
     if dev == "cpu":
         # One thread: OpenMP threads contend with any other process on the host and make CPU timings

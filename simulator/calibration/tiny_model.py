@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..model.spec import ModelSpec
+from .eager_ops import freqs_cis, gated_projections, repeat_kv, rms_norm_class, rotary
 from .kineto import ANNOTATION_PREFIX
 
 if TYPE_CHECKING:  # type-only: torch is imported inside the functions, scenario where a command loads one
@@ -56,11 +57,13 @@ def _check_buildable(spec: ModelSpec) -> None:
                              f"{getattr(spec, key)!r}")
 
 
-def _norm(spec: ModelSpec):
+def _norm(spec: ModelSpec, eager: bool = False):
     from torch import nn
 
     h = spec.hidden_size
-    return nn.LayerNorm(h, eps=NORM_EPS) if spec.norm == "layernorm" else nn.RMSNorm(h, eps=NORM_EPS)
+    if spec.norm == "layernorm":
+        return nn.LayerNorm(h, eps=NORM_EPS)
+    return rms_norm_class()(h, NORM_EPS) if eager else nn.RMSNorm(h, eps=NORM_EPS)
 
 
 def _rope(x, cos, sin, hd: int):
@@ -71,8 +74,10 @@ def _rope(x, cos, sin, hd: int):
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
-def _block_class(spec: ModelSpec):
-    """One decoder layer; every op region annotated ``sim:<microbatch>:<layer>:<op>``."""
+def _block_class(spec: ModelSpec, eager: bool = False):
+    """One decoder layer; every op region annotated ``sim:<microbatch>:<layer>:<op>``. ``eager``: the
+    Llama layer's norm, rotary embedding, grouped K/V and gated MLP as torchtitan's modules run them
+    (eager_ops.py, the operations ``training.kernels = "eager"`` prices)."""
     import torch.nn.functional as F
     from torch import nn
     from torch.profiler import record_function
@@ -86,7 +91,7 @@ def _block_class(spec: ModelSpec):
         def __init__(self, index: int) -> None:
             super().__init__()
             self.index = index
-            self.ln1, self.ln2 = _norm(spec), _norm(spec)
+            self.ln1, self.ln2 = _norm(spec, eager), _norm(spec, eager)
             bias = bool(spec.bias)  # ModelSpec resolves None to the style's default
             self.qkv = nn.Linear(h, h + 2 * kv * hd, bias=bias)
             self.attn_out = nn.Linear(h, h, bias=bias)
@@ -130,7 +135,59 @@ def _block_class(spec: ModelSpec):
             with record_function(_tag(mb, self.index, "mlp_residual")):
                 return x + F.dropout(y, p_drop, self.training)
 
-    return Block
+    llama = spec.gated_mlp and spec.position_embedding != "learned"
+    return _eager_block(Block, spec, act) if eager and llama else Block
+
+
+def _eager_block(block: type, spec: ModelSpec, act) -> type:
+    """``block`` with torchtitan's separate q/k/v and w1/w3 projections, complex rotary embedding in
+    the (batch, seq, heads, head_dim) layout, K/V repeated to every query head and the gated MLP."""
+    import torch.nn.functional as F
+    from torch.profiler import record_function
+
+    h, heads, kv, hd = spec.hidden_size, spec.num_attention_heads, spec.num_kv_heads, spec.head_dim
+    bias = bool(spec.bias)
+
+    class EagerBlock(block):
+        def __init__(self, index: int) -> None:
+            super().__init__(index)
+            from torch import nn
+
+            del self.qkv, self.fc1
+            self.wq, self.wk, self.wv = (nn.Linear(h, n * hd, bias=bias) for n in (heads, kv, kv))
+            self.w1, self.w3 = gated_projections(h, spec.ffn_hidden_size, bias)
+
+        def _attention(self, x, mb: int, cis):
+            b, s, _ = x.shape
+            with record_function(_tag(mb, self.index, "ln1")):
+                y = self.ln1(x)
+            with record_function(_tag(mb, self.index, "qkv")):
+                q, k, v = (w(y).view(b, s, n, hd) for w, n in ((self.wq, heads), (self.wk, kv), (self.wv, kv)))
+            with record_function(_tag(mb, self.index, "rope")):
+                q, k = rotary(q, cis), rotary(k, cis)
+            with record_function(_tag(mb, self.index, "attn_core")):
+                k, v = repeat_kv(k, heads // kv), repeat_kv(v, heads // kv)
+                a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                   is_causal=True)
+                a = a.transpose(1, 2).reshape(b, s, h)
+            with record_function(_tag(mb, self.index, "attn_out")):
+                a = self.attn_out(a)
+            with record_function(_tag(mb, self.index, "attn_residual")):
+                return x + a
+
+        def _mlp(self, x, mb: int):
+            with record_function(_tag(mb, self.index, "ln2")):
+                y = self.ln2(x)
+            with record_function(_tag(mb, self.index, "fc1")):
+                gate, up = self.w1(y), self.w3(y)
+            with record_function(_tag(mb, self.index, "act")):
+                y = act(gate) * up
+            with record_function(_tag(mb, self.index, "fc2")):
+                y = self.fc2(y)
+            with record_function(_tag(mb, self.index, "mlp_residual")):
+                return x + y
+
+    return EagerBlock
 
 
 def _init_weights(model: nn.Module, spec: ModelSpec) -> None:
@@ -153,8 +210,9 @@ def _init_weights(model: nn.Module, spec: ModelSpec) -> None:
         model.register_buffer("sin", ang.sin(), persistent=False)
 
 
-def build_model(spec: ModelSpec, device: str):
-    """The decoder as a torch.nn.Module whose forward(idx, targets, mb) returns the mean loss."""
+def build_model(spec: ModelSpec, device: str, eager: bool = False):
+    """The decoder as a torch.nn.Module whose forward(idx, targets, mb) returns the mean loss; ``eager``:
+    a Llama layer's small ops as torchtitan writes them (``training.kernels = "eager"``)."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -162,7 +220,7 @@ def build_model(spec: ModelSpec, device: str):
 
     _check_buildable(spec)
     h = spec.hidden_size
-    block = _block_class(spec)
+    block = _block_class(spec, eager)
 
     class TinyGPT(nn.Module):
         def __init__(self) -> None:
@@ -170,7 +228,7 @@ def build_model(spec: ModelSpec, device: str):
             self.wte = nn.Embedding(spec.vocab_size, h)
             self.wpe = nn.Embedding(spec.seq_length, h) if spec.position_embedding == "learned" else None
             self.blocks = nn.ModuleList(block(i) for i in range(spec.num_layers))
-            self.final_norm = _norm(spec)
+            self.final_norm = _norm(spec, eager)
             self.lm_head = nn.Linear(h, spec.vocab_size, bias=False)
             if spec.tie_embeddings:
                 self.lm_head.weight = self.wte.weight
@@ -181,7 +239,7 @@ def build_model(spec: ModelSpec, device: str):
                 x = self.wte(idx)
                 if self.wpe is not None:
                     x = x + self.wpe(torch.arange(idx.shape[1], device=idx.device))
-            rot = None if self.wpe is not None else (self.cos.to(x.dtype), self.sin.to(x.dtype))
+            rot = None if self.wpe is not None else self.cis if eager else (self.cos.to(x.dtype), self.sin.to(x.dtype))
             for blk in self.blocks:
                 x = blk(x, mb, rot)
             with record_function(_tag(mb, -1, "final_norm")):
@@ -193,7 +251,10 @@ def build_model(spec: ModelSpec, device: str):
                 # (the mean over the micro-batches of a step folded into the loss, as Megatron scales it)
                 return F.cross_entropy(logits.float().view(-1, spec.vocab_size), targets.view(-1)) * scale
 
-    return TinyGPT().to(device)
+    model = TinyGPT().to(device)
+    # complex64 rotations as a plain attribute, not a buffer: the model's cast to bf16 must not touch them
+    model.cis = freqs_cis(spec.head_dim, spec.seq_length).to(device) if eager else None
+    return model
 
 
 def _mixed_precision_adamw(model: nn.Module, cuda: bool):
@@ -228,7 +289,7 @@ def train_profiled(scn: Scenario, device: str, out_path: str | Path, steps: int 
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(tr.dtype)
     if dt is None:
         raise ValueError(f"training.dtype {tr.dtype!r}: the tiny model trains in bf16 or fp16")
-    model = build_model(spec, device).to(dt)
+    model = build_model(spec, device, eager=tr.kernels == "eager").to(dt)
     cuda = device.startswith("cuda")
     params, master, opt = _mixed_precision_adamw(model, cuda)
     n_mb = scn.num_microbatches
