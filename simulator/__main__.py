@@ -97,6 +97,8 @@ def _calibrate_parsers(sub) -> None:
     pr.add_argument("--out")
     pr.add_argument("--scenario", help="scenario whose kernels to profile (default: the tiny GPT)")
     pr.add_argument("--steps", type=int, default=3, help="profiled training steps of the tiny model")
+    pr.add_argument("--warmup", type=int, help="unrecorded training steps before the profiled ones (default 2); "
+                    "a GPU reaches its power-limited clock after ~10 s of load")
     pr.add_argument("--no-presets", action="store_true",
                     help="on a GPU, profile the scenario's own kernels only (not every preset's layers)")
     cm = csub.add_parser("compare")
@@ -187,7 +189,7 @@ def _calibrate(args) -> int:
         return cmd_fit(args.traces, args.scenario, args.out)
     if args.action == "profile":
         return cmd_profile(args.device, args.out, scenario=args.scenario, steps=args.steps,
-                           presets=False if args.no_presets else None)
+                           presets=False if args.no_presets else None, warmup=args.warmup)
     if args.action == "compare":
         return cmd_compare(args.trace, args.scenario, args.out)
     return cmd_show(args.trace, args.out)

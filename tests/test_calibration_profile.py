@@ -76,6 +76,8 @@ def test_profile_refuses_zero_steps_before_profiling(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--steps must be >= 1, got 0" in err and err.count("\n") == 1
     assert not any(tmp_path.iterdir())  # nothing was profiled or written
+    assert cmd_profile("cpu", str(tmp_path), warmup=-1) == 2
+    assert "--warmup must be >= 0, got -1" in capsys.readouterr().err and not any(tmp_path.iterdir())
 
 
 def test_profile_compare_loop_on_cpu(tmp_path, capsys):
@@ -122,15 +124,15 @@ def test_profile_on_cuda(tmp_path):
     assert c["mapping"] == "annotation" and c["device"] and c["measured_step_s"] > 0
 
 
-@pytest.mark.parametrize("flag, presets", [([], None), (["--no-presets"], False)])
-def test_no_presets_flag_profiles_the_scenarios_kernels_only(monkeypatch, flag, presets):
+@pytest.mark.parametrize("flag, presets, warmup", [([], None, None), (["--no-presets", "--warmup", "80"], False, 80)])
+def test_no_presets_and_warmup_flags_reach_the_profiler(monkeypatch, flag, presets, warmup):
     import simulator.calibration.cli as cli
     from simulator.__main__ import main
 
     seen = {}
     monkeypatch.setattr(cli, "cmd_profile", lambda *a, **k: seen.update(k) or 0)
     assert main(["calibrate", "profile", "--device", "cuda", "--scenario", str(TINY), *flag]) == 0
-    assert seen["presets"] is presets and seen["scenario"] == str(TINY)
+    assert seen["presets"] is presets and seen["scenario"] == str(TINY) and seen["warmup"] == warmup
 
 
 def test_eager_ops_compute_what_torchtitans_modules_compute():

@@ -58,14 +58,14 @@ def _progress(done: int, total: int, spec: KernelSpec) -> None:
         print(f"  {done}/{total} kernels", file=sys.stderr)
 
 
-def _write_trace_provenance(trace: Path, prov: dict, scn: Scenario, steps: int) -> Path:
+def _write_trace_provenance(trace: Path, prov: dict, scn: Scenario, steps: int, warmup: int) -> Path:
     """``<trace>.provenance.json`` next to the trace: how it was made (the tables' provenance, the
     command included), what it holds, and its SHA-256."""
     import hashlib
 
-    from .tiny_model import ANNOTATION_PREFIX, WARMUP_STEPS
+    from .tiny_model import ANNOTATION_PREFIX
 
-    doc = dict(prov, trace=trace.name, scenario=scn.name, profiled_steps=steps, warmup_steps=WARMUP_STEPS,
+    doc = dict(prov, trace=trace.name, scenario=scn.name, profiled_steps=steps, warmup_steps=warmup,
                record_shapes=True, annotations=f"{ANNOTATION_PREFIX}<microbatch>:<layer>:<op>",
                sha256=hashlib.sha256(trace.read_bytes()).hexdigest())
     path = trace.with_name(trace.name.removesuffix(".json.gz") + ".provenance.json")
@@ -73,19 +73,21 @@ def _write_trace_provenance(trace: Path, prov: dict, scn: Scenario, steps: int) 
     return path
 
 
-def _bad_profile_args(device: str | None, steps: int, cuda: bool) -> str:
+def _bad_profile_args(device: str | None, steps: int, cuda: bool, warmup: int = 0) -> str:
     """What is wrong with ``calibrate profile``'s arguments, checked before any kernel is profiled."""
     if device not in (None, "cpu", "cuda"):
         return f"--device must be cuda or cpu, got {device!r}"
     if steps < 1:
         return f"--steps must be >= 1, got {steps}"
+    if warmup < 0:
+        return f"--warmup must be >= 0, got {warmup}"
     if device != "cpu" and not cuda:
         return "no CUDA device found; pass --device cpu to run the calibration pipeline on the CPU"
     return ""
 
 
 def cmd_profile(device: str | None, out_dir: str | None, scenario: str | None = None, steps: int = 3,
-                presets: bool | None = None) -> int:
+                presets: bool | None = None, warmup: int | None = None) -> int:
     """Profile kernels into tables (the presets' layers on a GPU, the scenario's ops always), NCCL
     collectives with more than one GPU, and train the (tiny) scenario's model under torch.profiler."""
     try:
@@ -95,9 +97,10 @@ def cmd_profile(device: str | None, out_dir: str | None, scenario: str | None = 
     from ..cost.calibrated import COLLECTIVE_COLUMNS, COLLECTIVE_TABLE, KERNEL_COLUMNS, KERNEL_TABLE, write_table
     from .environment import device_provenance, device_slug
     from .profile import copy_specs, kernel_rows_csv, preset_specs, profile_kernels, scenario_specs
-    from .tiny_model import train_profiled
+    from .tiny_model import WARMUP_STEPS, train_profiled
 
-    bad = _bad_profile_args(device, steps, torch.cuda.is_available())
+    warmup = WARMUP_STEPS if warmup is None else warmup
+    bad = _bad_profile_args(device, steps, torch.cuda.is_available(), warmup)
     if bad:
         return _fail(bad)
     dev = "cpu" if device == "cpu" else "cuda"
@@ -107,7 +110,8 @@ def cmd_profile(device: str | None, out_dir: str | None, scenario: str | None = 
         return _fail(str(exc))
     out = Path(out_dir) if out_dir else Path("results") / "calibration" / device_slug(dev)
     command = f"python -m simulator calibrate profile --device {dev} --out {out}" + (
-        f" --scenario {scenario}" if scenario else "") + (" --no-presets" if presets is False else "")
+        f" --scenario {scenario}" if scenario else "") + (" --no-presets" if presets is False else "") + (
+        f" --warmup {warmup}" if warmup != WARMUP_STEPS else "")
     threads = torch.get_num_threads()
     if dev == "cpu":
         # One thread: OpenMP threads contend with any other process on the host and make CPU timings
@@ -129,8 +133,8 @@ def cmd_profile(device: str | None, out_dir: str | None, scenario: str | None = 
             from .collectives import collective_rows, profile_collectives
             crows = profile_collectives(torch.cuda.device_count())
             write_table(out / COLLECTIVE_TABLE, COLLECTIVE_COLUMNS, collective_rows(crows), prov)
-        trace = train_profiled(scn, dev, out / f"{scn.name}.trace.json.gz", steps=steps)
-        _write_trace_provenance(trace, prov, scn, steps)
+        trace = train_profiled(scn, dev, out / f"{scn.name}.trace.json.gz", steps=steps, warmup=warmup)
+        _write_trace_provenance(trace, prov, scn, steps, warmup)
     finally:
         torch.set_num_threads(threads)
     cluster = next((c for key, c in _CLUSTER_OF_GPU if key in prov["device"]), None) if dev == "cuda" else None
