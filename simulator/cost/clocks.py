@@ -21,13 +21,15 @@ def held_clock_MHz(gpu: GPUSpec, eff: Efficiency) -> float:
     """SM clock the GPU holds under sustained tensor-core load: the measured ``sustained_clock_MHz``
     at its TDP (else the clock its datasheet peaks are quoted at), lowered where a ``power_limit_W``
     below the TDP is set by the rule of ``power_limited_boost``: dynamic power goes as f x V^2 with
-    the voltage following the clock, so the clock goes as the power's cube root (derived, the rule
-    measured on the lent H100 for the SM-count case; static and HBM power are neglected, so a low
-    limit's clock is an upper bound). 0 where nothing is known: the datasheet peaks hold."""
+    the voltage following the clock, so the clock goes as the cube root of the power above the board's
+    idle draw (``idle_power_W``, measured; derived rule, measured on the lent H100 for the SM-count
+    case; the idle draw stands for the static and HBM power, which grow under load, so a low limit's
+    clock is still an upper bound). 0 where nothing is known: the datasheet peaks hold."""
     if not gpu.power_limit_W or gpu.power_limit_W >= gpu.tdp_W:
         return gpu.sustained_clock_MHz
     base = gpu.sustained_clock_MHz or (quoted_clock_Hz(gpu, eff) / 1e6 if eff.dense_flops_per_clock_per_sm else 0.0)
-    return base * (gpu.power_limit_W / gpu.tdp_W) ** (1.0 / 3.0)
+    idle = gpu.idle_power_W
+    return base * ((gpu.power_limit_W - idle) / (gpu.tdp_W - idle)) ** (1.0 / 3.0)
 
 
 def quoted_clock_Hz(gpu: GPUSpec, eff: Efficiency) -> float:

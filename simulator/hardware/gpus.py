@@ -28,6 +28,9 @@ class GPUSpec:
     # power limit set below the TDP (nvidia-smi -pl; Meta's Grand Teton H100 run at 500 W): the clock
     # held under load falls with it (cost/clocks.held_clock_MHz); 0 = the TDP
     power_limit_W: float = 0.0
+    # board power at idle (nvidia-smi power.draw at the idle SM clock): the part of the power a limit
+    # cannot take from the SMs' clock (cost/clocks.held_clock_MHz); 0 = not measured
+    idle_power_W: float = 0.0
 
     def peak(self, dtype: str) -> float:
         try:

@@ -20,7 +20,7 @@ from .gpus import ARCHITECTURES, GPU_PRESETS, NVLS_ARCHITECTURES, GPUSpec
 DTYPES = ("fp32", "bf16", "fp16", "fp8", "fp4")
 _GPU_KEYS = ("preset", "name", "architecture", "peak_tflops", "hbm_bandwidth_GBps", "memory_capacity_MiB",
              "memory_capacity_GB", "tdp_W", "boost_clock_MHz", "sustained_clock_MHz",
-             "power_limit_W")
+             "power_limit_W", "idle_power_W")
 # [cluster] key -> (ClusterSpec field, converter to SI); counts and choices are handled apart.
 _CLUSTER_RATES = {"nvlink_bandwidth_GBps": ("nvlink_bandwidth_Bps", lambda v: v * GB),
                   "nic_bandwidth_Gbps": ("nic_bandwidth_Bps", gbit_per_s_to_bytes_per_s),
@@ -111,7 +111,7 @@ def gpu_from_table(table: dict, where: str = "gpu", base: GPUSpec | None = None)
     for key, unit in (("memory_capacity_MiB", MiB), ("memory_capacity_GB", GB)):
         if key in table:
             fields["memory_capacity_bytes"] = _number(where, key, table[key]) * unit
-    for key in ("tdp_W", "boost_clock_MHz", "sustained_clock_MHz", "power_limit_W"):
+    for key in ("tdp_W", "boost_clock_MHz", "sustained_clock_MHz", "power_limit_W", "idle_power_W"):
         if key in table:
             fields[key] = _number(where, key, table[key], strict=False)
     if base is not None:
@@ -136,6 +136,10 @@ def _check_clocks(where: str, gpu: GPUSpec) -> GPUSpec:
         raise ValueError(f"{where}.power_limit_W = {gpu.power_limit_W:g} needs the GPU's tdp_W")
     if gpu.power_limit_W > gpu.tdp_W:
         raise ValueError(f"{where}.power_limit_W = {gpu.power_limit_W:g} exceeds tdp_W = {gpu.tdp_W:g}")
+    floor = min(w for w in (gpu.power_limit_W, gpu.tdp_W) if w) if gpu.tdp_W else 0.0
+    if gpu.idle_power_W and gpu.idle_power_W >= floor:
+        raise ValueError(f"{where}.idle_power_W = {gpu.idle_power_W:g} must be below the power limit "
+                         f"({floor:g} W; tdp_W and power_limit_W)")
     return gpu
 
 
