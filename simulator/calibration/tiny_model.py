@@ -75,9 +75,7 @@ def _rope(x, cos, sin, hd: int):
 
 
 def _block_class(spec: ModelSpec, eager: bool = False):
-    """One decoder layer; every op region annotated ``sim:<microbatch>:<layer>:<op>``. ``eager``: the
-    Llama layer's norm, rotary embedding, grouped K/V and gated MLP as torchtitan's modules run them
-    (eager_ops.py, the operations ``training.kernels = "eager"`` prices)."""
+    """One decoder layer; every op region annotated ``sim:<microbatch>:<layer>:<op>`` (eager: _eager_block)."""
     import torch.nn.functional as F
     from torch import nn
     from torch.profiler import record_function
@@ -135,13 +133,13 @@ def _block_class(spec: ModelSpec, eager: bool = False):
             with record_function(_tag(mb, self.index, "mlp_residual")):
                 return x + F.dropout(y, p_drop, self.training)
 
-    llama = spec.gated_mlp and spec.position_embedding != "learned"
-    return _eager_block(Block, spec, act) if eager and llama else Block
+    return _eager_block(Block, spec, act) if eager and spec.gated_mlp and spec.position_embedding == "rope" else Block
 
 
 def _eager_block(block: type, spec: ModelSpec, act) -> type:
-    """``block`` with torchtitan's separate q/k/v and w1/w3 projections, complex rotary embedding in
-    the (batch, seq, heads, head_dim) layout, K/V repeated to every query head and the gated MLP."""
+    """``block`` for ``training.kernels = "eager"`` on a Llama-style layer: torchtitan's separate q/k/v
+    and w1/w3 projections, fp32 RMSNorm, complex rotary embedding in the (batch, seq, heads, head_dim)
+    layout, K/V repeated to every query head (eager_ops.py: the operations model/eager.py prices)."""
     import torch.nn.functional as F
     from torch.profiler import record_function
 
