@@ -219,3 +219,21 @@ def test_a_whole_llama_step_on_one_gpu_costs_what_it_measured(tmp_path, gpu, tra
     assert 0.05 < cat["gemm"]["simulated_s"] / cat["gemm"]["measured_s"] - 1 < 0.15
     ops = {(r["phase"], r["op"]): r["error"] for r in c["per_op"]}
     assert all(ops[(p, op)] < -0.10 for p in "FB" for op in ("ln1", "ln2", "rope"))
+
+
+def test_tables_fitted_from_the_h100_step_trace_replay_the_step(tmp_path):
+    """The calibration loop on real GPU data: `calibrate fit` on the committed H100 step trace, then
+    the scenario simulated over those tables (`cost.compute = "calibrated"`), comes within 2% of the
+    measured step (343.95 against 347.38 ms)."""
+    from simulator.calibration.cli import cmd_fit
+    from simulator.pipeline import simulate_metrics
+    from simulator.scenario import load_scenario
+
+    trace = MEASURED / "llama31-8b-4layers" / "llama31-8b-4layers-sustained.trace.json.gz"
+    scenario = MEASURED.parent / "llama31-8b-4layers.toml"
+    assert cmd_fit([str(trace)], str(scenario), str(tmp_path)) == 0
+    scn = load_scenario(scenario)
+    calibrated = dataclasses.replace(scn, cost=dataclasses.replace(scn.cost, compute="calibrated",
+                                                                   tables=str(tmp_path)))
+    step_s = simulate_metrics(calibrated)["iteration_time_s"]
+    assert step_s == pytest.approx(0.34738, rel=0.02)
