@@ -174,6 +174,12 @@ def test_an_eager_llama_scenario_trains_torchtitans_ops_and_maps_every_op(tmp_pa
     scn = load_scenario(path)
     names = {n for n, _ in build_model(scn.model, "cpu", eager=True).named_modules()}
     assert {"blocks.0.wq", "blocks.0.wk", "blocks.0.wv", "blocks.0.w1", "blocks.0.w3"} <= names
+    # a rotary model without a gated MLP is not a Llama layer: the plain ops, and it still runs
+    plain = dataclasses.replace(scn.model, mlp="gelu")
+    gelu = build_model(plain, "cpu", eager=True)
+    assert "blocks.0.qkv" in {n for n, _ in gelu.named_modules()}
+    idx = torch.zeros((1, plain.seq_length), dtype=torch.long)
+    assert torch.isfinite(gelu(idx, idx))
     trace = train_profiled(scn, "cpu", tmp_path / "t.json.gz", steps=1, warmup=0)
     assert cmd_compare(str(trace), str(path), str(tmp_path / "cmp")) == 0
     c = json.loads((tmp_path / "cmp" / "compare.json").read_text())

@@ -133,7 +133,7 @@ def _block_class(spec: ModelSpec, eager: bool = False):
             with record_function(_tag(mb, self.index, "mlp_residual")):
                 return x + F.dropout(y, p_drop, self.training)
 
-    return _eager_block(Block, spec, act) if eager and spec.gated_mlp and spec.position_embedding == "rope" else Block
+    return _eager_block(Block, spec, act) if eager else Block
 
 
 def _eager_block(block: type, spec: ModelSpec, act) -> type:
@@ -217,6 +217,7 @@ def build_model(spec: ModelSpec, device: str, eager: bool = False):
     from torch.profiler import record_function
 
     _check_buildable(spec)
+    eager = eager and spec.gated_mlp and spec.position_embedding == "rope"  # torchtitan's ops: Llama layers
     h = spec.hidden_size
     block = _block_class(spec, eager)
 
@@ -251,7 +252,8 @@ def build_model(spec: ModelSpec, device: str, eager: bool = False):
 
     model = TinyGPT().to(device)
     # complex64 rotations as a plain attribute, not a buffer: the model's cast to bf16 must not touch them
-    model.cis = freqs_cis(spec.head_dim, spec.seq_length).to(device) if eager else None
+    if eager:
+        model.cis = freqs_cis(spec.head_dim, spec.seq_length).to(device)
     return model
 
 
