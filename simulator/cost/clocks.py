@@ -23,8 +23,9 @@ def held_clock_MHz(gpu: GPUSpec, eff: Efficiency) -> float:
     below the TDP is set by the rule of ``power_limited_boost``: dynamic power goes as f x V^2 with
     the voltage following the clock, so the clock goes as the cube root of the power above the board's
     idle draw (``idle_power_W``, measured; derived rule, measured on the lent H100 for the SM-count
-    case; the idle draw stands for the static and HBM power, which grow under load, so a low limit's
-    clock is still an upper bound). 0 where nothing is known: the datasheet peaks hold."""
+    case; the idle draw stands for the static and HBM power, which grow under load, and the lent
+    H100's kernel-mix powers fit a smaller exponent than 3 above 1.36 GHz, scenarios/calibration/h100/
+    gpu_mix.csv: a low limit's clock is an upper bound). 0 where nothing is known: the datasheet peaks."""
     if not gpu.power_limit_W or gpu.power_limit_W >= gpu.tdp_W:
         return gpu.sustained_clock_MHz
     base = gpu.sustained_clock_MHz or (quoted_clock_Hz(gpu, eff) / 1e6 if eff.dense_flops_per_clock_per_sm else 0.0)
