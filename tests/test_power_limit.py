@@ -23,7 +23,7 @@ def test_the_held_clock_goes_as_the_cube_root_of_the_power_above_idle():
     a 700 W part leaves (425 / 625)^(1/3) of the clock, 1,385 MHz; with no idle draw known, the plain
     cube root of the power ratio, 1,408."""
     capped = dataclasses.replace(H100, power_limit_W=500.0)
-    assert H100.idle_power_W == 75.0
+    assert H100.idle_power_W == 75.0 and GPU_PRESETS["h200-sxm-141gb"].idle_power_W == 77.0
     assert held_clock_MHz(capped, HOPPER) == pytest.approx(1575 * (425 / 625) ** (1 / 3))
     assert held_clock_MHz(capped, HOPPER) == pytest.approx(1385, abs=1)
     assert held_clock_MHz(dataclasses.replace(capped, idle_power_W=0.0), HOPPER) == pytest.approx(1408, abs=1)
