@@ -92,7 +92,7 @@ def test_grand_teton_is_torchtitans_h100_host():
 
 def test_torchtitans_8b_row_at_700_w_would_be_seven_to_nine_points_faster():
     """The README's torchtitan bullet: run at the 700 W of the DGX preset instead of the Grand Teton
-    hosts' 500 W limit, the Llama 3.1 8B FSDP row is 7-9 points faster (-4.8% -> -12.9%)."""
+    hosts' 500 W limit, the Llama 3.1 8B FSDP row is 7-9 points faster (-5.1% -> -13.2%)."""
     from simulator.explore.validate import DEFAULT_CSVS, read_rows, row_to_raw
     from simulator.pipeline import simulate_metrics
     from simulator.scenario import scenario_from_dict

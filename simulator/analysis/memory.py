@@ -233,7 +233,8 @@ def zero3_gathered_bytes(scn: Scenario) -> float:
         layer = layer_param_counts(scn.model, par.tp, par.ep, par.etp)
         per_layer = layer["dense"] + layer["expert"]
         return per_layer * (ZERO3_GATHERED_LAYERS * pbytes + tr.grad_dtype_bytes)
-    graph = build_op_graph(scn.model, tr.micro_batch_size, tr.dtype, tr.fp8_recipe, tr.attention, tr.kernels)
+    graph = build_op_graph(scn.model, tr.micro_batch_size, tr.dtype, tr.fp8_recipe, tr.attention, tr.kernels,
+                           tr.cross_entropy)
     kinds = {tuple(subs) for subs in layer_submodules(graph, par.tp, par.ep)}
     live, largest = (max(v) for v in zip(*(deepspeed_live_params(k) for k in kinds)))
     flat = largest * pbytes if par.sharding == "deepspeed-2021" else 0.0

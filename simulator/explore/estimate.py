@@ -93,7 +93,8 @@ class EstimateCache:
     def graph(self, scn: Scenario) -> OpGraph:
         t = scn.training
         return self._get(self._graph_key(scn), lambda: build_op_graph(scn.model, t.micro_batch_size, t.dtype,
-                                                                          t.fp8_recipe, t.attention, t.kernels))
+                                                                          t.fp8_recipe, t.attention, t.kernels,
+                                                                          t.cross_entropy))
 
     def _by_scenario(self, what: str, scn: Scenario, make: Callable[[Scenario], Any]) -> Any:
         """``make(scn)`` once per scenario object (the keys below repr the specs, which hold dicts)."""
@@ -105,7 +106,7 @@ class EstimateCache:
     def _graph_key(self, scn: Scenario) -> tuple:
         return self._by_scenario("graph", scn, lambda s: (
             "graph", repr(s.model), s.training.micro_batch_size, s.training.dtype, s.training.fp8_recipe,
-            s.training.attention, s.training.kernels))
+            s.training.attention, s.training.kernels, s.training.cross_entropy))
 
     def _blocks(self, scn: Scenario, build: Callable[..., Any], what: str) -> Any:
         p, t = scn.parallel, scn.training

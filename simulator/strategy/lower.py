@@ -48,7 +48,8 @@ class LoweredPlan:
 def lower(scn: Scenario, full: bool = False) -> LoweredPlan:
     par, tr, model = scn.parallel, scn.training, scn.model
     mesh = DeviceMesh(pp=par.pp, dp=par.dp, cp=par.cp, tp=par.tp, ep=par.ep, etp=par.etp)
-    graph = build_op_graph(model, tr.micro_batch_size, tr.dtype, tr.fp8_recipe, tr.attention, tr.kernels)
+    graph = build_op_graph(model, tr.micro_batch_size, tr.dtype, tr.fp8_recipe, tr.attention, tr.kernels,
+                           tr.cross_entropy)
     acc = grad_accumulation_bytes_per_param(tr.grad_accumulation_fusion, tr.grad_dtype_bytes, tr.dtype_bytes)
     blocks = build_blocks(graph, par.tp, par.sequence_parallel, par.cp, par.ep, acc, par.etp)
     per_layer = layer_blocks(graph, par.tp, par.sequence_parallel, par.cp, par.ep, acc, par.etp)
