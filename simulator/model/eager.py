@@ -99,6 +99,13 @@ def torch_cross_entropy_bytes(d: int) -> tuple[int, int]:
 TORCH_CROSS_ENTROPY_KERNELS = (3, 4)
 
 
+def eager_head(ops: tuple[Op, ...], model: ModelSpec, kernels: str, cross_entropy: str) -> tuple[Op, ...]:
+    """The head's ops with eager PyTorch's norm (``kernels = "eager"``) and torch's loss
+    (``cross_entropy = "torch"``), each where the scenario runs it."""
+    ops = eager_layer(ops, model) if kernels == "eager" else ops
+    return torch_loss(ops) if cross_entropy == "torch" else ops
+
+
 def torch_loss(ops: tuple[Op, ...]) -> tuple[Op, ...]:
     """The head's loss ops as ``F.cross_entropy`` on upcast logits runs them (the module docstring)."""
     out = []

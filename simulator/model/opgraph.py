@@ -371,11 +371,10 @@ def _output_ops(m: ModelSpec, b: int, d: int, prefix: str, head_params: int) -> 
 
 def build_op_graph(model: ModelSpec, micro_batch_size: int, dtype: str = "bf16", fp8_recipe: str = "delayed",
                    attention: str = "flash", kernels: str = "fused", cross_entropy: str = "fused") -> OpGraph:
-    """The graph of one micro-batch. ``dtype = "fp8"`` is Transformer Engine's FP8 training with the
-    scaling recipe ``fp8_recipe`` (model/fp8.py): BF16 activations and kernels, FP8 linear-layer GEMMs
-    with their quantization kernels. ``attention`` "flash-varlen" adds the unpadding copies (varlen.py);
-    ``kernels`` "eager" runs the norms, RoPE and activations as plain PyTorch ops, ``cross_entropy``
-    "torch" the loss as ``F.cross_entropy`` (eager.py)."""
+    """The graph of one micro-batch. ``dtype = "fp8"`` is Transformer Engine's FP8 training with the scaling
+    recipe ``fp8_recipe`` (model/fp8.py): BF16 activations and kernels, FP8 linear-layer GEMMs with their
+    quantization kernels. ``attention`` "flash-varlen" adds the unpadding copies (varlen.py); ``kernels``
+    "eager" runs norms, RoPE, activations as plain PyTorch ops, ``cross_entropy`` "torch" the loss (eager.py)."""
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
     model.check()
@@ -396,7 +395,6 @@ def build_op_graph(model: ModelSpec, micro_batch_size: int, dtype: str = "bf16",
     if model.mtp_layers:
         mtp = layer(_mtp_input_ops(model, b, d) + _attention_ops(model, b, d) + _mlp_ops(model, b, d))
     head = tuple(_head_ops(model, b, d))
-    head = eager.eager_layer(head, model) if kernels == "eager" else head
-    head = eager.torch_loss(head) if cross_entropy == "torch" else head
+    head = eager.eager_head(head, model, kernels, cross_entropy)
     return OpGraph(model, b, d, tuple(_embed_ops(model, b, d)), main, head,
                    kinds.get((True, False), ()), kinds.get((False, True), ()), kinds.get((True, True), ()), mtp)
