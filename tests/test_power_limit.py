@@ -73,6 +73,7 @@ def test_gemms_slow_by_the_clock_hbm_kernels_do_not():
     ({"preset": "h100-sxm5-80gb", "power_limit_W": -5}, "cluster.gpu.power_limit_W must be a finite number >= 0"),
     ({"preset": "h100-sxm5-80gb", "power_limit_W": 300, "idle_power_W": 300},
      "cluster.gpu.idle_power_W = 300 must be below the power limit (300 W; tdp_W and power_limit_W)"),
+    ({"preset": "h100-sxm5-80gb", "tdp_W": 0, "idle_power_W": 60}, "cluster.gpu.idle_power_W = 60 needs the GPU's tdp_W"),
 ])
 def test_a_bad_power_limit_names_the_field(gpu, message):
     with pytest.raises(ValueError) as exc:
