@@ -116,7 +116,7 @@ def main() -> int:
     rows = []
     for share in SHARES:
         # per round: gemms and copies in the share of their time alone, about 10 ms a round
-        n_g = max(1, round(share * 0.01 / g_s)) if share > 0 else 0
+        n_g = max(1, round(share * 0.01 / g_s))
         n_c = round((1 - share) / share * n_g * g_s / c_s) if share < 1 else 0
         rows.append(run_share(share, gemm, copy, (n_g, n_c), args.seconds, smi))
         print({k: round(v, 3) if isinstance(v, float) else v for k, v in rows[-1].items()}, flush=True)

@@ -188,8 +188,9 @@ def _eager_block(block: type, spec: ModelSpec, act) -> type:
     return EagerBlock
 
 
-def _init_weights(model: nn.Module, spec: ModelSpec) -> None:
-    """N(0, INIT_STD) Linear and Embedding weights, zero biases; rotary cos / sin buffers."""
+def _init_weights(model: nn.Module, spec: ModelSpec, eager: bool) -> None:
+    """N(0, INIT_STD) Linear and Embedding weights, zero biases; the rotate-half form's cos / sin buffers
+    (``eager`` models rotate by torchtitan's complex ``cis``, set in build_model)."""
     import torch
     from torch import nn
 
@@ -199,7 +200,7 @@ def _init_weights(model: nn.Module, spec: ModelSpec) -> None:
             bias = getattr(mod, "bias", None)
             if isinstance(bias, torch.Tensor):
                 nn.init.zeros_(bias)
-    if model.wpe is None:
+    if model.wpe is None and not eager:
         hd = spec.head_dim
         inv = 1.0 / (10000 ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
         ang = torch.outer(torch.arange(spec.seq_length, dtype=torch.float32), inv)
@@ -231,7 +232,7 @@ def build_model(spec: ModelSpec, device: str, eager: bool = False):
             self.lm_head = nn.Linear(h, spec.vocab_size, bias=False)
             if spec.tie_embeddings:
                 self.lm_head.weight = self.wte.weight
-            _init_weights(self, spec)
+            _init_weights(self, spec, eager)
 
         def forward(self, idx, targets, mb: int = 0, scale: float = 1.0):
             with record_function(_tag(mb, -1, "embed")):

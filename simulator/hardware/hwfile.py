@@ -138,10 +138,10 @@ def _check_clocks(where: str, gpu: GPUSpec) -> GPUSpec:
         raise ValueError(f"{where}.power_limit_W = {gpu.power_limit_W:g} exceeds tdp_W = {gpu.tdp_W:g}")
     if gpu.idle_power_W and not gpu.tdp_W:
         raise ValueError(f"{where}.idle_power_W = {gpu.idle_power_W:g} needs the GPU's tdp_W")
-    floor = min(w for w in (gpu.power_limit_W, gpu.tdp_W) if w) if gpu.tdp_W else 0.0
-    if gpu.idle_power_W and gpu.idle_power_W >= floor:
+    limit = gpu.power_limit_W or gpu.tdp_W  # a limit is at most the TDP (checked above)
+    if gpu.idle_power_W and gpu.idle_power_W >= limit:
         raise ValueError(f"{where}.idle_power_W = {gpu.idle_power_W:g} must be below the power limit "
-                         f"({floor:g} W; tdp_W and power_limit_W)")
+                         f"({limit:g} W; tdp_W and power_limit_W)")
     return gpu
 
 

@@ -77,13 +77,13 @@ def interleaved_1f1b(p: int, m: int, v: int, all_warmup_at_m_p: bool = True) -> 
     return out
 
 
-
 def torch_interleaved_1f1b(p: int, m: int, v: int) -> list[list[Action]]:
     """torch.distributed.pipelining's ScheduleInterleaved1F1B (torch 2.6, schedules.py
     ``_calculate_single_rank_operations``): Megatron's order (forwards in rounds of p micro-batches
     per chunk, backwards from the last chunk) and warm-up, (v - 1) * p + 2 * (p - 1 - r) forwards
     capped at m*v, without Megatron's all-forwards-first case at m == p."""
     return interleaved_1f1b(p, m, v, all_warmup_at_m_p=False)
+
 
 def zero_bubble_h1(p: int, m: int, v: int = 1) -> list[list[Action]]:
     """ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", ICLR, sec. 3.1 and fig. 3).
