@@ -93,7 +93,7 @@ def test_grand_teton_is_torchtitans_h100_host():
 
 def test_torchtitans_8b_row_at_700_w_would_be_seven_to_nine_points_faster():
     """The README's torchtitan bullet: run at the 700 W of the DGX preset instead of the Grand Teton
-    hosts' 500 W limit, the Llama 3.1 8B FSDP row is 7-9 points faster (-5.1% -> -13.2%)."""
+    hosts' 500 W limit, the Llama 3.1 8B FSDP row is 7-9 points faster (-3.6% -> -11.9%)."""
     from simulator.explore.validate import DEFAULT_CSVS, read_rows, row_to_raw
     from simulator.pipeline import simulate_metrics
     from simulator.scenario import scenario_from_dict
@@ -105,5 +105,5 @@ def test_torchtitans_8b_row_at_700_w_would_be_seven_to_nine_points_faster():
         raw["cluster"]["gpu"] = {"preset": "h100-sxm5-96gb", "power_limit_W": watts}
         m = simulate_metrics(scenario_from_dict(raw, default_name=row["name"]))
         errors.append(m["iteration_time_s"] / float(row["iteration_time_s"]) - 1)
-    assert -0.06 < errors[0] < -0.04
+    assert -0.045 < errors[0] < -0.025
     assert 0.07 <= errors[0] - errors[1] <= 0.09

@@ -12,6 +12,7 @@ from typing import TypedDict
 
 import numpy as np
 
+from ..cost.clocks import slowest_speed_ratio
 from ..scenario import Scenario
 from ..trace import COMPUTE_STREAM, Trace
 from ..units import TFLOP
@@ -159,4 +160,6 @@ def summarize(scn: Scenario, step: StepTimes, memory: MemoryReport) -> Metrics:
         "network_contention_s": dict(step.network_contention_s),
         "busiest_rank": {"rank": step.busiest_rank, "time_breakdown_s": step.busiest_breakdown_s},
         "sm_contention_s": step.sm_contention_s,
+        # the slowest of the job's GPUs: its tensor-core speed over the SKU's median (cost/clocks)
+        "slowest_gpu_speed_ratio": slowest_speed_ratio(scn.cluster.gpu, n),
     }

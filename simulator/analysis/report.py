@@ -79,7 +79,15 @@ def summary_rows(metrics: MetricsLike) -> list[tuple[str, str]]:
         ("hardware TFLOP/s per GPU", fmt_tflops(_num(metrics, "hardware_tflops_per_gpu"))),
         ("pipeline bubble", fmt_pct(_num(metrics, "bubble_fraction"))),
         ("memory peak per GPU", _memory_line(metrics)),
-    ] + _sm_contention_row(metrics)
+    ] + _slowest_gpu_row(metrics) + _sm_contention_row(metrics)
+
+
+def _slowest_gpu_row(metrics: MetricsLike) -> list[tuple[str, str]]:
+    """The pace the job's slowest GPU sets (cost/clocks.slowest_speed_ratio), when below the median's."""
+    ratio = _num(metrics, "slowest_gpu_speed_ratio")
+    if ratio is None or ratio >= 1.0:
+        return []
+    return [("slowest GPU", f"{fmt_pct(ratio)} of the median GPU's tensor-core speed (the step waits for it)")]
 
 
 def _sm_contention_row(metrics: MetricsLike) -> list[tuple[str, str]]:

@@ -5,10 +5,14 @@ load (``GPUSpec.sustained_clock_MHz``, measured), lower still under a power limi
 (``GPUSpec.power_limit_W``), and a higher one when part of its SMs idle (``power_limited_boost``).
 One power rule serves the three: dynamic power goes as SMs x f x V^2 with the voltage following the
 clock, so at a given power the clock goes as (power / busy SMs)^(1/3), never above the boost clock.
+The units of one SKU do not hold the same clock at the same power (``GPUSpec.speed_spread_frac``), and
+a synchronous job waits for its slowest GPU: ``slowest_speed_ratio``.
 """
 
 from __future__ import annotations
 
+import math
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from ..hardware.gpus import GPUSpec
@@ -62,3 +66,30 @@ def power_limited_boost(gpu: GPUSpec, sms: int, busy_sms: int, held_MHz: float) 
     if not held_MHz or not gpu.boost_clock_MHz or busy_sms >= sms:
         return 1.0
     return min(gpu.boost_clock_MHz / held_MHz, (sms / busy_sms) ** (1.0 / 3.0))
+
+
+@lru_cache(maxsize=256)
+def expected_max_normal(n: int) -> float:
+    """E[max of n independent standard normals]: the integral of x n phi(x) Phi(x)^(n-1) over x
+    (trapezoids of 0.002 on [-4, 9], Phi^(n-1) in logs): 0 for one, 1/sqrt(pi) for two,
+    3/(2 sqrt(pi)) for three, 3.24 for 1,000."""
+    if n <= 1:
+        return 0.0
+    step, total = 0.002, 0.0
+    for i in range(6501):
+        x = -4.0 + i * step
+        cdf = 0.5 * math.erfc(-x / math.sqrt(2.0))
+        pdf = math.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+        weight = 0.5 if i in (0, 6500) else 1.0
+        total += weight * x * n * pdf * math.exp((n - 1) * math.log(cdf))
+    return total * step
+
+
+def slowest_speed_ratio(gpu: GPUSpec, num_gpus: int) -> float:
+    """Tensor-core speed of the slowest of a job's ``num_gpus`` GPUs over its SKU's median: the units'
+    speeds spread normally with ``gpu.speed_spread_frac`` (Sinha et al. SC22, see GPUSpec), and a
+    synchronous step (TP collectives per layer, pipeline hand-offs, the gradient reduction) waits for
+    the slowest; its expected speed is the median less the spread times the expected largest of
+    ``num_gpus`` standard normals. Memory-bound kernels keep their pace: the power manager moves the
+    SM clock, not the HBM's."""
+    return 1.0 - gpu.speed_spread_frac * expected_max_normal(num_gpus)

@@ -18,7 +18,7 @@ from ..model.opgraph import ATTENTION_IMPLS, attention_flops
 from ..tasks import OpWork, gemm_grad_shapes
 from ..units import DTYPE_BYTES
 from .attention_eff import attention_efficiency
-from .clocks import held_clock_MHz, power_limited_boost, sustained_clock_ratio
+from .clocks import held_clock_MHz, power_limited_boost, slowest_speed_ratio, sustained_clock_ratio
 
 # Bytes moved per attention-score element by the unfused kernels (see _unfused_attention_s).
 UNFUSED_FWD_BYTES_PER_SCORE = 13
@@ -218,7 +218,7 @@ def stream_k_gemm_s(flops: float, rate_flops_per_s: float, m: int, n: int, k: in
 class RooflineCompute:
     """Kernel time from FLOPs and bytes against one GPU's peak, with the global efficiencies."""
 
-    def __init__(self, gpu: GPUSpec, dtype: str, attention: str = "flash") -> None:
+    def __init__(self, gpu: GPUSpec, dtype: str, attention: str = "flash", num_gpus: int = 1) -> None:
         if attention not in ATTENTION_IMPLS:
             raise ValueError(f"attention implementation {attention!r} is unknown; known: {', '.join(ATTENTION_IMPLS)}")
         self.attention = attention
@@ -226,8 +226,9 @@ class RooflineCompute:
         self.gpu = gpu
         self.eff = EFFICIENCIES[gpu.architecture]
         # FP8 training (Transformer Engine): FP8 GEMMs are marked per op; everything else runs in BF16.
-        # Tensor-core peaks at the clock the GPU sustains under training load (sustained_clock_ratio).
-        self.clock_ratio = sustained_clock_ratio(gpu, self.eff)
+        # Tensor-core peaks at the clock the GPU sustains under training load (sustained_clock_ratio),
+        # the slowest of the job's num_gpus units (slowest_speed_ratio): the pace of a synchronous step.
+        self.clock_ratio = sustained_clock_ratio(gpu, self.eff) * slowest_speed_ratio(gpu, num_gpus)
         self.held_MHz = held_clock_MHz(gpu, self.eff)
         self.peak_flops_per_s = gpu.peak("bf16" if dtype == "fp8" else dtype) * self.clock_ratio
         self.fp8_peak_flops_per_s = gpu.peak_flops_per_s.get("fp8", 0.0) * self.clock_ratio

@@ -11,6 +11,16 @@ from dataclasses import dataclass
 
 from .preset_files import PresetFiles
 
+# How much one GPU's sustained speed differs from its SKU's median under power management (manufacturing
+# variability: at the same power limit a leakier die holds a lower clock). Sinha et al., "Not All GPUs Are
+# Created Equal", SC22 (arXiv 2208.11035): over 90% of the GPUs of five clusters (V100 and MI60; SGEMM,
+# ResNet-50, BERT, LAMMPS, PageRank) performance varies by 8% on average "regardless of application,
+# cluster, GPU vendor, and cooling method", with outliers beyond. Their variation is the box plot's
+# whisker range over the median, (Q3 + 1.5 IQR) - (Q1 - 1.5 IQR) = 4 IQR (the paper's artifact,
+# hal-uw/gpu_variability_sc22_artifact, plot_script/plot_aggregated.py); a normal's IQR is 1.349
+# standard deviations, so one standard deviation is 0.08 / (4 x 1.349) = 1.48% of the median (derived).
+GPU_SPEED_SPREAD_FRAC = 0.08 / (4 * 1.349)
+
 
 @dataclass(frozen=True, slots=True)
 class GPUSpec:
@@ -31,6 +41,10 @@ class GPUSpec:
     # board power at idle (nvidia-smi power.draw at the idle SM clock): the part of the power a limit
     # cannot take from the SMs' clock (cost/clocks.held_clock_MHz); 0 = not measured
     idle_power_W: float = 0.0
+    # standard deviation of one unit's sustained tensor-core speed across the units of the SKU, as a
+    # fraction of the median (GPU_SPEED_SPREAD_FRAC); a synchronous job runs at its slowest GPU's pace
+    # (cost/clocks.slowest_speed_ratio); 0 = every unit alike
+    speed_spread_frac: float = GPU_SPEED_SPREAD_FRAC
 
     def peak(self, dtype: str) -> float:
         try:

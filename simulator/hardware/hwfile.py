@@ -20,7 +20,10 @@ from .gpus import ARCHITECTURES, GPU_PRESETS, NVLS_ARCHITECTURES, GPUSpec
 DTYPES = ("fp32", "bf16", "fp16", "fp8", "fp4")
 _GPU_KEYS = ("preset", "name", "architecture", "peak_tflops", "hbm_bandwidth_GBps", "memory_capacity_MiB",
              "memory_capacity_GB", "tdp_W", "boost_clock_MHz", "sustained_clock_MHz",
-             "power_limit_W", "idle_power_W")
+             "power_limit_W", "idle_power_W", "speed_spread_frac")
+# A spread of one SKU's speeds beyond this is not manufacturing variability (Sinha et al. SC22's largest
+# cluster-average variation, 22%, is 4 IQR = 5.4 standard deviations: 4%); it is a mixed fleet.
+MAX_SPEED_SPREAD_FRAC = 0.1
 # [cluster] key -> (ClusterSpec field, converter to SI); counts and choices are handled apart.
 _CLUSTER_RATES = {"nvlink_bandwidth_GBps": ("nvlink_bandwidth_Bps", lambda v: v * GB),
                   "nic_bandwidth_Gbps": ("nic_bandwidth_Bps", gbit_per_s_to_bytes_per_s),
@@ -114,6 +117,12 @@ def gpu_from_table(table: dict, where: str = "gpu", base: GPUSpec | None = None)
     for key in ("tdp_W", "boost_clock_MHz", "sustained_clock_MHz", "power_limit_W", "idle_power_W"):
         if key in table:
             fields[key] = _number(where, key, table[key], strict=False)
+    if "speed_spread_frac" in table:
+        spread = fields["speed_spread_frac"] = _number(where, "speed_spread_frac", table["speed_spread_frac"],
+                                                       strict=False)
+        if spread > MAX_SPEED_SPREAD_FRAC:
+            raise ValueError(f"{where}.speed_spread_frac = {spread:g} is above {MAX_SPEED_SPREAD_FRAC:g} "
+                             f"(a standard deviation of one SKU's speeds, as a fraction of the median)")
     if base is not None:
         return _check_clocks(where, replace(base, **fields))
     missing = [k for k, f in (("name", "name"), ("architecture", "architecture"), ("peak_tflops", "peak_flops_per_s"),
