@@ -119,6 +119,9 @@ class Metrics(TypedDict):
     # extension: seconds the busiest rank's compute ran longer because collectives beside it held SMs
     # (cost/sm_share); they are part of its compute and recompute time, not an extra category
     sm_contention_s: float
+    # extension: the tensor-core speed of the job's slowest GPU over its SKU's median
+    # (cost/clocks.slowest_speed_ratio); the compute above already runs at that pace
+    slowest_gpu_speed_ratio: float
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,5 @@ def summarize(scn: Scenario, step: StepTimes, memory: MemoryReport) -> Metrics:
         "network_contention_s": dict(step.network_contention_s),
         "busiest_rank": {"rank": step.busiest_rank, "time_breakdown_s": step.busiest_breakdown_s},
         "sm_contention_s": step.sm_contention_s,
-        # the slowest of the job's GPUs: its tensor-core speed over the SKU's median (cost/clocks)
         "slowest_gpu_speed_ratio": slowest_speed_ratio(scn.cluster.gpu, n),
     }
