@@ -33,6 +33,16 @@ def test_expected_largest_normal_matches_its_closed_forms():
     assert values == sorted(values) and values[-1] < 4.5
 
 
+def test_expected_largest_normal_matches_sampling():
+    """The integral against draws: the mean largest of n normals over 4,000 seeded trials, within 1% (the sampling error is 0.1-0.3%)."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    for n in (16, 256, 2048):
+        sampled = rng.standard_normal((4000, n)).max(axis=1).mean()
+        assert expected_max_normal(n) == pytest.approx(sampled, rel=0.01)
+
+
 def test_the_spread_is_the_studys_whisker_range_read_as_a_normal():
     """Sinha et al.'s 8% is the whisker range (Q3 + 1.5 IQR) - (Q1 - 1.5 IQR) = 4 IQR over the median:
     a normal with the derived standard deviation has exactly that range."""
