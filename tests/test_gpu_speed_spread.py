@@ -57,7 +57,10 @@ def test_the_slowest_of_n_gpus_runs_below_the_median_by_the_spread():
     assert slowest_speed_ratio(dataclasses.replace(H100, speed_spread_frac=0.0), 4096) == 1.0
     for n in (8, 1024, 16384):
         assert slowest_speed_ratio(H100, n) == pytest.approx(1 - GPU_SPEED_SPREAD_FRAC * expected_max_normal(n))
-    assert slowest_speed_ratio(H100, 1024) == pytest.approx(0.952, abs=1e-3)
+    # the README's figures: 97.9% of the median at 8 GPUs, 96.2% at 128, 95.2% at 1,024, 94.9% at 2,048,
+    # 94.1% at 16,384
+    for n, pct in ((8, 97.9), (128, 96.2), (1024, 95.2), (2048, 94.9), (16384, 94.1)):
+        assert round(100 * slowest_speed_ratio(H100, n), 1) == pct
 
 
 def test_tensor_core_kernels_slow_by_the_ratio_hbm_kernels_do_not():
