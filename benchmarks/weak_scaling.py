@@ -25,9 +25,9 @@ from simulator.pipeline import simulate_metrics  # noqa: E402
 from simulator.scenario import scenario_from_dict  # noqa: E402
 
 
-def pairs(rows: list[dict]) -> list[tuple[dict, dict]]:
-    """(smallest, largest) row of each recipe published at more than one GPU count with the same work per
-    GPU (global batch over GPUs)."""
+def pairs(rows: list[dict]) -> list[tuple[tuple[int, dict], tuple[int, dict]]]:
+    """((GPUs, row) smallest, (GPUs, row) largest) of each recipe published at more than one GPU count
+    with the same work per GPU (global batch over GPUs)."""
     groups: dict[tuple[str, float], list[tuple[int, dict]]] = {}
     for row in rows:
         scn = scenario_from_dict(row_to_raw(row), default_name=row["name"])
@@ -37,7 +37,7 @@ def pairs(rows: list[dict]) -> list[tuple[dict, dict]]:
     for members in groups.values():
         members.sort(key=lambda m: m[0])
         if len(members) > 1 and members[0][0] < members[-1][0]:
-            out.append((members[0][1], members[-1][1]))
+            out.append((members[0], members[-1]))
     return out
 
 
@@ -53,18 +53,18 @@ def step_s(job: tuple[dict, bool]) -> float:
 def main(argv: list[str]) -> int:
     t0 = time.perf_counter()
     found = pairs(read_rows(argv))
-    jobs = [(row, spread) for pair in found for row in pair for spread in (True, False)]
+    jobs = [(row, spread) for pair in found for _, row in pair for spread in (True, False)]
     with ProcessPoolExecutor() as pool:
         times = list(pool.map(step_s, jobs))
     print("| recipe | GPUs | measured ratio | simulated | without the rule |\n|---|---|---:|---:|---:|")
     measured, simulated, alike = [], [], []
-    for i, (small, large) in enumerate(found):
+    for i, ((n_small, small), (n_large, large)) in enumerate(found):
         s_rule, s_alike, l_rule, l_alike = times[4 * i: 4 * i + 4]
         m = float(large["iteration_time_s"]) / float(small["iteration_time_s"])
         measured.append(m - 1)
         simulated.append(l_rule / s_rule - 1)
         alike.append(l_alike / s_alike - 1)
-        print(f"| {small['name']} | {scenario_gpus(small)} -> {scenario_gpus(large)} | {m - 1:+.1%} | "
+        print(f"| {small['name']} | {n_small} -> {n_large} | {m - 1:+.1%} | "
               f"{simulated[-1]:+.1%} | {alike[-1]:+.1%} |")
     n = len(found)
     if n:
@@ -74,10 +74,6 @@ def main(argv: list[str]) -> int:
               f"measured above the rule-less simulation in {slower} of {n}")
     print(f"{time.perf_counter() - t0:.1f} s")
     return 0
-
-
-def scenario_gpus(row: dict) -> int:
-    return scenario_from_dict(row_to_raw(row), default_name=row["name"]).num_gpus
 
 
 if __name__ == "__main__":

@@ -228,7 +228,8 @@ class RooflineCompute:
         # FP8 training (Transformer Engine): FP8 GEMMs are marked per op; everything else runs in BF16.
         # Tensor-core peaks at the clock the GPU sustains under training load (sustained_clock_ratio),
         # the slowest of the job's num_gpus units (slowest_speed_ratio): the pace of a synchronous step.
-        self.clock_ratio = sustained_clock_ratio(gpu, self.eff) * slowest_speed_ratio(gpu, num_gpus)
+        self.slowest_ratio = slowest_speed_ratio(gpu, num_gpus)
+        self.clock_ratio = sustained_clock_ratio(gpu, self.eff) * self.slowest_ratio
         self.held_MHz = held_clock_MHz(gpu, self.eff)
         self.peak_flops_per_s = gpu.peak("bf16" if dtype == "fp8" else dtype) * self.clock_ratio
         self.fp8_peak_flops_per_s = gpu.peak_flops_per_s.get("fp8", 0.0) * self.clock_ratio

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 from ..hardware.topology import Topology
 from ..tasks import Collective, OpWork, Task
 from .algorithms import group_shape
-from .clocks import slowest_speed_ratio
 from .collectives import collective_time_s, plan_collective
 from .compute import RooflineCompute, gemm_shape, with_host_floor_s
 from .fairshare import isolated_time_s
@@ -40,7 +39,6 @@ class CostModel:
         self.roofline = RooflineCompute(scn.cluster.gpu, scn.training.dtype, scn.training.attention,
                                         scn.cluster.num_gpus)
         self.tables = tables  # cost.calibrated.CalibrationTables | None
-        self.slowest_ratio = slowest_speed_ratio(scn.cluster.gpu, scn.cluster.num_gpus)
         self.missing: set[str] = set()
         self._work_cache: dict[int, float] = {}
         self._static_comm: dict = {}
@@ -177,7 +175,7 @@ class CostModel:
                 self.missing.add(f"{op.kind}:{op.name}")
                 t = self.roofline.op_time_s(op)
             elif op.kind in ("gemm", "attention"):  # one GPU's measured kernels; the job's slowest GPU
-                t /= self.slowest_ratio
+                t /= self.roofline.slowest_ratio
             kernels_s += t
         launches = sum(self.roofline.kernel_launches(op) for op in work)
         return with_host_floor_s(kernels_s, host_s, launches, eager)
