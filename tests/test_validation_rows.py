@@ -76,6 +76,11 @@ def test_bundled_today_rows_are_the_shared_rows_with_only_published_settings():
             assert r["fp8_params"] == "true" and "fp8_params true" in r["notes"] and r["dtype"] == "fp8"
         if r["optimizer_state_dtype"]:  # DistributedFusedAdam's state dtype, where the YAML sets it
             assert r["optimizer_state_dtype"] == "bf16" and "optim.dtype: bf16" in r["settings_from_source"]
+        if r["nvls"]:  # the recipe's environment turns NVLink SHARP off
+            assert r["nvls"] == "false" and "NCCL_NVLS_ENABLE=0" in r["settings_from_source"]
+        if r["name"].startswith("dgxc-"):  # TE's backend: cuDNN unless the recipe exports NVTE_FUSED_ATTN=0
+            fused_off = "NVTE_FUSED_ATTN=0" in r["settings_from_source"]
+            assert r["attention"] == ("flash" if fused_off else "cudnn")
     if SHARED_2.is_file():
         shared = read_rows([SHARED_2])
         assert [r["name"] for r in today] == [r["name"] for r in shared]
@@ -113,6 +118,8 @@ def test_row_columns_for_overlap_nics_and_experts_reach_the_scenario():
     assert raw["parallelism"]["tp_comm_overlap"] is True
     assert raw["cluster"]["nics_per_node"] == 4 and raw["cluster"]["nic_bandwidth_Gbps"] == 400.0
     assert raw["model"]["num_experts"] == 8 and raw["model"]["moe_top_k"] == 2
+    raw = row_to_raw(small_row(gpu="dgx-h100", nvls="false"))  # a recipe's NCCL_NVLS_ENABLE=0
+    assert raw["cluster"]["nvls"] is False and scenario_from_dict(raw).cluster.nvls is False
 
 
 def test_row_columns_for_mtp_layer_split_and_token_drop_reach_the_scenario():

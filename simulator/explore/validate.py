@@ -45,7 +45,7 @@ OTHER_COLUMNS = ("mlp", "model_preset", "moe_capacity_factor", "dropout", "moe_p
                  "tp_comm_overlap", "layers_per_stage", "recompute_modules", "global_batch_size",
                  "micro_batch_size", "dtype", "attention", "grad_dtype", "grad_accumulation_fusion",
                  "optimizer_state_dtype", "fp8_params", "kernels", "cuda_graphs", "fp8_recipe",
-                 "cross_entropy")
+                 "cross_entropy", "nvls")
 DESCRIPTIVE_COLUMNS = ("source", "name", "kind", "notes", "quote", "source_url", "settings_from_source",
                        "measured_metric", "measured_value", "iteration_time_s", "target_iteration_time_s",
                        "measured_memory_GiB")
@@ -96,6 +96,8 @@ def row_to_raw(row: dict) -> dict:
             cluster[k] = _int(given, k)
     if "nic_bandwidth_Gbps" in given:
         cluster["nic_bandwidth_Gbps"] = _number(given, "nic_bandwidth_Gbps", float)
+    if "nvls" in given:  # NCCL_NVLS_ENABLE=0 in a recipe's environment: false
+        cluster["nvls"] = _bool(given, "nvls")
     par: dict = {k: _int(given, k) for k in PARALLEL_INT if k in given}
     par.update({k: given[k] for k in PARALLEL_STR if k in given})
     for k in ("sequence_parallel", "tp_comm_overlap"):
