@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from simulator.cost import nccl_tuner as tuner
+from simulator.cost import nccl_fill, nccl_tuner as tuner
 from simulator.cost.collectives import collective_time_s, plan_collective
 from simulator.engine.network import simulate_plan
 from simulator.hardware.clusters import CLUSTER_PRESETS
@@ -72,21 +72,21 @@ def test_send_recv_on_dgx_a100_runs_on_its_channels():
 def test_nvls_tree_chunk_is_cut_at_medium_sizes():
     """concurrentOps = 16 channels x 8 heads = 128: 128 KB from 64 MB, 64 KB below, 32 KB below 8 MB."""
     ops = 16 * 8
-    assert tuner.nvls_tree_chunk_bytes(512 * MiB, ops, 2) == 128 * 1024
-    assert tuner.nvls_tree_chunk_bytes(64 * MiB, ops, 2) == 128 * 1024
-    assert tuner.nvls_tree_chunk_bytes(64 * MiB - 1, ops, 2) == 64 * 1024
-    assert tuner.nvls_tree_chunk_bytes(8 * MiB, ops, 2) == 64 * 1024
-    assert tuner.nvls_tree_chunk_bytes(8 * MiB - 1, ops, 2) == 32 * 1024
+    assert nccl_fill.nvls_tree_chunk_bytes(512 * MiB, ops, 2) == 128 * 1024
+    assert nccl_fill.nvls_tree_chunk_bytes(64 * MiB, ops, 2) == 128 * 1024
+    assert nccl_fill.nvls_tree_chunk_bytes(64 * MiB - 1, ops, 2) == 64 * 1024
+    assert nccl_fill.nvls_tree_chunk_bytes(8 * MiB, ops, 2) == 64 * 1024
+    assert nccl_fill.nvls_tree_chunk_bytes(8 * MiB - 1, ops, 2) == 32 * 1024
     # from 4 nodes on NCCL_NVLSTREE_MAX_CHUNKSIZE is 64 KB
-    assert tuner.nvls_tree_chunk_bytes(8 * 2 ** 30, ops, 4) == 64 * 1024
+    assert nccl_fill.nvls_tree_chunk_bytes(8 * 2 ** 30, ops, 4) == 64 * 1024
 
 
 def test_nvls_tree_pipeline_fill_is_two_hops_of_one_chunk_per_pipeline():
     """2 nodes: 2 hops x 128 pipelines x chunk; a pipeline holding less than a chunk adds its whole
     share per hop (the collective's size)."""
-    assert tuner.nvls_tree_pipeline_bytes(512 * MiB, "hopper", 8, 2) == 2 * 128 * 128 * 1024
-    assert tuner.nvls_tree_pipeline_bytes(32 * MiB, "hopper", 8, 2) == 2 * 128 * 64 * 1024
-    assert tuner.nvls_tree_pipeline_bytes(1 * MiB, "hopper", 8, 2) == 2 * MiB
+    assert nccl_fill.nvls_tree_pipeline_bytes(512 * MiB, "hopper", 8, 2) == 2 * 128 * 128 * 1024
+    assert nccl_fill.nvls_tree_pipeline_bytes(32 * MiB, "hopper", 8, 2) == 2 * 128 * 64 * 1024
+    assert nccl_fill.nvls_tree_pipeline_bytes(1 * MiB, "hopper", 8, 2) == 2 * MiB
 
 
 def test_the_tuner_picks_without_the_fill_and_the_time_includes_it():

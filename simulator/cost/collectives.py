@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..hardware.topology import Topology
 from ..units import GB
 from ..tasks import COLLECTIVE_OPS, Collective
-from . import nccl_tuner as tuner
+from . import nccl_fill, nccl_tuner as tuner
 from .nccl_env import DEFAULT, NcclEnv, env_for
 from .algorithms import (GroupShape, Phase, direct_flows, group_shape, hierarchical_phases,
                          nvls_flows, nvls_tree_flows, p2p_flows, ring_hops, ring_orders, tree_flows)
@@ -230,17 +230,31 @@ def _estimate(topo: Topology, op: str, size: float, group: tuple[int, ...],
                             env_for(topo.cluster.fabric))
     eff = _efficiency(topo, op, size, shape, alg, proto, bw_s)
     if fill:
-        base += _pipeline_fill_s(topo, alg, size, shape, bw_s / eff)
+        base += _pipeline_fill_s(topo, alg, proto, size, shape, bw_s / eff)
     return base + sum(p.repeat * lat for p, lat in zip(phases, lats)) + bw_s * size / eff
 
 
-def _pipeline_fill_s(topo: Topology, alg: str, size: float, shape: GroupShape, s_per_byte: float) -> float:
-    """Time NVLSTree's chunk pipelines take to fill across the tree's network hops, at the rate the
-    collective runs (``nccl_tuner.nvls_tree_pipeline_bytes``); 0 for the other algorithms."""
-    if alg != "nvls_tree":
+def _pipeline_fill_s(topo: Topology, alg: str, proto: str, size: float, shape: GroupShape,
+                     s_per_byte: float) -> float:
+    """Time a store-and-forward pipeline takes to fill (``cost/nccl_fill``): NVLSTree's at the rate
+    the collective runs, Tree/Simple's hop by hop at its links' rates; 0 for the other algorithms."""
+    if alg == "nvls_tree":
+        return s_per_byte * nccl_fill.nvls_tree_pipeline_bytes(size, topo.cluster.gpu.architecture,
+                                                               shape.rails, shape.num_nodes)
+    if alg != "tree" or proto != "simple" or shape.num_nodes < 2:
         return 0.0
-    return s_per_byte * tuner.nvls_tree_pipeline_bytes(size, topo.cluster.gpu.architecture,
-                                                        shape.rails, shape.num_nodes)
+    env = env_for(topo.cluster.fabric)
+    nics = shape.rails if shape.uniform else 1
+    channels = env.collective_channels(nics, shape.num_nodes)
+    head, other = shape.per_node[0][0], shape.per_node[1][0]
+    nvlink = _route_Bps(topo, head, shape.per_node[0][1]) if shape.ppn > 1 else float("inf")
+    return nccl_fill.tree_simple_fill_s(size, shape.ppn, shape.num_nodes, channels, env.buffsize_bytes,
+                                        nvlink, nics * _route_Bps(topo, head, other))
+
+
+def _route_Bps(topo: Topology, src: int, dst: int) -> float:
+    """What one flow from ``src`` to ``dst`` gets alone: its route's slowest link."""
+    return min(topo.capacity_Bps[link] for link in topo.route(src, dst))
 
 
 def _bw_lower_bound(topo: Topology, op: str, group: tuple[int, ...], alg: str) -> float:
@@ -333,7 +347,7 @@ def _build_plan(topo: Topology, op: str, size: float, group: tuple[int, ...],
     base, lats = _latencies(alg, proto, op, shape, phases, topo.cluster.gpu.architecture, size,
                             env_for(topo.cluster.fabric))
     scale = size / _efficiency(topo, op, size, shape, alg, proto, bw)
-    base += _pipeline_fill_s(topo, alg, size, shape, bw * scale / size)
+    base += _pipeline_fill_s(topo, alg, proto, size, shape, bw * scale / size)
     steps = [CommStep(base)] if base > 0 else []
     for ph, lat in zip(phases, lats):
         flows = make_flows([f.links for f in ph.flows], [f.size_bytes * scale for f in ph.flows],

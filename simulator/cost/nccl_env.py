@@ -16,6 +16,8 @@ every job must carry, and the NIC's network plugin reports properties NCCL's top
   kernel unpacks) makes NCCL double the channels of a multi-node communicator below 16 (connect.cc,
   ``ncclParamUnpackDoubleNChannels``, NCCL 2.22.3 release notes "Double the default number of
   channels" for device network offload);
+- NCCL_BUFFSIZE: the Simple protocol's buffer per connection, whose eighth is a Tree/Simple chunk
+  (``cost/nccl_fill``: the chunk its pipeline fills with);
 - NCCL_TUNER_PLUGIN: an external tuner whose per-size choices replace NCCL's own (``tuner_plugin``
   names it; the model still picks by NCCL's tuner and says so where it reports such a fabric).
 
@@ -23,7 +25,7 @@ Both GCP plugins report ``latency = 0`` and the NIC's /sys/class/net speed (nccl
 src/net_tcpx.cc tcpxGetProperties; nccl-plugin-gpudirect-tcpxo tcpdirect_plugin/fastrak_offload/
 nccl_shim.cc GetProperties), as NCCL's own IB transport does: NCCL's tuner adds nothing for them, so
 its constants (``nccl_tuner``) apply unchanged. Settings a source prescribes that this model has no
-term for are listed in each environment's comment (socket threads, NCCL_BUFFSIZE, ...).
+term for are listed in each environment's comment (socket threads, flows per connection, ...).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 KiB = 1024
+MiB = 1024 * KiB
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +48,7 @@ class NcclEnv:
     pxn: bool = True  # NCCL_P2P_PXN_LEVEL: 2 by default ("use PXN as much as possible"), 0 = off
     unpack: bool = False  # the network plugin's netDeviceType is NCCL_NET_DEVICE_UNPACK
     tuner_plugin: str = ""  # NCCL_TUNER_PLUGIN, when the vendor prescribes one
+    buffsize_bytes: int = 4 * MiB  # NCCL_BUFFSIZE: init.cc DEFAULT_BUFFSIZE (1 << 22), Simple's buffer
 
     def allows(self, algorithm: str, protocol: str) -> bool:
         """Whether NCCL_ALGO / NCCL_PROTO let the tuner pick this pair for a collective (P2P-based
@@ -80,9 +84,9 @@ DEFAULT = NcclEnv()
 # 2026-06-01, the script dstack's examples/clusters/a3high runs; dstack's task env is the same less
 # the channel bounds): NCCL_ALGO=Ring, NCCL_PROTO=Simple, NCCL_MIN_NCHANNELS=NCCL_MAX_NCHANNELS=8,
 # NCCL_P2P_NET_CHUNKSIZE=524288, NCCL_P2P_NVL_CHUNKSIZE=1048576, NCCL_P2P_PXN_LEVEL=0; the plugin is
-# an unpack device (net_tcpx.cc: props->netDeviceType = NCCL_NET_DEVICE_UNPACK). Not modelled:
-# NCCL_BUFFSIZE=4194304, NCCL_NSOCKS_PERTHREAD=4, NCCL_SOCKET_NTHREADS=1 (4 TCP flows and one helper
-# thread per connection), NCCL_DYNAMIC_CHUNK_SIZE=524288, NCCL_CROSS_NIC=0 (rings stay on their rail,
+# an unpack device (net_tcpx.cc: props->netDeviceType = NCCL_NET_DEVICE_UNPACK); NCCL_BUFFSIZE=4194304
+# (NCCL's default). Not modelled: NCCL_NSOCKS_PERTHREAD=4, NCCL_SOCKET_NTHREADS=1 (4 TCP flows and one
+# helper thread per connection), NCCL_DYNAMIC_CHUNK_SIZE=524288, NCCL_CROSS_NIC=0 (rings stay on their rail,
 # as modelled anyway). Google's commit 0e5609b0 drops the channel bounds for GKE 1.34+ as "a
 # performance bottleneck" and allows Ring,Tree; the rows of nccl_real.csv ran the earlier setting.
 TCPX = NcclEnv(algorithms=("ring",), protocols=("simple",), min_channels=8, max_channels=8,
@@ -94,11 +98,14 @@ TCPX = NcclEnv(algorithms=("ring",), protocols=("simple",), min_channels=8, max_
 # NCCL_P2P_NVL_CHUNKSIZE=1048576, NCCL_NVLS_ENABLE=0 (the hardware file's nvls = false), and
 # NCCL_TUNER_PLUGIN=libnccl-tuner.so with a3plus_tuner_config_simple.textproto, shipped only inside
 # the installer image: its per-size algorithm, protocol and channel choices are not published. The
-# plugin is a host device (nccl_shim.cc: netDeviceType = NCCL_NET_DEVICE_HOST). Not modelled:
-# NCCL_BUFFSIZE=8388608, NCCL_FASTRAK_NUM_FLOWS=2. Later profiles add LL128 (2025-05) and NVLSTree
-# (2025-08, NCCL_NVLSTREE_MAX_CHUNKSIZE=131072); dstack's A3 Mega all-gather ran the LL128 profile.
+# plugin is a host device (nccl_shim.cc: netDeviceType = NCCL_NET_DEVICE_HOST); NCCL_BUFFSIZE=8388608
+# (also in Google's release notes for plugin v1.0.3, container-engine-accelerators gpudirect-tcpxo/
+# README.md, 2024-06-27: 1 MiB Tree/Simple chunks). Not modelled: NCCL_FASTRAK_NUM_FLOWS=2, the tuner
+# plugin's chunk sizes (its getChunkSize may change the chunk: unpublished). Later profiles add LL128
+# (2025-05) and NVLSTree (2025-08, NCCL_NVLSTREE_MAX_CHUNKSIZE=131072); dstack's A3 Mega all-gather ran
+# the LL128 profile.
 TCPXO = NcclEnv(algorithms=("ring", "tree"), protocols=("simple",), min_channels=4,
-                p2p_net_chunk_bytes=512 * KiB, p2p_nvl_chunk_bytes=1024 * KiB,
+                p2p_net_chunk_bytes=512 * KiB, p2p_nvl_chunk_bytes=1024 * KiB, buffsize_bytes=8 * MiB,
                 tuner_plugin="libnccl-tuner.so (a3plus_tuner_config_simple.textproto)")
 
 FABRIC_ENV: dict[str, NcclEnv] = {"tcpx": TCPX, "tcpxo": TCPXO}

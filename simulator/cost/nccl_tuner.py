@@ -349,35 +349,7 @@ def p2p_max_Bps(size_bytes: float, n_ranks: int, num_nodes: int, nic_GBps: float
     return p2p_send_channels(size_bytes, n_ranks, num_nodes, nic_GBps, env) * P2P_PER_CHANNEL_GBPS * GB
 
 
-# --- NVLSTree chunking (NCCL 2.30.7) -------------------------------------------------------------
-# transport/nvls.cc: NVLS_NCHANNELS_SM90 16 and NVLS_NCHANNELS_SM100 32 channels (multi-node);
-# NCCL_NVLS_CHUNKSIZE 128 KB; NCCL_NVLSTREE_MAX_CHUNKSIZE defaults to 64 KB from 4 nodes on, else the
-# chunk size.
+# --- NVLS channels (NCCL 2.30.7) ------------------------------------------------------------------
+# transport/nvls.cc: NVLS_NCHANNELS_SM90 16 and NVLS_NCHANNELS_SM100 32 channels (multi-node); the
+# chunking of NVLSTree and Tree/Simple pipelines is in ``cost/nccl_fill``.
 NVLS_CHANNELS = {"hopper": 16, "blackwell": 32}
-NVLS_CHUNK_BYTES = 128 * 1024
-NVLS_TREE_MAX_CHUNK_BYTES_4NODES = 64 * 1024
-# enqueue.cc calcCollChunking, NVLS_TREE: the chunk is cut to 256K / 128K / 64K / 32K while nBytes is
-# below 32 / 16 / 4 / 1 x concurrentOps x chunk (concurrentOps = nChannels x nHeads).
-NVLS_TREE_CHUNK_CUTS = ((32, 262144), (16, 131072), (4, 65536), (1, 32768))
-
-
-def nvls_tree_chunk_bytes(size_bytes: float, concurrent_ops: int, num_nodes: int) -> int:
-    chunk = NVLS_CHUNK_BYTES if num_nodes < 4 else min(NVLS_CHUNK_BYTES, NVLS_TREE_MAX_CHUNK_BYTES_4NODES)
-    for times, floor in NVLS_TREE_CHUNK_CUTS:
-        if size_bytes < times * concurrent_ops * chunk and chunk > floor:
-            chunk = floor
-    return chunk
-
-
-def nvls_tree_pipeline_bytes(size_bytes: float, architecture: str, heads: int, num_nodes: int) -> float:
-    """Bytes of the collective whose transfer time the NVLSTree pipeline adds before the first
-    chunk comes back: the collective runs as concurrentOps = channels x heads independent
-    pipelines, each moving its share in chunks; Simple forwards a chunk only once it has arrived
-    whole (store and forward), so each of the 2 x log2(nNodes) network hops of the tree (the hops
-    tuning.cc charges interLat for) holds one chunk per pipeline: a chunk's worth of time at the
-    pipeline's rate, i.e. ops x chunk bytes of the collective (all of it when a pipeline holds
-    less than a chunk)."""
-    ops = NVLS_CHANNELS.get(architecture, NVLS_CHANNELS["hopper"]) * max(1, heads)
-    chunk = nvls_tree_chunk_bytes(size_bytes, ops, num_nodes)
-    hops = 2 * int(math.log2(num_nodes))
-    return hops * min(float(size_bytes), float(ops * chunk))
