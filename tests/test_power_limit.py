@@ -38,7 +38,7 @@ def test_the_held_clock_goes_as_the_cube_root_of_the_power_above_idle():
 def test_a_gpu_with_no_measured_clock_is_capped_from_its_quoted_clock():
     """No sustained clock measured: the datasheet peaks hold at the TDP, and a limit lowers the clock
     they are quoted at by the same rule."""
-    b200 = GPU_PRESETS["b200-sxm-180gb"]
+    b200 = dataclasses.replace(GPU_PRESETS["b200-sxm-180gb"], sustained_clock_MHz=0.0)  # as if not measured
     blackwell = EFFICIENCIES["blackwell"]
     assert sustained_clock_ratio(b200, blackwell) == 1.0
     half = dataclasses.replace(b200, power_limit_W=b200.tdp_W / 2)

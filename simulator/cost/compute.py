@@ -58,13 +58,17 @@ class Efficiency:
 #   Stream-K, PPoPP'23; CUTLASS 3 sm90 PersistentTileSchedulerSm90StreamK).
 #   B200 (blackwell), measured by others: torch.matmul BF16 (cuBLAS) on an HGX B200 (pytorch/ao PR
 #   #2427, 2025-06, benchmarks/float8/bench_matmul.py): 4096^3 in 97.4 us, 6144^3 in 319 us, 8192^3 in
-#   774 us (1.41, 1.45, 1.42 PFLOP/s, 0.63-0.65 of the 2.25 PFLOP/s datasheet peak). gemm_max 0.657 is
-#   their least-squares fit (log time) through stream_k_gemm_s with Hopper's tiles and tile overhead,
-#   148 SMs and the datasheet peak (no sustained clock is measured: the fit holds the clock): within
-#   -2.5%..+2.1% of the three (3072^3, 38 us, below the 50 us of the fit: +8.5%). A GB200 takes the
-#   same fraction of its own datasheet peak (same die and kernels; the datasheet quotes the GB200's
-#   higher power limit in its peak). FP8 (fp8_gemm_max): no Blackwell measurement at hand; it keeps
-#   Hopper's measured FP8/BF16 ratio of gemm_max (0.79 / 0.81), an estimate.
+#   774 us (1.41, 1.45, 1.42 PFLOP/s, 0.63-0.65 of the 2.25 PFLOP/s datasheet peak). 0.657 of the
+#   datasheet peak is their least-squares fit (log time) through stream_k_gemm_s with Hopper's tiles
+#   and tile overhead and 148 SMs: within -2.5%..+2.1% of the three (3072^3, 38 us, below the 50 us of
+#   the fit: +8.5%). Those GEMMs ran at the boost clock: the PR times one warm-up and five profiled
+#   calls (benchmarks/float8/utils.py get_gpu_kernel_gemm_time_s), under 5 ms, before a B200's clock
+#   drops under sustained load (b200-sxm-180gb.toml: 1,965 -> 1,580 MHz after ~5 ms). gemm_max is that
+#   fit per clock at the clock the datasheet peak is quoted at (1,855.8 MHz = 2.25 PFLOP/s / (148 SMs x
+#   8,192)): 0.657 x 1,855.8 / 1,965 = 0.6205; the GPU's sustained clock then scales it as Hopper's.
+#   A GB200 runs the same die and kernels at its own (derived) sustained clock. FP8 (fp8_gemm_max): no
+#   Blackwell measurement at hand; it keeps Hopper's measured FP8/BF16 ratio of gemm_max (0.79 /
+#   0.81), an estimate.
 # - block_k / tile_overhead_iters: CUTLASS multistage main loop (media/docs/efficient_gemm.md,
 #   "software pipelining"): an output tile costs ceil(k / block_k) iterations plus a prologue of
 #   stages - 1 iterations that fill the pipeline and an epilogue that writes the tile, equivalent
@@ -97,7 +101,9 @@ class Efficiency:
 #   there), 148 SMs (B200, DGX B200 page), its own MMA rate per clock and gemm_max (above; attention:
 #   attention_eff.py). Calibrate your own with `calibrate profile`.
 HOPPER_GEMM_MAX, HOPPER_FP8_GEMM_MAX = 0.81, 0.79  # the lent H100's fit (above)
-BLACKWELL_GEMM_MAX = 0.657  # the B200 GEMMs of pytorch/ao PR #2427 (above)
+# the B200 GEMMs of pytorch/ao PR #2427 at their boost clock, per clock at the quoted one (above)
+B200_BURST_GEMM_MAX, B200_BOOST_MHZ, B200_QUOTED_MHZ = 0.657, 1965.0, 2250e12 / (148 * 8192) / 1e6
+BLACKWELL_GEMM_MAX = B200_BURST_GEMM_MAX * B200_QUOTED_MHZ / B200_BOOST_MHZ
 EFFICIENCIES: dict[str, Efficiency] = {
     "ampere": Efficiency(gemm_max=0.767, memory=0.85, num_sms=108, block_k=32,
                          tile_overhead_iters=4.67, kernel_overhead_s=2e-6, dense_flops_per_clock_per_sm=2048),
