@@ -72,8 +72,10 @@ def test_bundled_today_rows_are_the_shared_rows_with_only_published_settings():
         elif r["grad_dtype"]:
             mode = "DEFAULT" if "mixed-precision mode DEFAULT" in r["notes"] else "PURE"
             assert mode in r["notes"] and r["grad_dtype"] == ("fp32" if mode == "DEFAULT" else "bf16")
-        if r["fp8_params"]:  # FP8 weights, where the recipe's YAML sets fp8_params (quoted in notes)
-            assert r["fp8_params"] == "true" and "fp8_params true" in r["notes"] and r["dtype"] == "fp8"
+        if r["fp8_params"]:  # FP8 weights, where the recipe's YAML (quoted in notes) or script sets fp8_params
+            assert r["fp8_params"] == "true" and r["dtype"] == "fp8"
+            assert "fp8_params true" in r["notes"] or "fp8_params=$FP8_ENABLED" in r["settings_from_source"] \
+                or "fp8_params=${FP8_ENABLED^}" in r["settings_from_source"]
         if r["optimizer_state_dtype"]:  # DistributedFusedAdam's state dtype, where the YAML sets it
             assert r["optimizer_state_dtype"] == "bf16" and "optim.dtype: bf16" in r["settings_from_source"]
         if r["nvls"]:  # the recipe's environment turns NVLink SHARP off
