@@ -32,7 +32,12 @@ Rules where no measurement exists (each a stated estimate):
   dims, 64 query and 8 K/V heads of 128, batch 2, s = 2k .. 32k, forward and backward, with and
   without the causal mask, measured directly), read against the GB200's dense BF16 datasheet peak. Its
   points are 2k .. 32k (the "below the shortest" rule starts at 2k); past 16k the measured throughput
-  falls (causal forward 1,708 -> 1,622 TFLOP/s at 32k), which the curve keeps. FlashAttention on
+  falls (causal forward 1,708 -> 1,622 TFLOP/s at 32k), which the curve keeps. Like the papers' points
+  they are read at the clock the peak is quoted at and slowed to the GPU's sustained one; the script
+  times 10 calls without warm-up (benchmark_single_sdpa.py --num_iterations 10), 1-14 ms in all up to
+  8k, where the clock has not dropped yet (flashinfer PR #2899: throttling after ~5 ms to tens of ms),
+  but 50-700 ms at 16-32k, where part of the drop is already in the measurement (the fall past 16k
+  fits it): long-sequence attention on Blackwell is priced up to ~20% slow. FlashAttention on
   Blackwell: no measurement at hand (FlashAttention-2 targets sm80/sm90); it takes Hopper's fractions
   of peak, an estimate until calibrated.
 """
