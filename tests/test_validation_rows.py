@@ -91,6 +91,26 @@ def test_bundled_today_rows_are_the_shared_rows_with_only_published_settings():
         assert [r["iteration_time_s"] for r in shared] == [r["target_iteration_time_s"] for r in shared]
 
 
+def test_narayanan_table_1_rows_carry_the_papers_launch_scripts():
+    """NVIDIA/Megatron-LM examples/sc21/run_table_1.sh (the scripts behind the paper's Table 1): micro-batch,
+    layers per virtual stage (none: plain 1F1B), PyTorch DDP (overlapped) below PP 2 and Megatron's local
+    DDP (all-reduce after the backward) above; CONFIG.sh's --fp16 without fp32 gradient accumulation."""
+    script = {"gpt-1.7b": (16, 0, True), "gpt-3.6b": (16, 0, True), "gpt-7.5b": (16, 0, True),
+              "gpt-18.4b": (8, 0, True), "gpt-39.1b": (4, 0, False), "gpt-76.1b": (2, 5, False),
+              "gpt-145.6b": (2, 5, False), "gpt-310.1b": (1, 3, False), "gpt-529.6b": (1, 1, False),
+              "gpt-1008b": (1, 0, False)}
+    rows = {r["name"]: r for r in read_rows([DEFAULT_CSV])}
+    for name, (mbs, layers_per_vs, torch_ddp) in script.items():
+        scn = scenario_from_dict(row_to_raw(rows[name]), default_name=name)
+        assert scn.training.micro_batch_size == mbs and "run_table_1.sh" in rows[name]["settings_from_source"]
+        assert scn.training.dtype == scn.training.grad_dtype == "fp16"
+        assert scn.parallel.overlap_grad_reduce is torch_ddp
+        if scn.parallel.pp > 1:
+            v = scn.model.num_layers // scn.parallel.pp // layers_per_vs if layers_per_vs else 1
+            assert scn.parallel.virtual_stages == v
+            assert scn.parallel.schedule == ("interleaved-1f1b" if layers_per_vs else "1f1b")
+
+
 def test_torchtitan_times_are_its_tokens_per_gpu_over_its_published_tps():
     """torchtitan logs tps = tokens of the local batch / (seconds x cp x tp x pp) (train.py): each row's
     step time is the local batch (global / dp) x seq_len / (cp tp pp) over the TPS/GPU its quote shows."""

@@ -45,7 +45,7 @@ OTHER_COLUMNS = ("mlp", "model_preset", "moe_capacity_factor", "dropout", "moe_p
                  "tp_comm_overlap", "layers_per_stage", "recompute_modules", "global_batch_size",
                  "micro_batch_size", "dtype", "attention", "grad_dtype", "grad_accumulation_fusion",
                  "optimizer_state_dtype", "fp8_params", "kernels", "cuda_graphs", "fp8_recipe",
-                 "cross_entropy", "nvls")
+                 "cross_entropy", "nvls", "overlap_grad_reduce")
 DESCRIPTIVE_COLUMNS = ("source", "name", "kind", "notes", "quote", "source_url", "settings_from_source",
                        "measured_metric", "measured_value", "iteration_time_s", "target_iteration_time_s",
                        "measured_memory_GiB")
@@ -100,7 +100,7 @@ def row_to_raw(row: dict) -> dict:
         cluster["nvls"] = _bool(given, "nvls")
     par: dict = {k: _int(given, k) for k in PARALLEL_INT if k in given}
     par.update({k: given[k] for k in PARALLEL_STR if k in given})
-    for k in ("sequence_parallel", "tp_comm_overlap"):
+    for k in ("sequence_parallel", "tp_comm_overlap", "overlap_grad_reduce"):
         if k in given:
             par[k] = _bool(given, k)
     if "layers_per_stage" in given:  # semicolon-separated, first pipeline stage first
