@@ -79,3 +79,19 @@ def test_the_fill_neither_changes_nccls_choice_nor_touches_other_protocols():
 def _shape(topo, group):
     from simulator.cost.algorithms import group_shape
     return group_shape(group, topo)
+
+
+def test_a_group_uneven_over_its_nodes_fills_along_its_longest_chain():
+    """One rank on the first node, four on the second: the chain that fills is the second node's (3
+    NVLink hops each way), the network hop is the one between the nodes' heads."""
+    topo = build_topology(A3_MEGA.with_nodes(2))
+    group = (0, 8, 9, 10, 11)
+    shape = _shape(topo, group)
+    assert not shape.uniform and shape.ppn == 4
+    fill = collectives._pipeline_fill_s(topo, "tree", "simple", 64.0 * MiB, shape, 1e-9)
+    channels = TCPXO.collective_channels(1, 2)
+    c = nccl_fill.tree_simple_chunk_bytes(64.0 * MiB, channels, 8 * MiB)
+    nvl = 450e9 * NVLINK_EFFICIENCY["hopper"]
+    net = 200e9 / 8 * FABRIC_EFFICIENCY["tcpxo"]
+    assert fill == pytest.approx(6 * c * channels / nvl + 2 * c * channels / net - c * channels / net, rel=1e-9)
+    assert collective_time_s(_coll(64 * MiB, group), topo) > 0

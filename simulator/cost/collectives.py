@@ -246,10 +246,11 @@ def _pipeline_fill_s(topo: Topology, alg: str, proto: str, size: float, shape: G
     env = env_for(topo.cluster.fabric)
     nics = shape.rails if shape.uniform else 1
     channels = env.collective_channels(nics, shape.num_nodes)
-    head, other = shape.per_node[0][0], shape.per_node[1][0]
-    nvlink = _route_Bps(topo, head, shape.per_node[0][1]) if shape.ppn > 1 else float("inf")
+    chain = next(ranks for ranks in shape.per_node if len(ranks) == shape.ppn)  # a node of the longest chain
+    nvlink = _route_Bps(topo, chain[0], chain[1]) if shape.ppn > 1 else float("inf")
+    network = nics * _route_Bps(topo, shape.per_node[0][0], shape.per_node[1][0])
     return nccl_fill.tree_simple_fill_s(size, shape.ppn, shape.num_nodes, channels, env.buffsize_bytes,
-                                        nvlink, nics * _route_Bps(topo, head, other))
+                                        nvlink, network)
 
 
 def _route_Bps(topo: Topology, src: int, dst: int) -> float:
