@@ -7,8 +7,8 @@ import pytest
 from simulator.analysis.memory import static_buffers
 from simulator.cost.compute import BLOCK_SCALED_GEMM_RATE, EFFICIENCIES, RooflineCompute
 from simulator.hardware.gpus import GPU_PRESETS
-from simulator.model.fp8 import (AMAX_BYTES, CAST_TRANSPOSE_BYTES, FP8_RECIPES, SCALE_KERNEL_BYTES,
-                                 TRANSPOSE_ONLY_BYTES, weight_copy_bytes_per_param)
+from simulator.model.fp8 import (AMAX_BYTES, CAST_BYTES, CAST_TRANSPOSE_BYTES, FP8_RECIPES, SCALE_KERNEL_BYTES,
+                                 TRANSPOSE_ONLY_BYTES, fp8_transposes, weight_copy_bytes_per_param)
 from simulator.model.opgraph import build_op_graph, gemm_flops
 from simulator.model.spec import ModelSpec
 from simulator.scenario import scenario_from_dict
@@ -62,6 +62,26 @@ def test_current_scaling_adds_an_amax_pass_and_a_scale_kernel_per_tensor():
         assert ops[f"{g}.fp8_cast_dy"].bwd_bytes == t * n * 4
     # per layer: 3 kernels per tensor, less the two amax passes the norms absorb
     assert len(ops) == 11 + 4 * 2 * 3 - 2
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "current"])
+def test_blackwell_makes_no_transposed_copy_for_the_per_tensor_recipes(recipe):
+    """FP8 GEMMs run every layout on Blackwell (TE: create_transpose = columnwise_usage &&
+    !nvte_is_non_tn_fp8_gemm_supported()): a cast writes one FP8 tensor (2 + 1 B), a norm's FP8 output
+    needs no transpose kernel, TE caches one FP8 weight; the block recipes keep both copies."""
+    assert fp8_transposes("hopper") and not fp8_transposes("blackwell")
+    ops = {o.name: o for o in build_op_graph(LLAMA, 1, "fp8", recipe, fp8_transpose=False).layer}
+    for g, (t, k, n) in widths(ops).items():
+        if recipe == "delayed" and AFTER_NORM[g]:
+            assert f"{g}.fp8_cast_x" not in ops
+        else:
+            assert ops[f"{g}.fp8_cast_x"].fwd_bytes == t * k * CAST_BYTES == t * k * 3
+        assert ops[f"{g}.fp8_cast_dy"].bwd_bytes == t * n * 3
+    assert weight_copy_bytes_per_param(recipe, transpose=False) == 1
+    assert weight_copy_bytes_per_param("mxfp8", transpose=False) == weight_copy_bytes_per_param("mxfp8")
+    counts = {"dense": 1_000_000, "expert": 0}
+    assert static_buffers(scenario_from_dict(raw(recipe, cluster="dgx-b200")), counts)["fp8_weight_cache"] == 1_000_000
+    assert build_op_graph(LLAMA, 1, "fp8", recipe) == build_op_graph(LLAMA, 1, "fp8", recipe, fp8_transpose=True)
 
 
 @pytest.mark.parametrize("recipe, per_elem, precision", [

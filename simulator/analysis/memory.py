@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..model.fp8 import weight_copy_bytes_per_param
+from ..model.fp8 import fp8_transposes, weight_copy_bytes_per_param
 from ..model.opgraph import build_op_graph
 from ..model.spec import ModelSpec
 from ..scenario import Scenario, TrainingSpec
@@ -215,7 +215,8 @@ def static_buffers(scn: Scenario, counts: dict, trace_has_buffers: bool = False)
         # recipes' scales. An upper bound: the embedding and output layer rows a first or last stage
         # holds stay BF16 but are counted. (ZeRO-3 gathers a layer's weights per use: no persistent copy.)
         # with fp8_params the FP8 copy is the parameter itself: only its transpose is cached
-        out["fp8_weight_cache"] = params * (weight_copy_bytes_per_param(tr.fp8_recipe) - tr.fp8_params)
+        copies = weight_copy_bytes_per_param(tr.fp8_recipe, fp8_transposes(scn.cluster.gpu.architecture))
+        out["fp8_weight_cache"] = params * (copies - tr.fp8_params)
     if par.zero_stage >= 3 and not trace_has_buffers and par.dp * par.cp > 1 and not pipelined_fsdp2(par):
         out["zero3_gathered"] = zero3_gathered_bytes(scn)
     return out

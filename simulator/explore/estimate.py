@@ -25,6 +25,7 @@ from ..analysis.memory import (FRAGMENTATION_FRACTION, model_state_bytes, optimi
 from ..cost.collectives import collective_time_s
 from ..cost.model import CostModel
 from ..hardware.topology import build_topology
+from ..model.fp8 import fp8_transposes
 from ..model.opgraph import OpGraph, build_op_graph
 from ..scenario import Scenario
 from ..strategy.actions import Action
@@ -38,6 +39,11 @@ from ..strategy.zero_impl import state_zero_stage
 from ..tasks import Collective, Task
 from ..units import DTYPE_BYTES
 from .estimate_streams import ds2021_host_s, dp_stream_s, pp_stream_s
+
+
+def _fp8_transposes(scn: Scenario) -> bool:
+    """Whether TE transposes FP8 copies on the scenario's GPUs (model/fp8.fp8_transposes), as the lowering asks."""
+    return fp8_transposes(scn.cluster.gpu.architecture)
 
 
 @dataclass(frozen=True)
@@ -94,7 +100,7 @@ class EstimateCache:
         t = scn.training
         return self._get(self._graph_key(scn), lambda: build_op_graph(scn.model, t.micro_batch_size, t.dtype,
                                                                           t.fp8_recipe, t.attention, t.kernels,
-                                                                          t.cross_entropy))
+                                                                          t.cross_entropy, _fp8_transposes(scn)))
 
     def _by_scenario(self, what: str, scn: Scenario, make: Callable[[Scenario], Any]) -> Any:
         """``make(scn)`` once per scenario object (the keys below repr the specs, which hold dicts)."""
@@ -106,7 +112,7 @@ class EstimateCache:
     def _graph_key(self, scn: Scenario) -> tuple:
         return self._by_scenario("graph", scn, lambda s: (
             "graph", repr(s.model), s.training.micro_batch_size, s.training.dtype, s.training.fp8_recipe,
-            s.training.attention, s.training.kernels, s.training.cross_entropy))
+            s.training.attention, s.training.kernels, s.training.cross_entropy, _fp8_transposes(s)))
 
     def _blocks(self, scn: Scenario, build: Callable[..., Any], what: str) -> Any:
         p, t = scn.parallel, scn.training

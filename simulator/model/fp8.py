@@ -46,8 +46,8 @@ the dispatcher hands them like the dense linears, one kernel over the rank's exp
 share the expert GEMMs' routed rows and load (``Op.expert_load``), and with expert TP > 1 the
 sharding divides their width by it, right for fc2's input and fc1's output gradient, short by that
 factor for fc1's input and fc2's output gradient (expert TP is 1 in the bundled MoE recipes).
-``current`` keeps Hopper's transposed column-wise copy on Blackwell too,
-where one layout serves both usages (TE docs): 1 B per element too many there.
+On Blackwell the per-tensor recipes make no transposed copy (``fp8_transposes``): the cast writes one
+FP8 tensor, a norm's FP8 output needs nothing more, and TE caches one FP8 weight.
 """
 
 from __future__ import annotations
@@ -67,9 +67,18 @@ FP8_PRECISIONS = frozenset(GEMM_PRECISION.values())
 RECIPE_ARCHITECTURES = {"blockwise": ("hopper", "blackwell"), "mxfp8": ("blackwell",)}
 
 # Bytes per element: cast + transpose of a BF16 tensor (read 2, write 1 row-wise + 1 column-wise FP8);
-# transpose of an FP8 tensor a norm kernel already wrote (read 1, write 1).
+# transpose of an FP8 tensor a norm kernel already wrote (read 1, write 1); the cast alone (read 2,
+# write 1) where no transpose is made (``fp8_transposes``).
 CAST_TRANSPOSE_BYTES = 4
 TRANSPOSE_ONLY_BYTES = 2
+CAST_BYTES = 3
+# Hopper runs FP8 GEMMs only in the TN layout, so a per-tensor-scaled tensor's column-wise usage is its
+# data transposed; Blackwell runs the other layouts and TE makes no transpose there (TE 2.x
+# pytorch/csrc/quantizer.cpp: "create_transpose = columnwise_usage && !nvte_is_non_tn_fp8_gemm_supported()";
+# common/gemm: "Hopper only supports TN GEMMs for FP8. 'Column-wise data' is transpose of data"; TE docs
+# performance_considerations: Blackwell "supports columnwise access natively, so no transpose is
+# needed"). The block recipes' column-wise copies are scaled along the other dimension: still copies.
+NON_TN_FP8_ARCHITECTURES = ("blackwell",)
 # Current scaling's amax pass reads the BF16 tensor once (TE docs fp8_current_scaling: "two tensor
 # reads are needed, one to compute amax and one to apply the scaling factor and cast to FP8").
 AMAX_BYTES = 2
@@ -107,8 +116,17 @@ _SPLITS_OF_INPUT = {"column": "none", "row": "row", "expert": "expert"}  # the G
 _SPLITS_OF_GRAD = {"column": "column", "row": "none", "expert": "expert"}  # the output gradient's TP split
 
 
-def weight_copy_bytes_per_param(recipe: str) -> float:
-    """Bytes per FP8-linear parameter of the quantized weight copies TE caches for ``recipe``."""
+def fp8_transposes(architecture: str) -> bool:
+    """Whether TE keeps a transposed copy for a per-tensor-scaled tensor's column-wise usage on GPUs of
+    ``architecture`` (NON_TN_FP8_ARCHITECTURES: not where FP8 GEMMs run every layout)."""
+    return architecture not in NON_TN_FP8_ARCHITECTURES
+
+
+def weight_copy_bytes_per_param(recipe: str, transpose: bool = True) -> float:
+    """Bytes per FP8-linear parameter of the quantized weight copies TE caches for ``recipe``: one FP8
+    copy for a per-tensor recipe where no transpose is made (``fp8_transposes``)."""
+    if not transpose and recipe in ("delayed", "current"):
+        return 1.0
     return WEIGHT_COPY_BYTES[recipe]
 
 
@@ -119,15 +137,19 @@ def gathered_bytes_per_element(recipe: str) -> float:
     return GATHERED_BYTES[recipe]
 
 
-def quantize_kernels(recipe: str, after_norm: bool) -> tuple[tuple[str, float, float], ...]:
+def quantize_kernels(recipe: str, after_norm: bool, transpose: bool = True) -> tuple[tuple[str, float, float], ...]:
     """The kernels that quantize one BF16 tensor for ``recipe``, in execution order: (name, bytes per
     element, fixed bytes). ``after_norm``: a norm kernel produced the tensor (forward input of a
-    LayerNormLinear), so the delayed recipe's norm wrote FP8 and current scaling's norm the amax."""
+    LayerNormLinear), so the delayed recipe's norm wrote FP8 and current scaling's norm the amax.
+    ``transpose``: the per-tensor recipes' casts also write the transposed copy (``fp8_transposes``)."""
+    cast = CAST_TRANSPOSE_BYTES if transpose else CAST_BYTES
     if recipe == "delayed":
-        return (("fp8_cast", TRANSPOSE_ONLY_BYTES if after_norm else CAST_TRANSPOSE_BYTES, 0),)
+        if after_norm:
+            return (("fp8_cast", TRANSPOSE_ONLY_BYTES, 0),) if transpose else ()
+        return (("fp8_cast", cast, 0),)
     if recipe == "current":
         amax = () if after_norm else (("fp8_amax", AMAX_BYTES, 0),)
-        return amax + (("fp8_scale", 0, SCALE_KERNEL_BYTES), ("fp8_cast", CAST_TRANSPOSE_BYTES, 0))
+        return amax + (("fp8_scale", 0, SCALE_KERNEL_BYTES), ("fp8_cast", cast, 0))
     if recipe == "blockwise":
         return (("fp8_cast", BLOCKWISE_QUANTIZE_BYTES, 0),)
     if recipe == "mxfp8":
@@ -149,11 +171,11 @@ def _kernel(name: str, op: Op, width: int, split: str, per_elem: float, fixed: f
     return replace(k, expert_load=op.expert_load, grouped=op.grouped, experts=op.experts) if split == "expert" else k
 
 
-def fp8_layer(ops: tuple[Op, ...], recipe: str = "delayed") -> tuple[Op, ...]:
+def fp8_layer(ops: tuple[Op, ...], recipe: str = "delayed", transpose: bool = True) -> tuple[Op, ...]:
     """The layer's ops with TE's FP8 linears for ``recipe``: the GEMM marked with the recipe's
     ``precision``, its input's quantization kernels before it (forward only) and its output
     gradient's after it in reverse order (backward only: the backward walks the ops in reverse, so
-    they run in order before the GEMM's backward)."""
+    they run in order before the GEMM's backward); ``transpose`` as ``quantize_kernels``."""
     if recipe not in GEMM_PRECISION:
         raise ValueError(f"fp8 recipe {recipe!r} is unknown; known: {', '.join(FP8_RECIPES)}")
     precision = GEMM_PRECISION[recipe]
@@ -164,9 +186,9 @@ def fp8_layer(ops: tuple[Op, ...], recipe: str = "delayed") -> tuple[Op, ...]:
             continue
         _m, n, k = op.shape
         after_norm = i > 0 and ops[i - 1].kind == "norm"
-        for name, per_elem, fixed in quantize_kernels(recipe, after_norm):
+        for name, per_elem, fixed in quantize_kernels(recipe, after_norm, transpose):
             out.append(_kernel(f"{op.name}.{name}_x", op, k, _SPLITS_OF_INPUT[op.tp_split], per_elem, fixed, False))
         out.append(replace(op, precision=precision))
-        for name, per_elem, fixed in reversed(quantize_kernels(recipe, False)):
+        for name, per_elem, fixed in reversed(quantize_kernels(recipe, False, transpose)):
             out.append(_kernel(f"{op.name}.{name}_dy", op, n, _SPLITS_OF_GRAD[op.tp_split], per_elem, fixed, True))
     return tuple(out)

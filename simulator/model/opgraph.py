@@ -370,11 +370,11 @@ def _output_ops(m: ModelSpec, b: int, d: int, prefix: str, head_params: int) -> 
 
 
 def build_op_graph(model: ModelSpec, micro_batch_size: int, dtype: str = "bf16", fp8_recipe: str = "delayed",
-                   attention: str = "flash", kernels: str = "fused", cross_entropy: str = "fused") -> OpGraph:
-    """The graph of one micro-batch. ``dtype = "fp8"`` is Transformer Engine's FP8 training with the scaling
-    recipe ``fp8_recipe`` (model/fp8.py): BF16 activations and kernels, FP8 linear-layer GEMMs with their
-    quantization kernels. ``attention`` "flash-varlen" adds the unpadding copies (varlen.py); ``kernels``
-    "eager" runs norms, RoPE, activations as plain PyTorch ops, ``cross_entropy`` "torch" the loss (eager.py)."""
+                   attention: str = "flash", kernels: str = "fused", cross_entropy: str = "fused",
+                   fp8_transpose: bool = True) -> OpGraph:
+    """One micro-batch. ``dtype = "fp8"``: TE's FP8 training with ``fp8_recipe`` (model/fp8.py; ``fp8_transpose``:
+    fp8.fp8_transposes); ``attention`` "flash-varlen" adds the unpadding copies (varlen.py); ``kernels`` "eager"
+    runs norms, RoPE, activations as plain PyTorch ops, ``cross_entropy`` "torch" the loss (eager.py)."""
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
     model.check()
@@ -384,7 +384,7 @@ def build_op_graph(model: ModelSpec, micro_batch_size: int, dtype: str = "bf16",
     def layer(ops: list[Op]) -> tuple[Op, ...]:
         out = varlen.with_unpadding(tuple(ops)) if attention == "flash-varlen" else tuple(ops)
         out = eager.eager_layer(out, model) if kernels == "eager" else out
-        return fp8.fp8_layer(out, fp8_recipe) if dtype == "fp8" else out
+        return fp8.fp8_layer(out, fp8_recipe, fp8_transpose) if dtype == "fp8" else out
     kinds: dict = {}
     for i in range(model.num_layers):
         dense, windowed = model.has_dense_mlp(i), model.is_windowed_layer(i)

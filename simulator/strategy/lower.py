@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import TYPE_CHECKING
 
+from ..model.fp8 import fp8_transposes
 from ..model.opgraph import build_op_graph
 from ..tasks import InternalError, TaskGraph
 from .blocks import build_blocks, layer_blocks, split_off
@@ -49,7 +50,7 @@ def lower(scn: Scenario, full: bool = False) -> LoweredPlan:
     par, tr, model = scn.parallel, scn.training, scn.model
     mesh = DeviceMesh(pp=par.pp, dp=par.dp, cp=par.cp, tp=par.tp, ep=par.ep, etp=par.etp)
     graph = build_op_graph(model, tr.micro_batch_size, tr.dtype, tr.fp8_recipe, tr.attention, tr.kernels,
-                           tr.cross_entropy)
+                           tr.cross_entropy, fp8_transposes(scn.cluster.gpu.architecture))
     acc = grad_accumulation_bytes_per_param(tr.grad_accumulation_fusion, tr.grad_dtype_bytes, tr.dtype_bytes)
     blocks = build_blocks(graph, par.tp, par.sequence_parallel, par.cp, par.ep, acc, par.etp)
     per_layer = layer_blocks(graph, par.tp, par.sequence_parallel, par.cp, par.ep, acc, par.etp)
