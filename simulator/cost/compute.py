@@ -101,8 +101,11 @@ class Efficiency:
 #   there), 148 SMs (B200, DGX B200 page), its own MMA rate per clock and gemm_max (above; attention:
 #   attention_eff.py). Calibrate your own with `calibrate profile`.
 HOPPER_GEMM_MAX, HOPPER_FP8_GEMM_MAX = 0.81, 0.79  # the lent H100's fit (above)
-# the B200 GEMMs of pytorch/ao PR #2427 at their boost clock, per clock at the quoted one (above)
-B200_BURST_GEMM_MAX, B200_BOOST_MHZ, B200_QUOTED_MHZ = 0.657, 1965.0, 2250e12 / (148 * 8192) / 1e6
+BLACKWELL_SMS, BLACKWELL_DENSE_FLOPS_PER_CLOCK_PER_SM = 148, 8192  # B200 (above)
+# the B200 GEMMs of pytorch/ao PR #2427 at their boost clock (b200-sxm-180gb.toml: 1,965 MHz), per clock
+# at the clock its 2.25 PFLOP/s datasheet peak is quoted at (above; cost/clocks.quoted_clock_Hz)
+B200_BURST_GEMM_MAX, B200_BOOST_MHZ = 0.657, 1965.0
+B200_QUOTED_MHZ = 2250e12 / (BLACKWELL_SMS * BLACKWELL_DENSE_FLOPS_PER_CLOCK_PER_SM) / 1e6
 BLACKWELL_GEMM_MAX = B200_BURST_GEMM_MAX * B200_QUOTED_MHZ / B200_BOOST_MHZ
 EFFICIENCIES: dict[str, Efficiency] = {
     "ampere": Efficiency(gemm_max=0.767, memory=0.85, num_sms=108, block_k=32,
@@ -110,9 +113,9 @@ EFFICIENCIES: dict[str, Efficiency] = {
     "hopper": Efficiency(gemm_max=HOPPER_GEMM_MAX, memory=0.85, num_sms=132, block_k=64,
                          tile_overhead_iters=1.5, kernel_overhead_s=2e-6, fp8_block_k=128,
                          dense_flops_per_clock_per_sm=4096, stream_k=True, fp8_gemm_max=HOPPER_FP8_GEMM_MAX),
-    "blackwell": Efficiency(gemm_max=BLACKWELL_GEMM_MAX, memory=0.85, num_sms=148,
+    "blackwell": Efficiency(gemm_max=BLACKWELL_GEMM_MAX, memory=0.85, num_sms=BLACKWELL_SMS,
                             block_k=64, tile_overhead_iters=1.5, kernel_overhead_s=2e-6, fp8_block_k=128,
-                            dense_flops_per_clock_per_sm=8192, stream_k=True,
+                            dense_flops_per_clock_per_sm=BLACKWELL_DENSE_FLOPS_PER_CLOCK_PER_SM, stream_k=True,
                             fp8_gemm_max=BLACKWELL_GEMM_MAX * HOPPER_FP8_GEMM_MAX / HOPPER_GEMM_MAX),
 }
 
