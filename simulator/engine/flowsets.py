@@ -10,6 +10,7 @@ built once (``LinkIndex``).
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from ..cost.fairshare import ARRAY_MIN_FLOWS, max_min_rates, max_min_rates_arrays
@@ -108,6 +109,22 @@ def busy_s(spans: list[tuple[float, float]]) -> float:
         elif t1 > end:
             end = t1
     return total + (end - begin if end > begin else 0.0)
+
+
+def link_totals(subsets: list[Subset], now: float) -> dict:
+    """LinkId -> (bytes_sent, busy_s) over ``subsets``: bytes of finished flows (x weight) and the
+    time the link carried at least one flow, up to ``now`` (``FlowNetwork.link_stats``)."""
+    sent: dict = {}
+    spans: dict = {}
+    for sub in subsets:
+        mine = list(zip(sub.span_starts, sub.span_ends))
+        if sub.cohorts:
+            mine.append((sub.since, now))
+        for link, w in sub.weight_on().items():
+            sent.setdefault(link, []).append(sub.sent * w)
+            spans.setdefault(link, []).extend(mine)
+    # fsum: the bytes are exactly rounded whatever order the subsets were made in
+    return {link: (math.fsum(sent[link]), busy_s(spans[link])) for link in sent}
 
 
 class LinkIndex:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
+from operator import attrgetter
 from typing import Any, Generator, Mapping
 
 import simpy
@@ -30,11 +30,7 @@ from ..cost.fairshare import REL_EPS
 from ..cost.plan import CommPlan, CommStep
 from .bypass import LinkBypass
 from .events import Event, Fired, Pending, Timer, process
-from .flowsets import Cohort, LinkIndex, Shape, Step, Subset, busy_s, cohort_rates
-
-
-def _key(sub: Subset) -> tuple:
-    return sub.key
+from .flowsets import Cohort, LinkIndex, Shape, Step, Subset, cohort_rates, link_totals
 
 
 class FlowNetwork:
@@ -88,8 +84,7 @@ class FlowNetwork:
         A step repeated r times runs once with r x latency and r x bytes: exact alone, and
         the fluid limit of r identical steps under contention. A step with no bytes to move adds
         its latency to the next step's wait (the same float time as two waits in turn).
-        ``plan.concurrent`` plans start with
-        it and the run waits for them too."""
+        ``plan.concurrent`` plans start with it and the run waits for them too."""
         env = self.env
         pending_s = None  # a time the process must reach before its next step starts
         now = env._now
@@ -288,7 +283,7 @@ class FlowNetwork:
                     todo.append(o)
         if len(comp) == 1:
             return list(next(iter(comp)).cohorts)
-        return [c for sub in sorted(comp, key=_key) for c in sub.cohorts]
+        return [c for sub in sorted(comp, key=attrgetter("key")) for c in sub.cohorts]
 
     def _component_rates(self, comp: list[Cohort], key: tuple) -> list:
         """Max-min rates of the component's flows per cohort (``flowsets.cohort_rates``), cached by
@@ -390,21 +385,10 @@ class FlowNetwork:
         self._arm()
 
     def link_stats(self) -> dict:
-        """LinkId -> (bytes_sent, busy_s): bytes of finished flows (x weight) and the time the
-        link carried at least one flow, up to now."""
+        """LinkId -> (bytes_sent, busy_s) up to now (``flowsets.link_totals``)."""
         now = self.env.now
         self._retire(now)
-        sent: dict = {}
-        spans: dict = {}
-        for sub in self._subsets:
-            mine = list(zip(sub.span_starts, sub.span_ends))
-            if sub.cohorts:
-                mine.append((sub.since, now))
-            for link, w in sub.weight_on().items():
-                sent.setdefault(link, []).append(sub.sent * w)
-                spans.setdefault(link, []).extend(mine)
-        # fsum: the bytes are exactly rounded whatever order the subsets were made in
-        return {link: (math.fsum(sent[link]), busy_s(spans[link])) for link in sent}
+        return link_totals(self._subsets, now)
 
 
 def simulate_plan(plan: CommPlan, capacity_Bps: Mapping) -> float:
