@@ -73,3 +73,10 @@ def test_heavy_dependencies_stay_home():
             if root in ALLOWED_HOME and me not in ALLOWED_HOME[root]:
                 bad.append(f"{path.relative_to(ROOT)} imports {root}")
     assert not bad, "\n".join(bad)
+
+
+def test_no_module_exceeds_400_lines():
+    """The style guide: modules of at most 400 lines, so none grows into a god module."""
+    long = {str(p.relative_to(ROOT)): n for p in ROOT.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, f"modules over 400 lines: {long}"
