@@ -183,13 +183,15 @@ _SHARDING = IMPLEMENTATIONS
 
 
 def _check_op_sac(m: ModelSpec, p: ParallelSpec, t: TrainingSpec) -> None:
-    """torchtitan's per-op SAC is modelled for dense layers (strategy/recompute.op_sac_rerun) without TP
-    or CP, whose gathers its policy would re-run, in BF16/FP16 (torchao's float8 is not TE's), with a
-    fused attention kernel (unfused attention's score matmuls would be saved too), and not under
-    DeepSpeed's ZeRO-3, whose hooks would fetch the re-run linears' parameters again."""
+    """torchtitan's per-op SAC is modelled for dense layers (strategy/recompute.op_sac_rerun) without CP,
+    whose K/V gathers its policy would re-run, with TP only sequence-parallel as torchtitan's plan runs
+    it (its input all-gathers are re-run, the reduce-scatters saved), with a fused attention kernel
+    (unfused attention's score matmuls would be saved too), and not under DeepSpeed's ZeRO-3, whose
+    hooks would fetch the re-run linears' parameters again."""
     ds3 = p.zero_stage == 3 and p.sharding.startswith("deepspeed")
     unmodelled = [(what, value) for what, value, bad in (
-        ("parallelism.tp", p.tp, p.tp > 1), ("parallelism.cp", p.cp, p.cp > 1),
+        ("parallelism.sequence_parallel (with tp > 1)", p.sequence_parallel, p.tp > 1 and not p.sequence_parallel),
+        ("parallelism.cp", p.cp, p.cp > 1),
         ("parallelism.sharding", p.sharding, ds3),
         ("model.num_experts", m.num_experts, m.is_moe), ("model.kv_lora_rank (MLA)", m.kv_lora_rank, m.is_mla),
         ("model.parallel_attn_mlp", m.parallel_attn_mlp, m.parallel_attn_mlp),
@@ -197,7 +199,8 @@ def _check_op_sac(m: ModelSpec, p: ParallelSpec, t: TrainingSpec) -> None:
     if unmodelled:
         what, value = unmodelled[0]
         raise ScenarioError(f"parallelism.recompute = 'selective-op' (torchtitan's per-op SAC) is modelled for "
-                            f"dense layers with tp = 1, cp = 1 and fused attention; got {what} = {value!r}")
+                            f"dense layers with cp = 1, sequence-parallel TP and fused attention; got {what} = "
+                            f"{value!r}")
 
 
 def _check_recompute_layers(p: ParallelSpec) -> None:

@@ -98,7 +98,8 @@ def test_under_float8_the_policy_keeps_the_same_outputs_and_reruns_the_casts():
 
 
 @pytest.mark.parametrize("raw, match", [
-    (_raw("selective-op", tp=2), r"tp = 1, cp = 1 and fused attention; got parallelism.tp = 2"),
+    (_raw("selective-op", tp=2), r"sequence-parallel TP and fused attention; got parallelism.sequence_parallel"),
+    (_raw("selective-op", cp=2), r"got parallelism.cp = 2"),
     (_raw("selective-op", preset="mixtral-8x7b"), r"got model.num_experts = 8"),
     (_raw("selective-op", sharding="deepspeed"), r"got parallelism.sharding = 'deepspeed'"),
     ({**_raw("selective-op"), "training": {"global_batch_size": 16, "micro_batch_size": 2, "attention": "unfused"}},
@@ -107,3 +108,35 @@ def test_under_float8_the_policy_keeps_the_same_outputs_and_reruns_the_casts():
 def test_unmodelled_combinations_are_refused_by_name(raw, match):
     with pytest.raises(ScenarioError, match=match):
         scenario_from_dict(raw, default_name="bad")
+
+
+def test_with_sequence_parallel_tp_the_rerun_gathers_each_block_input_again():
+    """torchtitan's save list holds the reduce-scatters but not the all-gathers (parallelize_llama.py
+    ``_save_list`` at 9dec370 and 820504e): per layer and micro-batch the re-run all-gathers the
+    attention's input, re-runs the attention block's ops, all-gathers the MLP's input and re-runs the
+    MLP block's; no reduce-scatter is re-run. The same ops as without TP, split at the MLP."""
+    r = simulate(scenario_from_dict(_raw("selective-op", tp=2, sequence_parallel=True), default_name="tp"))
+    rank = r.graph.ranks[0]
+    rec = [x for x in r.graph.tasks if x.rank == rank and ".R." in x.name]
+    per_layer = [x.name.split(".R.", 1)[1] for x in rec[:4]]
+    assert per_layer == ["attn.all_gather", "sac", "mlp.all_gather", "sac_mlp"]
+    assert len(rec) == 4 * 2 * 4 and not any("reduce_scatter" in x.name for x in rec)  # layers x micro-batches
+    scn = r.scenario
+    b = EstimateCache().layer_blocks(scn)[0]
+    again = recomputed_forward("selective-op", (), scn.model, b)
+    attn, mlp = again.ops_split
+    assert again.ops == attn + mlp and mlp and all(w.name in ("ln2", "fc1.mm1", "act", "mlp_residual")
+                                                   for w in mlp)
+    assert estimate(scn).total_bytes == pytest.approx(r.metrics["memory_bytes"]["total"], rel=1e-9)
+
+
+def test_with_tp_the_saved_reduce_scatters_and_the_whole_down_projection_are_kept():
+    """Per token of the layer (s tokens, t ranks, sequence-parallel): the no-TP terms over t, plus the two
+    reduce-scatter outputs (h/t each) and, with a gate, the down projection's partial sum for the
+    whole sequence (h), which the policy saves as an mm output before its reduce-scatter."""
+    m = MODEL_PRESETS["llama3-8b"]
+    b, d, t = 2, 2, 4
+    kept = layer_activation_bytes(m, b, t, True, 1, "selective-op", d, attention="flash")
+    h, q, kv, f = m.hidden_size, m.num_attention_heads * m.head_dim, m.num_kv_heads * m.head_dim, m.ffn_hidden_size
+    per_token = (h + q + kv + h + f) / t + h + 2 * h / t
+    assert kept == pytest.approx(b * m.seq_length * per_token * d)

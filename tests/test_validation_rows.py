@@ -115,7 +115,7 @@ def test_torchtitan_times_are_its_tokens_per_gpu_over_its_published_tps():
     """torchtitan logs tps = tokens of the local batch / (seconds x cp x tp x pp) (train.py): each row's
     step time is the local batch (global / dp) x seq_len / (cp tp pp) over the TPS/GPU its quote shows."""
     titan = read_rows([DEFAULT_CSVS[4]])
-    assert len(titan) == 22 and all(r["gpu"] == "grand-teton-h100" for r in titan)
+    assert len(titan) == 26 and all(r["gpu"] == "grand-teton-h100" for r in titan)
     for r in titan:
         n = {k: int(r[k]) for k in ("global_batch_size", "dp", "seq_length", "cp", "tp", "pp")}
         tokens = n["global_batch_size"] // n["dp"] * n["seq_length"] // (n["cp"] * n["tp"] * n["pp"])

@@ -308,25 +308,29 @@ def layer_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp:
     if recompute == "full":
         return next(x.bytes for x in terms if x.name == "attn_norm_input")
     if recompute == "selective-op":
-        return op_sac_saved_bytes(terms, model)
+        return op_sac_saved_bytes(terms, model, tp)
     dropped = set(modules) if recompute == "selective" else set()
     if attention != "unfused":  # fused kernels keep no s^2 scores
         dropped.add("core_attn")
     return sum(x.bytes for x in terms if x.stored_at_f and not dropped.intersection(x.modules))
 
 
-def op_sac_saved_bytes(terms: list[ActivationTerm], model: ModelSpec) -> float:
+def op_sac_saved_bytes(terms: list[ActivationTerm], model: ModelSpec, tp: int = 1) -> float:
     """What torchtitan's per-op SAC keeps of a dense layer (torchtitan distributed/activation_checkpoint.py
     ``SelectiveAC``: MUST_SAVE for the ops of ``_get_default_save_ops``, matmuls and attention among
     them, "except every second mm"; everything else PREFER_RECOMPUTE; the wrapper keeps the block's
     input). Its matmuls count in forward order q, k, v, output projection, then the MLP's (gate, up,
     down; or up, down), so the kept outputs are q, v, the gate's (the up projection's without a gate)
     and, with a gate, the down projection's: the layer input, q, v, the attention output (the
-    projection's input), half the gated fc1 output (all of an ungated one) and an h-wide fc2 output."""
+    projection's input), half the gated fc1 output (all of an ungated one) and an h-wide fc2 output.
+    With TP (sequence-parallel, torchtitan's plan) the saved reduce-scatters keep the attention's and the
+    MLP's sequence-split outputs, and fc2's output is the sequence's partial sum: tp x the layer input."""
     by_name = {x.name: x.bytes for x in terms}
-    x = by_name["attn_norm_input"]  # [tokens, h]: the layer input; the fc2 output has its shape
+    x = by_name["attn_norm_input"]  # [tokens, h] (tokens / tp under SP): the layer input
     fc1 = by_name["fc1_output"] / 2 if model.gated_mlp else by_name["fc1_output"]
-    return x + by_name["q"] + by_name["v"] + by_name["proj_input"] + fc1 + (x if model.gated_mlp else 0.0)
+    reduce_scatters = 2 * x if tp > 1 else 0.0
+    fc2 = x * tp if model.gated_mlp else 0.0
+    return x + by_name["q"] + by_name["v"] + by_name["proj_input"] + fc1 + fc2 + reduce_scatters
 
 
 def weight_grad_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool, cp: int,

@@ -257,6 +257,20 @@ def _mlp_rerun(ctx: LowerCtx, rank: int, x: int | None, name: str, rc: LayerReco
     return _rerun(ctx, rank, x, f"{name}.shared_experts", rc.shared, rmeta, pending)
 
 
+def _op_sac(ctx: LowerCtx, rank: int, x: int | None, name: str, rc: LayerRecompute, rmeta: dict,
+            pending: list) -> int | None:
+    """torchtitan's per-op SAC re-run (``recompute.op_sac_rerun``): all at once, or with TP the
+    attention block's and the MLP block's re-run ops each after its input all-gather again."""
+    tp = blocking_tp(ctx.par, ctx.layer_blocks(rmeta["layer"]))
+    if not rc.ops or tp.attn_in is None:
+        return _rerun(ctx, rank, x, f"{name}.sac", rc.ops, rmeta, pending)
+    attn, mlp = rc.ops_split
+    x = _blocking(ctx, rank, x, f"{name}.attn", tp.attn_in, rmeta)
+    x = _rerun(ctx, rank, x, f"{name}.sac", attn, rmeta, pending)
+    x = _blocking(ctx, rank, x, f"{name}.mlp", tp.mlp_in, rmeta)
+    return _rerun(ctx, rank, x, f"{name}.sac_mlp", mlp, rmeta, pending)
+
+
 def _one(x: int | None, rank: int) -> int:
     if x is None:
         raise InternalError(f"rank {rank}: an MoE recompute has no task to follow")
@@ -277,7 +291,7 @@ def layer_backward(ctx: LowerCtx, rank: int, deps, name: str, meta: dict, split_
     transient = ctx.transient_bytes(meta["layer"]) if rc.any else 0.0
     pending = [ctx.recompute_alloc_bytes(meta["layer"]) if rc.any else 0.0]
     x = ctx.join(rank, f"{name}.wait", deps, **meta)
-    x = _rerun(ctx, rank, x, f"{rname}.sac", rc.ops, rmeta, pending)  # torchtitan's per-op SAC: all at once
+    x = _op_sac(ctx, rank, x, rname, rc, rmeta, pending)
     if rc.layer:
         _first(ctx, rank, pending)
         x = layer_forward(ctx, rank, _d(x), rname, rmeta, "recompute")

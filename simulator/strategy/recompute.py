@@ -35,7 +35,11 @@ matmul of the block, counted in forward order (q, k, v, the output projection, t
 and down projections, or up and down); the backward's first use of a saved tensor re-runs the block's
 forward (``early_stop=False``: all of it), with the saved ops' outputs taken from the cache: the norms,
 RoPE, activations and residual adds, and the k, output and up projections (fc2 without a gate). Each
-matmul of a fused op-graph GEMM is its own GEMM there (``op_sac_rerun``).
+matmul of a fused op-graph GEMM is its own GEMM there (``op_sac_rerun``). With TP (torchtitan's plan is
+sequence-parallel) the policy's save list holds ``_c10d_functional.reduce_scatter_tensor`` but not the
+all-gathers (torchtitan models/llama3/parallelize_llama.py ``_save_list`` at 9dec370 and 820504e), so the
+re-run gathers the attention's and the MLP's inputs again, each before its block's re-run ops, and
+skips the reduce-scatters.
 
 Nested checkpoints run again as Megatron-Core's do: with "moe", the experts' activation ("moe_act")
 and the shared experts ("shared_experts") are re-run by the MoE recompute and once more before
@@ -78,7 +82,8 @@ class LayerRecompute(NamedTuple):
     unpermutation and the shared experts), with the block's blocking TP collectives when ``mlp_tp``;
     ``shared``: the shared experts; ``act``: the experts' activation; ``attn_norm``: the input norm;
     ``up_proj``: MLA's up projections and RoPE; ``core``: the attention core; ``ops``: what torchtitan's
-    per-op SAC re-runs of the whole layer, before its backward."""
+    per-op SAC re-runs of the whole layer, before its backward, and ``ops_split`` the same as (the
+    attention block's, the MLP block's), which TP re-runs with the blocks' input all-gathers between."""
 
     layer: bool = False
     mlp_norm: Work = ()
@@ -92,6 +97,7 @@ class LayerRecompute(NamedTuple):
     up_proj: Work = ()
     core: bool = False
     ops: Work = ()
+    ops_split: tuple[Work, Work] = ((), ())
 
     @property
     def any(self) -> bool:
@@ -105,7 +111,10 @@ class LayerRecompute(NamedTuple):
         return self.core or bool(self.up_proj)
 
     def collectives(self, tp: BlockingTP) -> tuple[tuple, ...]:
-        """The blocking TP collectives re-run, (op, overlap site) as ``tp`` (the layer's) lists them."""
+        """The blocking TP collectives re-run, (op, overlap site) as ``tp`` (the layer's) lists them:
+        per-op SAC's input gathers (none without TP), or the MLP block's entry and exit."""
+        if self.ops:
+            return tuple(c for c in (tp.attn_in, tp.mlp_in) if c is not None)
         return tuple(c for c in (tp.mlp_in, tp.mlp_out) if c is not None) if self.mlp_tp else ()
 
     def works_without_experts(self) -> tuple[Work, ...]:
@@ -120,7 +129,9 @@ def recomputed_forward(recompute: str, modules: tuple[str, ...], model: ModelSpe
     if recompute == "full":  # Chen et al. 2016; Megatron-LM --recompute-granularity full
         return LayerRecompute(layer=True)
     if recompute == "selective-op":
-        return LayerRecompute(ops=b.memo(("selective-op",), lambda: op_sac_rerun(b, model)))
+        attn = b.memo(("selective-op", "attn"), lambda: op_sac_rerun(b, model)[0])
+        mlp = b.memo(("selective-op", "mlp"), lambda: op_sac_rerun(b, model)[1])
+        return LayerRecompute(ops=b.memo(("selective-op",), lambda: attn + mlp), ops_split=(attn, mlp))
     if recompute != "selective":
         return LayerRecompute()
     moe_layer = b.experts is not None
@@ -155,12 +166,22 @@ def _matmuls(name: str, model: ModelSpec) -> tuple[int, ...]:
     raise InternalError(f"selective-op recompute: no matmul order for the GEMM {name!r}")
 
 
-def op_sac_rerun(b: LayerBlocks, model: ModelSpec) -> Work:
-    """The forward work torchtitan's per-op SAC re-runs (module doc): every op but the attention core
-    and the odd-numbered matmuls, each matmul of a fused GEMM scaled to its own columns."""
-    out: list[OpWork] = []
+def op_sac_rerun(b: LayerBlocks, model: ModelSpec) -> tuple[Work, Work]:
+    """The forward work torchtitan's per-op SAC re-runs (module doc), as (the attention block's, the
+    MLP block's): every op but the attention core and the odd-numbered matmuls of the layer, each
+    matmul of a fused GEMM scaled to its own columns."""
+    attn: list[OpWork] = []
+    mlp: list[OpWork] = []
     count = 0
-    for w in (w for seg in b.segments() for w in seg.fwd):
+    for seg in b.segments():
+        count = _op_sac_segment(seg.fwd, model, count, attn if seg.name.startswith("attn") else mlp)
+    return tuple(attn), tuple(mlp)
+
+
+def _op_sac_segment(fwd: Work, model: ModelSpec, count: int, out: list[OpWork]) -> int:
+    """Append to ``out`` what per-op SAC re-runs of one segment's forward ``fwd``, whose first matmul
+    is the layer's ``count`` + 1-th; returns the layer's matmul count after it."""
+    for w in fwd:
         if w.kind == "attention":
             continue
         if w.kind != "gemm":
@@ -176,7 +197,7 @@ def op_sac_rerun(b: LayerBlocks, model: ModelSpec) -> Work:
             cols = width or n
             out.append(OpWork(f"{w.name}.mm{part}", "gemm", w.flops * cols / n, (m * k + k * cols + m * cols)
                               * dtype_bytes, (m, cols, k), w.precision, w.backward, w.kernels))
-    return tuple(out)
+    return count
 
 
 # ---- which layers recompute (one rule for the lowering, the memory rules and the estimate) ----------
