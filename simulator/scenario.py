@@ -58,7 +58,8 @@ class ParallelSpec:
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True  # distributed optimizer / ZeRO all-gather overlapped with forward
     offload_optimizer: bool = False
-    cp_algorithm: str = "ring"  # "ring" (ring attention P2P) | "all-gather" (Llama 3's K/V all-gather)
+    # "ring" (ring attention P2P) | "all-gather" (Llama 3's K/V all-gather) | "torch-allgather" (torchtitan)
+    cp_algorithm: str = "ring"
     sharding: str = ""  # megatron-distopt | deepspeed | deepspeed-2021 | fsdp1 | fsdp2; "" -> defaults.default_sharding
     shard_group_size: int = 0  # HSDP: FSDP shards inside groups of this many DP ranks, replicates across; 0 = all
     tp_comm_overlap: bool = False  # SP all-gather / reduce-scatter chunked and overlapped with their GEMMs

@@ -148,8 +148,9 @@ def _check_batch_and_schedule(m: ModelSpec, p: ParallelSpec, t: TrainingSpec) ->
     _check_recompute_layers(p)
     if p.recompute == "selective-op":
         _check_op_sac(m, p, t)
-    if p.cp_algorithm not in ("ring", "all-gather"):
-        raise ScenarioError(f"parallelism.cp_algorithm must be 'ring' or 'all-gather', got {p.cp_algorithm!r}")
+    if p.cp_algorithm not in _CP_ALGORITHMS:
+        raise ScenarioError(f"parallelism.cp_algorithm must be one of {', '.join(map(repr, _CP_ALGORITHMS))}, "
+                            f"got {p.cp_algorithm!r}")
     _check_sharding(p)
     if t.fp8_params and p.zero_stage > 1:  # Megatron-Core's --fp8-param-gather: DDP or the distributed optimizer
         raise ScenarioError(f"training.fp8_params needs zero_stage 0 or 1 (DDP or Megatron-Core's distributed "
@@ -180,6 +181,8 @@ def _check_batch_and_schedule(m: ModelSpec, p: ParallelSpec, t: TrainingSpec) ->
 
 
 _SHARDING = IMPLEMENTATIONS
+# the CP exchanges the lowering emits (strategy/layer_emit._core; "torch-allgather": strategy/cp_torch)
+_CP_ALGORITHMS = ("ring", "all-gather", "torch-allgather")
 
 
 def _check_op_sac(m: ModelSpec, p: ParallelSpec, t: TrainingSpec) -> None:

@@ -29,6 +29,9 @@ CASES = {
     "zero3-fsdp2": _scenario(zero_stage=3, sharding="fsdp2", recompute="full"),
     "zero3-deepspeed": _scenario(zero_stage=3, sharding="deepspeed", pp=1, dp=4),  # DeepSpeed: no ZeRO-3 with PP
     "cp-ring": _scenario(cp=2, sequence_parallel=True, recompute="selective"),
+    "cp-torch-allgather": _scenario(cp=2, sequence_parallel=True, recompute="full", cp_algorithm="torch-allgather"),
+    "op-sac-tp": _scenario({"preset": "llama3-8b", "num_layers": 4, "seq_length": 1024}, pp=1, zero_stage=3,
+                           sequence_parallel=True, recompute="selective-op"),
     "tp-comm-overlap": _scenario(sequence_parallel=True, tp_comm_overlap=True),
     "moe-ep": _scenario({"preset": "mixtral-8x7b", "num_layers": 4, "seq_length": 512}, tp=1, ep=2,
                         sequence_parallel=True, schedule="zero-bubble"),
