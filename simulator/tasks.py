@@ -40,6 +40,7 @@ class OpWork:
     precision: str = ""  # "fp8": a Transformer Engine FP8 GEMM; "" = the training dtype
     backward: bool = False  # work of a backward pass (B, W or both): kernels that recompute know it
     kernels: int = 1  # kernels launched for it (eager PyTorch: one per tensor op, model/eager.py)
+    causal: bool = True  # attention: the kernel applies the causal mask (a CP ring's later steps do not)
 
 
 def gemm_grad_shapes(shape: tuple[int, int, int]) -> tuple[tuple[int, int, int], tuple[int, int, int]]:

@@ -297,12 +297,14 @@ class RooflineCompute:
         peak applies to them and a measured point's time is reproduced. As for the GEMMs, the fraction
         is of the datasheet peak and the sustained clock ratio then scales that peak (the papers state
         no clock; at ratio 1 their times are reproduced). Training attention is causal; a sliding
-        window computes the fraction of the causal scores its FLOPs say (opgraph scales them)."""
+        window computes the fraction of the causal scores its FLOPs say (opgraph scales them). A later
+        step of a load-balanced CP ring (``causal`` false, ``blocks.later_step_work``) keeps its slice's
+        FLOPs, of which its half block executes half, at the non-causal kernel's efficiency."""
         b, heads, sq, skv, hd = op.shape
         counted = attention_flops(b, heads, sq, skv, hd) * (2.0 if op.backward else 1.0)
         # flash-varlen runs FlashAttention-2's kernel (model/varlen: only the copies around it differ)
         impl = "flash" if self.attention == "flash-varlen" else self.attention
-        eff = attention_efficiency(self.gpu.architecture, impl, op.backward, True, hd, sq, skv,
+        eff = attention_efficiency(self.gpu.architecture, impl, op.backward, op.causal, hd, sq, skv,
                                    score_fraction=op.flops / counted)
         executed = CAUSAL_EXECUTED_FRACTION * op.flops * (FLASH_BWD_RECOMPUTE if op.backward else 1.0)
         return executed / (self.peak_flops_per_s * eff)

@@ -302,15 +302,15 @@ def _layer_times(scn: Scenario, cache: EstimateCache, b: LayerBlocks,
                  recompute: str) -> tuple[float, float, float, float, float]:
     """(F compute, F blocking TP, B compute, B blocking TP, W compute) seconds of one layer of the kind
     whose blocks are ``b`` under ``recompute`` (``recompute.layer_recompute``), one micro-batch."""
-    par = scn.parallel
-    split = splits_backward(cache.layout(scn).schedule)
+    par, split = scn.parallel, splits_backward(cache.layout(scn).schedule)
     work = lambda w, k=1: cache.work_s(scn, w, k)  # noqa: E731
-    ring = par.cp > 1 and par.cp_algorithm == "ring"
     bpart = "B" if split else "BW"
+    ring = par.cp > 1 and par.cp_algorithm in ("ring", "torch-allgather")  # the lowering's ring steps
+    later = b.core_later_steps if par.cp_algorithm == "torch-allgather" else b.core_steps  # cp_torch
 
     def seg_s(seg, part: str) -> float:
         if seg is b.attn_core and ring and part != "W":
-            return work(b.core_steps[part], par.cp)
+            return work(b.core_steps[part]) + work(later[part], par.cp - 1)
         return work({"F": seg.fwd, "B": seg.bwd_b, "BW": seg.bwd, "W": seg.bwd_w}[part])
 
     segs = b.segments()

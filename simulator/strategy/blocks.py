@@ -87,7 +87,8 @@ class LayerBlocks:
     attn_pre | attn_core | attn_post  -- [TP collective] --  mlp_pre | experts | mlp_post  -- [TP collective]
     Dense layers have empty ``experts`` / ``mlp_post``; the MoE dispatch all-to-all sits between
     mlp_pre (norm + router) and experts, the combine between experts and mlp_post.
-    ``core_steps``: the attention core divided into the cp ring-attention steps (forward, B, B+W),
+    ``core_steps``: the first of the cp ring-attention steps of the attention core (forward, B, B+W),
+    ``core_later_steps`` each later one (``later_step_work``),
     ``layer_w``: every weight-gradient GEMM of the layer (zero-bubble's W pass). ``attn`` fuses the
     three attention segments into one task where nothing communicates between them (cp = 1), which
     keeps the task graph of large runs small. ``parallel_norms``: a parallel attention + MLP block's
@@ -103,7 +104,8 @@ class LayerBlocks:
     embed: Segment
     head: Segment
     core_flops_fwd: float  # attention-core FLOPs on this rank (selective recompute re-runs them)
-    core_steps: dict  # "F" | "B" | "BW" -> work of one of the cp ring steps
+    core_steps: dict  # "F" | "B" | "BW" -> work of the first of the cp ring steps
+    core_later_steps: dict  # "F" | "B" | "BW" -> work of each of the cp - 1 later ring steps
     layer_w: Work
     attn: Segment  # attn_pre + attn_core + attn_post as one segment (no CP exchange inside: cp = 1)
     parallel_norms: int = 0
@@ -195,6 +197,8 @@ def build_blocks(graph: OpGraph, tp: int, sp: bool, cp: int, ep: int,
         embed=seg("embed", graph.embed), head=seg("head", graph.head),
         core_flops_fwd=sum(w.flops for w in core.fwd),
         core_steps={"F": split_work(core.fwd, cp), "B": split_work(core.bwd_b, cp), "BW": split_work(core.bwd, cp)},
+        core_later_steps={"F": later_step_work(core.fwd, cp), "B": later_step_work(core.bwd_b, cp),
+                          "BW": later_step_work(core.bwd, cp)},
         layer_w=tuple(w for s in segs for w in s.bwd_w), attn=seg("attn", attn),
         parallel_norms=graph.model.parallel_norms if graph.model.parallel_attn_mlp else 0)
 
@@ -218,6 +222,19 @@ def split_work(work: Work, parts: int) -> Work:
     if parts < 1:
         raise ValueError(f"split_work: parts must be >= 1, got {parts}")
     return tuple(replace(w, flops=w.flops / parts, bytes=w.bytes / parts, shape=_step_shape(w, parts)) for w in work)
+
+
+def later_step_work(work: Work, parts: int) -> Work:
+    """A ring step after the first under load-balanced causal CP: the sequence is cut into 2·cp chunks,
+    rank r holding chunks r and 2cp-1-r (Megatron-Core ``get_batch_on_this_cp_rank``; torch's round-robin
+    load balancer), and step 0 attends the local chunks causally while every later step attends all
+    local queries to the first half of a K/V block or the second half of the queries to a whole block,
+    without a mask (Transformer Engine AttnFuncWithCPAndKVP2P: ``elif i <= rank`` / ``else``; torch
+    ``_templated_ring_attention``, ``_is_causal_behavior``: NOT_IS_CAUSAL). The same FLOPs as the first
+    step's slice, on a non-causal kernel over half the keys (one shape stands for both cases: the same
+    work, the same shorter side)."""
+    return tuple(replace(w, causal=False, shape=(*w.shape[:3], max(1, w.shape[3] // 2), w.shape[4]))
+                 if w.kind == "attention" and len(w.shape) == 5 else w for w in split_work(work, parts))
 
 
 def _step_shape(w: OpWork, parts: int) -> tuple[int, ...]:

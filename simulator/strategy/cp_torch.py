@@ -3,7 +3,7 @@
 torch.distributed.tensor.experimental._attention (the December 2024 code torchtitan 9dec370 ran:
 ``_templated_ring_attention`` and its backward, ``set_rotate_method("allgather")``, torchtitan's
 default, with round-robin load balancing) runs each CP rank's attention as cp SDPA steps of equal work
-(step 0 the causal diagonal block, the others non-causal halves), and:
+(step 0 the causal diagonal block, the others non-causal halves: ``blocks.later_step_work``), and:
 
 - takes K and V as torchtitan's Attention hands them to SDPA, repeated to every query head
   (``repeat_kv`` before ``scaled_dot_product_attention``, models/llama/model.py at 9dec370): heads/tp
@@ -72,7 +72,7 @@ def _step_work(ctx: LowerCtx, layer: int, part: str, j: int) -> Work:
         n = repeated_elements(ctx)
         extra = OpWork("cp_merge" if part == "F" else "cp_grad_accumulate", "elementwise", 0.0,
                        step_bytes(j, cp, part == "F") * n)
-        return tuple(b.core_steps[part]) + (extra,)
+        return tuple((b.core_later_steps if j else b.core_steps)[part]) + (extra,)
     return b.memo(("torch-allgather", part, j), build)
 
 

@@ -103,6 +103,9 @@ def _core(ctx: LowerCtx, rank: int, part: str, dep: int | None, name: str, meta:
     # The backward circulates K, V and the dK, dV accumulators: twice the bytes (Liu et al. 2023 §3).
     size = kv * (1 if part == "F" else 2)
     nxt = group[(group.index(rank) + 1) % cp]
+    # Every step is priced as the first (causal) one: Transformer Engine's later steps run non-causal
+    # half blocks (``blocks.later_step_work``) but also its per-step output and gradient corrections,
+    # neither of which is modelled here (cp_torch models both for torch's ring).
     step_work = ctx.layer_blocks(meta["layer"]).core_steps[part]
     last, prev_send = dep, None
     for j in range(cp):
