@@ -3,8 +3,8 @@
 GPT-3 175B on 1024 A100 (TP8 PP16 DP8, global batch 1536, micro-batch 1 -> 192 micro-batches per
 pipeline); then the same pipeline with DP 32 and DP 128 (more replicas, same per-pipeline work), and
 the Llama 3 405B on 16,384 H100 scenario file. Each case runs in a fresh process so peak RSS is its
-own; ``--repeat`` runs each case several times (the machine is shared: min / median / max are
-printed). The wall time is the process's from start to result, imports included ("import s"), then
+own; ``--repeat`` runs each case several times, round-robin over the cases (the machine is shared:
+min / median / max are printed). The wall time is the process's from start to result, imports included ("import s"), then
 lowering, the engine (simulation and trace events) and the rest (topology, costs, metrics, memory);
 "cpu s" is the process's CPU time, the figure to read when other work shares the machine's cores.
 The children import with Python's bytecode cache on, in a private cache folder filled by a first
@@ -73,12 +73,13 @@ def bytecode_env(cache_dir: str) -> dict:
     return env
 
 
-def case(arg, repeat: int, env: dict) -> dict:
-    runs = []
-    for _ in range(repeat):
-        out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(arg)], cwd=ROOT, capture_output=True,
-                             text=True, check=True, env=env)
-        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+def run_once(arg, env: dict) -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(arg)], cwd=ROOT, capture_output=True,
+                         text=True, check=True, env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def summarise(runs: list[dict]) -> dict:
     best = min(runs, key=lambda r: r["wall_s"])
     walls = sorted(r["wall_s"] for r in runs)
     return {**best, "wall_min_s": walls[0], "wall_median_s": statistics.median(walls), "wall_max_s": walls[-1]}
@@ -99,8 +100,14 @@ def main() -> None:
     rows = {}
     cases = [(f"{128 * dp} GPU DP{dp}", gpt3(dp, args.schedule, args.recompute)) for dp in (8, 32, 128)]
     cases.append(("llama3-405b", str(ROOT / "scenarios" / "llama3-405b-16384xh100.toml")))
+    # Round-robin: the k-th run of every case before the (k+1)-th of any, so that a case compared with
+    # another (DP 128 against DP 8) meets the machine's states in the same proportion.
+    runs: dict = {name: [] for name, _ in cases}
+    for _ in range(args.repeat):
+        for name, arg in cases:
+            runs[name].append(run_once(arg, env))
     for name, arg in cases:
-        r = rows[name] = case(arg, args.repeat, env)
+        r = rows[name] = summarise(runs[name])
         rest = r["simulate_s"] - r["lower"] - r["engine"]
         print(f"{name:>14} {r['tasks']:>8} {r['wall_min_s']:>8.2f} {r['wall_median_s']:>6.2f} {r['wall_max_s']:>6.2f} "
               f"{r['cpu_s']:>6.2f} {r['import_s']:>6.2f} {r['lower']:>6.2f} {r['engine']:>7.2f} {rest:>6.2f} "
