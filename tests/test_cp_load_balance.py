@@ -54,3 +54,20 @@ def test_torch_s_ring_runs_step_zero_causal_and_the_rest_without_the_mask(alg, l
         steps = [t for t in g.tasks if t.layer == 0 and t.phase == phase and ".core" in t.name]
         masks = [[w.causal for w in t.work if w.kind == "attention"] for t in steps]
         assert masks == [[True], [later], [later], [later]]
+
+
+@pytest.mark.parametrize("alg", ["ring", "all-gather", "torch-allgather"])
+@pytest.mark.parametrize("cp, pp", [(2, 1), (4, 2)])
+def test_the_search_lower_bound_stays_below_the_simulated_step(alg, cp, pp):
+    """The estimate takes the lowering's step works (torch's later steps non-causal) and leaves out
+    the merge bytes and every exchange: never above the simulation."""
+    from simulator.explore.estimate import estimate
+    from simulator.pipeline import simulate
+    from simulator.scenario import scenario_from_dict
+    dp = 16 // (2 * cp * pp)
+    s = scenario_from_dict({"model": {"preset": "llama3-8b", "num_layers": 8, "seq_length": 16384},
+                            "cluster": {"preset": "dgx-h100", "num_nodes": 2},
+                            "parallelism": {"tp": 2, "cp": cp, "pp": pp, "dp": dp, "sequence_parallel": True,
+                                            "cp_algorithm": alg, "recompute": "full", "zero_stage": 1},
+                            "training": {"global_batch_size": 8 * dp, "micro_batch_size": 1}}, default_name="lb")
+    assert estimate(s).time_lower_bound_s <= simulate(s).metrics["iteration_time_s"]
