@@ -29,7 +29,7 @@ from ..model.fp8 import fp8_transposes
 from ..model.opgraph import OpGraph, build_op_graph
 from ..scenario import Scenario
 from ..strategy.actions import Action
-from ..strategy.blocks import LayerBlocks, Work, build_blocks, layer_blocks
+from ..strategy.blocks import LayerBlocks, Work, build_blocks, layer_blocks, ring_steps
 from ..strategy.blocking_tp import blocking_tp, tp_traffic
 from ..strategy.recompute import layer_recompute_modes, recomputed_forward
 from ..strategy.schedules import schedule_actions, splits_backward
@@ -306,11 +306,11 @@ def _layer_times(scn: Scenario, cache: EstimateCache, b: LayerBlocks,
     work = lambda w, k=1: cache.work_s(scn, w, k)  # noqa: E731
     bpart = "B" if split else "BW"
     ring = par.cp > 1 and par.cp_algorithm in ("ring", "torch-allgather")  # the lowering's ring steps
-    later = b.core_later_steps if par.cp_algorithm == "torch-allgather" else b.core_steps  # cp_torch
+    first, later = ring_steps(b, par.cp_algorithm)  # the lowering's rule
 
     def seg_s(seg, part: str) -> float:
         if seg is b.attn_core and ring and part != "W":
-            return work(b.core_steps[part]) + work(later[part], par.cp - 1)
+            return work(first[part]) + work(later[part], par.cp - 1)
         return work({"F": seg.fwd, "B": seg.bwd_b, "BW": seg.bwd, "W": seg.bwd_w}[part])
 
     segs = b.segments()

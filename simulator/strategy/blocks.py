@@ -9,10 +9,13 @@ distinct layer template, ``OpGraph.layer_ops``), which keeps lowering and costin
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Callable, TypeVar
 
 from ..model.opgraph import Op, OpGraph
 from ..tasks import OpWork
 from .sharding import shard_ops, shard_ops_backward
+
+T = TypeVar("T")
 
 Work = tuple[OpWork, ...]
 
@@ -146,7 +149,7 @@ class LayerBlocks:
             return seg.bwd_wgrad
         return self.memo(("wgrad", seg.name), lambda: seg.bwd_wgrad + self.mlp_pre.bwd_wgrad)
 
-    def memo(self, key, build) -> Work:
+    def memo(self, key, build: Callable[[], T]) -> T:
         """One tuple per key and layer template, since the cost model caches work by identity."""
         if key not in self._picked:
             self._picked[key] = build()
@@ -235,6 +238,15 @@ def later_step_work(work: Work, parts: int) -> Work:
     work, the same shorter side)."""
     return tuple(replace(w, causal=False, shape=(*w.shape[:3], max(1, w.shape[3] // 2), w.shape[4]))
                  if w.kind == "attention" and len(w.shape) == 5 else w for w in split_work(work, parts))
+
+
+def ring_steps(b: LayerBlocks, cp_algorithm: str) -> tuple[dict, dict]:
+    """(the first ring step's works, each later step's) by pass of a ring CP algorithm: PyTorch's ring
+    (``torch-allgather``, strategy/cp_torch, which also models its per-step merge kernels) runs its later
+    steps as non-causal half blocks (``later_step_work``); Transformer Engine's (``ring``) is priced step
+    for step as its causal first, its per-step corrections not being modelled either. One rule for the
+    lowering and the search's lower bound."""
+    return b.core_steps, b.core_later_steps if cp_algorithm == "torch-allgather" else b.core_steps
 
 
 def _step_shape(w: OpWork, parts: int) -> tuple[int, ...]:

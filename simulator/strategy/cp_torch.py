@@ -30,7 +30,7 @@ full and partial cases), dQ (11.5N) and concatenates them (16N); the end casts d
 from __future__ import annotations
 
 from ..tasks import InternalError, OpWork
-from .blocks import Work
+from .blocks import Work, ring_steps
 from .context import LowerCtx
 
 FWD_FIRST_BYTES_PER_N = 8 + 6
@@ -72,7 +72,7 @@ def _step_work(ctx: LowerCtx, layer: int, part: str, j: int) -> Work:
         n = repeated_elements(ctx)
         extra = OpWork("cp_merge" if part == "F" else "cp_grad_accumulate", "elementwise", 0.0,
                        step_bytes(j, cp, part == "F") * n)
-        return tuple((b.core_later_steps if j else b.core_steps)[part]) + (extra,)
+        return tuple(ring_steps(b, "torch-allgather")[1 if j else 0][part]) + (extra,)
     return b.memo(("torch-allgather", part, j), build)
 
 

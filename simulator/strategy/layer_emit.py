@@ -24,7 +24,7 @@ from typing import Any
 from ..model.fp8 import FP8_PRECISIONS
 from ..tasks import InternalError
 from . import cp_torch
-from .blocks import LayerBlocks, Segment, Work
+from .blocks import LayerBlocks, Segment, Work, ring_steps
 from .blocking_tp import blocking_tp, bulk_site
 from .context import COMM_TP, COMPUTE, LowerCtx
 from .recompute import LayerRecompute, recomputed_forward
@@ -103,17 +103,15 @@ def _core(ctx: LowerCtx, rank: int, part: str, dep: int | None, name: str, meta:
     # The backward circulates K, V and the dK, dV accumulators: twice the bytes (Liu et al. 2023 §3).
     size = kv * (1 if part == "F" else 2)
     nxt = group[(group.index(rank) + 1) % cp]
-    # Every step is priced as the first (causal) one: Transformer Engine's later steps run non-causal
-    # half blocks (``blocks.later_step_work``) but also its per-step output and gradient corrections,
-    # neither of which is modelled here (cp_torch models both for torch's ring).
-    step_work = ctx.layer_blocks(meta["layer"]).core_steps[part]
+    first, later = ring_steps(ctx.layer_blocks(meta["layer"]), ctx.par.cp_algorithm)
     last, prev_send = dep, None
     for j in range(cp):
         send = None
         if j < cp - 1:
             send = ctx.comm(rank, "comm_cp", f"{name}.cp_send{j}", "send_recv", size, (rank, nxt), "cp",
                             "comm_cp", _d(dep), **meta)
-        last = ctx.compute(rank, f"{name}.core{j}", step_work, _d(last) + _d(prev_send), category, **meta)
+        last = ctx.compute(rank, f"{name}.core{j}", (later if j else first)[part], _d(last) + _d(prev_send),
+                           category, **meta)
         prev_send = send
     return last
 

@@ -129,8 +129,7 @@ def recomputed_forward(recompute: str, modules: tuple[str, ...], model: ModelSpe
     if recompute == "full":  # Chen et al. 2016; Megatron-LM --recompute-granularity full
         return LayerRecompute(layer=True)
     if recompute == "selective-op":
-        attn = b.memo(("selective-op", "attn"), lambda: op_sac_rerun(b, model)[0])
-        mlp = b.memo(("selective-op", "mlp"), lambda: op_sac_rerun(b, model)[1])
+        attn, mlp = b.memo(("selective-op", "split"), lambda: op_sac_rerun(b, model))
         return LayerRecompute(ops=b.memo(("selective-op",), lambda: attn + mlp), ops_split=(attn, mlp))
     if recompute != "selective":
         return LayerRecompute()
