@@ -67,8 +67,13 @@ class Efficiency:
 #   fit per clock at the clock the datasheet peak is quoted at (1,855.8 MHz = 2.25 PFLOP/s / (148 SMs x
 #   8,192)): 0.657 x 1,855.8 / 1,965 = 0.6205; the GPU's sustained clock then scales it as Hopper's.
 #   A GB200 runs the same die and kernels at its own (derived) sustained clock. FP8 (fp8_gemm_max): no
-#   Blackwell measurement at hand; it keeps Hopper's measured FP8/BF16 ratio of gemm_max (0.79 /
-#   0.81), an estimate.
+#   per-tensor FP8 rate of its own was found; it keeps Hopper's measured FP8/BF16 ratio of gemm_max
+#   (0.79 / 0.81), an estimate. Check against FP8/BF16 time ratios measured by others on Blackwell
+#   (this model: 0.54 at 4096^3, 0.52-0.53 on the layer below): XLA's sm_100 GEMM cost table
+#   (tensorflow/tensorflow third_party/xla/xla/backends/gpu/cost_model/matmul_interpolator_data.h at
+#   a305421c, 4096^3: BF16 1,417, f8e4m3 2,765 TFLOP/s: 0.51) and Transformer Engine's GEMM profiling
+#   tutorial (docs/examples/gemm_profiling at 8f2e6357, B300, a 5B layer's 12 GEMMs at m = 15,872,
+#   pre-quantized: BF16 13.102 ms, per-tensor FP8 6.812 ms: 0.52).
 # - block_k / tile_overhead_iters: CUTLASS multistage main loop (media/docs/efficient_gemm.md,
 #   "software pipelining"): an output tile costs ceil(k / block_k) iterations plus a prologue of
 #   stages - 1 iterations that fill the pipeline and an epilogue that writes the tile, equivalent
