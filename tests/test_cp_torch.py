@@ -41,7 +41,7 @@ def test_the_backward_passes_the_fp32_dkv_accumulators_round_the_ring():
     by_id = {t.id: t for t in g.tasks}
     hops = [t for t in comms(g, "send_recv", "cp", "B") if t.layer == 0]
     assert len(hops) == CP and {t.comm.size_bytes for t in hops} == {8 * N}
-    assert {t.comm.group for t in hops} == {(0, 1)}  # rank 0 sends to the next CP rank
+    assert {t.comm.group for t in hops} == {(CP - 1, 0)}  # rank 0's task: the hop it receives from the last
     steps = _steps(g, "B")
     for j in range(1, CP):  # step j's accumulate waits for the hop of step j - 1, its SDPA does not
         wait = by_id[hops[j].deps[0]]

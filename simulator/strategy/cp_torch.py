@@ -14,7 +14,7 @@ default, with round-robin load balancing) runs each CP rank's attention as cp SD
 - backward: all-gathers K and V again beside step 0's SDPA backward; each step adds its dK, dV into
   fp32 accumulators of the local block's size, which travel one hop round the ring after every step
   (``_RotateMethod.ALL_TO_ALL``, a send to the next rank and a receive from the previous one); a step
-  waits for the previous hop before it adds, and the backward ends waiting for the last hop.
+  waits for the previous hop into its rank before it adds, and the backward ends waiting for the last.
 
 The HBM traffic of the eager kernels around the SDPA calls, per element of the local block's
 repeated K (N = b (s/cp) heads/tp head_dim), counted from those functions' tensor ops: forward, step 0
@@ -90,7 +90,7 @@ def emit_core(ctx: LowerCtx, rank: int, part: str, dep: int | None, name: str, m
             deps = (x, gather) if j == 1 else (x,)
             x = ctx.compute(rank, f"{name}.core{j}", _step_work(ctx, meta["layer"], part, j), deps, category, **meta)
         return x
-    nxt = group[(group.index(rank) + 1) % cp]
+    prv = group[(group.index(rank) - 1) % cp]  # a rank's task is the hop it receives (layer_emit._core)
     hop_bytes = DKV_HOP_BYTES_PER_N * repeated_elements(ctx)
     hop = None
     for j in range(cp):
@@ -99,7 +99,7 @@ def emit_core(ctx: LowerCtx, rank: int, part: str, dep: int | None, name: str, m
             x = ctx.compute(rank, f"{name}.core{j}", _step_work(ctx, meta["layer"], part, j), deps, category, **meta)
         if hop is not None:  # the previous step's accumulators must have arrived before this step adds
             x = _wait(ctx, rank, f"{name}.cp_dkv_wait{j}", (x, hop), meta)
-        hop = ctx.comm(rank, "comm_cp", f"{name}.cp_dkv{j}", "send_recv", hop_bytes, (rank, nxt), "cp", "comm_cp",
+        hop = ctx.comm(rank, "comm_cp", f"{name}.cp_dkv{j}", "send_recv", hop_bytes, (prv, rank), "cp", "comm_cp",
                        (x,), **meta)
     return _wait(ctx, rank, f"{name}.cp_dkv_wait", (x, hop), meta)
 

@@ -101,14 +101,16 @@ def _core(ctx: LowerCtx, rank: int, part: str, dep: int | None, name: str, meta:
                         "comm_cp", (x,), **meta)
     # Ring: step j attends to the K/V block received in step j-1 while the next block travels.
     # The backward circulates K, V and the dK, dV accumulators: twice the bytes (Liu et al. 2023 §3).
+    # A rank's task is the transfer it receives, from the rank before it, which its next step waits
+    # for; every rank's incoming transfer together are every hop of the ring once.
     size = kv * (1 if part == "F" else 2)
-    nxt = group[(group.index(rank) + 1) % cp]
+    prv = group[(group.index(rank) - 1) % cp]
     first, later = ring_steps(ctx.layer_blocks(meta["layer"]), ctx.par.cp_algorithm)
     last, prev_send = dep, None
     for j in range(cp):
         send = None
         if j < cp - 1:
-            send = ctx.comm(rank, "comm_cp", f"{name}.cp_send{j}", "send_recv", size, (rank, nxt), "cp",
+            send = ctx.comm(rank, "comm_cp", f"{name}.cp_recv{j}", "send_recv", size, (prv, rank), "cp",
                             "comm_cp", _d(dep), **meta)
         last = ctx.compute(rank, f"{name}.core{j}", (later if j else first)[part], _d(last) + _d(prev_send),
                            category, **meta)
