@@ -58,6 +58,18 @@ CASES = {
     "fat32-h100-os4-moe-tp2cp2ep8pp2dp32": ({"preset": "dgx-h100", "num_nodes": 32, "topology": "fat-tree",
                                             "oversubscription": 4},
                                            {"tp": 2, "cp": 2, "ep": 8, "pp": 2, "dp": 32}, 64, SMALL_MOE),
+    # CP groups across nodes: each ring mixes NVLink and NIC hops (every CP algorithm; 32 heads for a2a)
+    "rail2-h100-tp2cp8-ring-8k": ({"preset": "dgx-h100", "num_nodes": 2},
+                                  {"tp": 2, "cp": 8, "dp": 1, "sequence_parallel": True}, 8,
+                                  dict(SMALL_GPT, seq_length=8192)),
+    "rail4-h100-tp4cp8-torch-allgather-8k": ({"preset": "dgx-h100", "num_nodes": 4},
+                                             {"tp": 4, "cp": 8, "dp": 1, "sequence_parallel": True,
+                                              "cp_algorithm": "torch-allgather"}, 8,
+                                             dict(SMALL_GPT, seq_length=8192)),
+    "fat4-h100-os2-tp2cp8dp2-a2a-8k": ({"preset": "dgx-h100", "num_nodes": 4, "topology": "fat-tree",
+                                        "oversubscription": 2},
+                                       {"tp": 2, "cp": 8, "dp": 2, "sequence_parallel": True, "cp_algorithm": "a2a"},
+                                       8, dict(SMALL_GPT, seq_length=8192)),
 }
 
 

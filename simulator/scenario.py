@@ -59,6 +59,7 @@ class ParallelSpec:
     overlap_param_gather: bool = True  # distributed optimizer / ZeRO all-gather overlapped with forward
     offload_optimizer: bool = False
     # "ring" (ring attention P2P) | "all-gather" (Llama 3's K/V all-gather) | "torch-allgather" (torchtitan)
+    # | "a2a" (heads split by all-to-all: Megatron-Core cp_comm_type a2a, DeepSpeed-Ulysses)
     cp_algorithm: str = "ring"
     sharding: str = ""  # megatron-distopt | deepspeed | deepspeed-2021 | fsdp1 | fsdp2; "" -> defaults.default_sharding
     shard_group_size: int = 0  # HSDP: FSDP shards inside groups of this many DP ranks, replicates across; 0 = all

@@ -151,6 +151,8 @@ def _check_batch_and_schedule(m: ModelSpec, p: ParallelSpec, t: TrainingSpec) ->
     if p.cp_algorithm not in _CP_ALGORITHMS:
         raise ScenarioError(f"parallelism.cp_algorithm must be one of {', '.join(map(repr, _CP_ALGORITHMS))}, "
                             f"got {p.cp_algorithm!r}")
+    if p.cp_algorithm == "a2a" and p.cp > 1:
+        _check_a2a_heads(m, p)
     _check_sharding(p)
     if t.fp8_params and p.zero_stage > 1:  # Megatron-Core's --fp8-param-gather: DDP or the distributed optimizer
         raise ScenarioError(f"training.fp8_params needs zero_stage 0 or 1 (DDP or Megatron-Core's distributed "
@@ -181,8 +183,20 @@ def _check_batch_and_schedule(m: ModelSpec, p: ParallelSpec, t: TrainingSpec) ->
 
 
 _SHARDING = IMPLEMENTATIONS
-# the CP exchanges the lowering emits (strategy/layer_emit._core; "torch-allgather": strategy/cp_torch)
-_CP_ALGORITHMS = ("ring", "all-gather", "torch-allgather")
+# the CP exchanges the lowering emits (strategy/layer_emit._core; "torch-allgather": strategy/cp_torch;
+# "a2a": strategy/cp_a2a)
+_CP_ALGORITHMS = ("ring", "all-gather", "torch-allgather", "a2a")
+
+
+def _check_a2a_heads(m: ModelSpec, p: ParallelSpec) -> None:
+    """All-to-all CP hands each CP rank heads / cp of its TP rank's heads (strategy/cp_a2a): Transformer
+    Engine asserts both the query and the K/V heads divide (AttnFuncWithCPAndQKVOA2A)."""
+    for key, heads in (("num_attention_heads", m.num_attention_heads), ("num_kv_heads", m.num_kv_heads)):
+        per_tp = heads // p.tp if heads >= p.tp else 1  # fewer K/V heads than TP ranks: one, replicated
+        if per_tp % p.cp:
+            raise ScenarioError(f"parallelism.cp_algorithm = 'a2a' splits each TP rank's heads over the cp = {p.cp} "
+                                f"ranks: model.{key} = {heads} / tp = {p.tp} gives {per_tp} per TP rank, "
+                                f"not divisible by cp = {p.cp}")
 
 
 def _check_op_sac(m: ModelSpec, p: ParallelSpec, t: TrainingSpec) -> None:

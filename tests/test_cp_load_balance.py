@@ -56,7 +56,7 @@ def test_torch_s_ring_runs_step_zero_causal_and_the_rest_without_the_mask(alg, l
         assert masks == [[True], [later], [later], [later]]
 
 
-@pytest.mark.parametrize("alg", ["ring", "all-gather", "torch-allgather"])
+@pytest.mark.parametrize("alg", ["ring", "all-gather", "torch-allgather", "a2a"])
 @pytest.mark.parametrize("cp, pp", [(2, 1), (4, 2)])
 def test_the_search_lower_bound_stays_below_the_simulated_step(alg, cp, pp):
     """The estimate takes the lowering's step works (torch's later steps non-causal) and leaves out

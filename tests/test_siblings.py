@@ -147,13 +147,13 @@ def test_a_collective_without_symmetric_copies_falls_back_to_full():
     assert cost is None and "overlap" in why
 
 
-@pytest.mark.parametrize("alg", ["ring", "torch-allgather", "all-gather"])
+@pytest.mark.parametrize("alg", ["ring", "torch-allgather", "a2a", "all-gather"])
 @pytest.mark.parametrize("nodes, tp, cp", [(2, 4, 4), (4, 4, 8)])
 def test_fast_mode_agrees_with_full_when_a_cp_group_spans_nodes(alg, nodes, tp, cp):
     """A CP ring across nodes has hops of two kinds (NVLink inside a node, the NICs between nodes): each
     rank's next step waits for the block it receives, so the representative, whose incoming hop is the
     ring's wrap-around, is one of the ranks the slowest hop holds back, as in the full simulation."""
-    model = dict(SMALL_GPT, seq_length=8192)
+    model = dict(SMALL_GPT, seq_length=8192, num_attention_heads=32)  # a2a: 32 / tp / cp heads each
     dp = nodes * 8 // (tp * cp)
     s = scn({"preset": "dgx-h100", "num_nodes": nodes},
             {"tp": tp, "cp": cp, "dp": dp, "sequence_parallel": True, "cp_algorithm": alg}, dp, model)

@@ -29,7 +29,7 @@ from ..model.fp8 import fp8_transposes
 from ..model.opgraph import OpGraph, build_op_graph
 from ..scenario import Scenario
 from ..strategy.actions import Action
-from ..strategy.blocks import LayerBlocks, Work, build_blocks, layer_blocks, ring_steps
+from ..strategy.blocks import LayerBlocks, Work, build_blocks, core_works, layer_blocks
 from ..strategy.blocking_tp import blocking_tp, tp_traffic
 from ..strategy.recompute import layer_recompute_modes, recomputed_forward
 from ..strategy.schedules import schedule_actions, splits_backward
@@ -305,12 +305,11 @@ def _layer_times(scn: Scenario, cache: EstimateCache, b: LayerBlocks,
     par, split = scn.parallel, splits_backward(cache.layout(scn).schedule)
     work = lambda w, k=1: cache.work_s(scn, w, k)  # noqa: E731
     bpart = "B" if split else "BW"
-    ring = par.cp > 1 and par.cp_algorithm in ("ring", "torch-allgather")  # the lowering's ring steps
-    first, later = ring_steps(b, par.cp_algorithm)  # the lowering's rule
+    first, later, n_later = core_works(b, par.cp_algorithm, par.cp)  # the lowering's rule
 
     def seg_s(seg, part: str) -> float:
-        if seg is b.attn_core and ring and part != "W":
-            return work(first[part]) + work(later[part], par.cp - 1)
+        if seg is b.attn_core and part != "W":
+            return work(first[part]) + (work(later[part], n_later) if n_later else 0.0)
         return work({"F": seg.fwd, "B": seg.bwd_b, "BW": seg.bwd, "W": seg.bwd_w}[part])
 
     segs = b.segments()

@@ -249,6 +249,29 @@ def ring_steps(b: LayerBlocks, cp_algorithm: str) -> tuple[dict, dict]:
     return b.core_steps, b.core_later_steps if cp_algorithm == "torch-allgather" else b.core_steps
 
 
+def head_split_work(work: Work, cp: int) -> Work:
+    """The attention core as an all-to-all CP rank runs it (``cp_algorithm = "a2a"``, strategy/cp_a2a):
+    its heads / cp against the whole sequence, the queries and keys of every CP rank, where the
+    sequence split ran the local s / cp queries of all its heads: the same FLOPs and bytes, one kernel
+    of the full length, causal as without CP."""
+    return tuple(replace(w, shape=(w.shape[0], w.shape[1] // cp, w.shape[2] * cp, w.shape[3], w.shape[4]))
+                 if w.kind == "attention" and len(w.shape) == 5 else w for w in work)
+
+
+def core_works(b: LayerBlocks, cp_algorithm: str, cp: int) -> tuple[dict, dict, int]:
+    """(the attention core's first kernel works, each later one's, how many later) by pass ("F", "B",
+    "BW") as the lowering runs them: cp ring steps (``ring_steps``) for the ring algorithms, one
+    full-length head-split kernel for "a2a", the sequence-split core for "all-gather" and cp = 1.
+    One rule for the lowering and the search's lower bound."""
+    if cp > 1 and cp_algorithm in ("ring", "torch-allgather"):
+        first, later = ring_steps(b, cp_algorithm)
+        return first, later, cp - 1
+    whole = {"F": b.attn_core.fwd, "B": b.attn_core.bwd_b, "BW": b.attn_core.bwd}
+    if cp > 1 and cp_algorithm == "a2a":
+        whole = b.memo("a2a", lambda: {k: head_split_work(w, cp) for k, w in whole.items()})
+    return whole, {}, 0
+
+
 def _step_shape(w: OpWork, parts: int) -> tuple[int, ...]:
     """A ring step of the attention core attends the local queries to one of ``parts`` K/V blocks."""
     if w.kind != "attention" or len(w.shape) != 5:

@@ -11,7 +11,7 @@ LinearWithGradAccumulationAndAsyncCommunication.backward). CP splits the attenti
 overlapped with the K/V P2P exchange (Liu et al. 2023, ring attention) or gathers K/V first (Llama 3,
 Dubey et al. 2024 §3.3.2; Transformer Engine's AttnFuncWithCPAndKVAllGather re-gathers K/V in the
 backward and reduce-scatters dK/dV), or as PyTorch's context parallelism runs it for torchtitan
-(``cp_torch``). EP brackets the experts with the dispatch and combine
+(``cp_torch``), or by heads between two all-to-alls (``cp_a2a``). EP brackets the experts with the dispatch and combine
 all-to-alls (Lepikhin et al. 2020, GShard), forward and backward, with Megatron-Core's overlapped
 shared experts between them (``_shared``). A parallel attention + MLP block
 (``LayerBlocks.parallel_norms``) reduces the sum of both branches once at its end (``blocking_tp``).
@@ -23,7 +23,7 @@ from typing import Any
 
 from ..model.fp8 import FP8_PRECISIONS
 from ..tasks import InternalError
-from . import cp_torch
+from . import cp_a2a, cp_torch
 from .blocks import LayerBlocks, Segment, Work, ring_steps
 from .blocking_tp import blocking_tp, bulk_site
 from .context import COMM_TP, COMPUTE, LowerCtx
@@ -89,6 +89,8 @@ def _core(ctx: LowerCtx, rank: int, part: str, dep: int | None, name: str, meta:
         return ctx.compute(rank, f"{name}.core", work, _d(dep), category, **meta)
     if ctx.par.cp_algorithm == "torch-allgather":
         return cp_torch.emit_core(ctx, rank, part, dep, name, meta, category)
+    if ctx.par.cp_algorithm == "a2a":
+        return cp_a2a.emit_core(ctx, rank, part, dep, name, meta, category)
     group = ctx.group("cp", rank)
     kv = _kv_block_bytes(ctx)
     if ctx.par.cp_algorithm == "all-gather":
