@@ -4,14 +4,21 @@ The fast mode simulates one rank per stage but charges the network for the flows
 sibling group (``cost/siblings``); these cases span fat-tree and rail-optimized clusters of 8-64
 nodes with several leaves, oversubscription 1-4 and TP/PP/DP/CP/EP mixes. Each row prints both
 iteration times, their difference and the wall time of each mode. Target: |fast/full - 1| <= 2%.
+``--random N`` draws N plans instead (seeded: 2-16 A100/H100 nodes, fat-tree or rail, oversubscription
+1-4, 4 or 8 NICs, TP/CP/PP/DP/EP, every CP algorithm, ZeRO and sharding, schedules, recompute, TP
+overlap) and prints how many fell back to the full simulation (one-line notice) and the worst gap.
 
     python benchmarks/fast_vs_full.py [--case NAME ...] [--json]
+    python benchmarks/fast_vs_full.py --random 200 [--seed 1]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import random
 import sys
 import time
 from pathlib import Path
@@ -22,6 +29,7 @@ from simulator.cost.siblings import shared_binding_links  # noqa: E402
 from simulator.hardware.topology import build_topology  # noqa: E402
 from simulator.pipeline import simulate  # noqa: E402
 from simulator.scenario import scenario_from_dict  # noqa: E402
+from simulator.scenario_checks import ScenarioError  # noqa: E402
 
 # A small GPT (4 layers, hidden 1024) keeps the full mode of 512 GPUs to seconds; the gradient and
 # activation sizes still put the DP, PP and CP transfers in NCCL's bandwidth-bound range.
@@ -92,11 +100,78 @@ def compare(name: str) -> dict:
             "fast_wall_s": t1 - t0, "full_wall_s": t2 - t1, "siblings": shared or "not needed"}
 
 
+def random_plan(rng: random.Random) -> dict | None:
+    """One drawn plan as a scenario dict (None when the draw does not divide the cluster)."""
+    nodes = rng.choice([2, 4, 8, 16])
+    cluster: dict = {"preset": rng.choice(["dgx-h100", "dgx-a100-80gb"]), "num_nodes": nodes}
+    if rng.random() < 0.4:
+        cluster["topology"] = "fat-tree"
+    if rng.random() < 0.4:
+        cluster["oversubscription"] = rng.choice([2, 3, 4])
+    if rng.random() < 0.25:
+        cluster["nics_per_node"] = 4
+    tp, cp, pp = rng.choice([1, 2, 4, 8]), rng.choice([1, 1, 2, 4, 8]), rng.choice([1, 2, 4])
+    if nodes * 8 % (tp * cp * pp):
+        return None
+    dp = nodes * 8 // (tp * cp * pp)
+    model = dict(SMALL_GPT, num_layers=4 * pp, num_kv_heads=rng.choice([16, 8]), mlp="swiglu",
+                 seq_length=rng.choice([2048, 8192]))
+    par: dict = {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "zero_stage": rng.choice([0, 1, 3] if pp == 1 else [0, 1]),
+                 "recompute": rng.choice(["none", "full", "selective"])}
+    if rng.random() < 0.3:
+        model.update(num_experts=8, moe_top_k=2)
+        par["ep"] = rng.choice([e for e in (1, 2, 4, 8) if dp * cp * tp % e == 0])
+    par["sequence_parallel"] = tp > 1 and ("ep" in par or rng.random() < 0.7)
+    if cp > 1:
+        par["cp_algorithm"] = rng.choice(["ring", "all-gather", "torch-allgather", "a2a"])
+    if par["zero_stage"] == 3 and rng.random() < 0.6:
+        par["sharding"] = rng.choice(["fsdp1", "fsdp2", "deepspeed"])
+    if par["sequence_parallel"] and rng.random() < 0.4:
+        par["tp_comm_overlap"] = True
+    if pp > 1 and rng.random() < 0.6:
+        par["schedule"] = rng.choice(["interleaved-1f1b", "zero-bubble", "gpipe", "zb-v", "dualpipe-v", "zb-h2"])
+        if par["schedule"] == "interleaved-1f1b":
+            par["virtual_stages"] = 2
+    mb = rng.choice([1, 2])
+    batch = dp * mb * rng.choice([1, 2, 4]) * pp
+    return {"model": model, "cluster": cluster, "parallelism": par,
+            "training": {"global_batch_size": batch, "micro_batch_size": mb}}
+
+
+def random_scan(n: int, seed: int) -> None:
+    rng = random.Random(seed)
+    rows, fell_back = [], 0
+    while len(rows) < n:
+        raw = random_plan(rng)
+        try:
+            scn = scenario_from_dict(raw, default_name=f"random{len(rows)}") if raw else None
+        except (ScenarioError, ValueError):
+            scn = None
+        if scn is None:
+            continue
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            fast = simulate(scn).metrics["iteration_time_s"]
+        full = simulate(scn, full=True).metrics["iteration_time_s"]
+        fell_back += "notice: simulating every rank" in err.getvalue()
+        rows.append((fast / full - 1, raw))
+    worst = max(rows, key=lambda r: abs(r[0]))
+    shared = sum(1 for _, raw in rows if "oversubscription" in raw["cluster"] or "nics_per_node" in raw["cluster"])
+    print(f"{n} random plans (seed {seed}), {shared} on fabrics with shared links: {fell_back} fell back to full; "
+          f"{sum(abs(d) > 0.02 for d, _ in rows)} beyond 2%; worst |fast/full - 1| = {abs(worst[0]):.2%} "
+          f"({json.dumps(worst[1]['parallelism'])} on {json.dumps(worst[1]['cluster'])})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--case", action="append", choices=sorted(CASES))
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--random", type=int, default=0, help="draw this many plans instead of the named cases")
+    ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
+    if args.random:
+        random_scan(args.random, args.seed)
+        return
     rows = [compare(n) for n in (args.case or CASES)]
     if args.json:
         print(json.dumps(rows))

@@ -159,3 +159,30 @@ def test_fast_mode_agrees_with_full_when_a_cp_group_spans_nodes(alg, nodes, tp, 
             {"tp": tp, "cp": cp, "dp": dp, "sequence_parallel": True, "cp_algorithm": alg}, dp, model)
     fast, full = simulate(s), simulate(s, full=True)
     assert fast.metrics["iteration_time_s"] == pytest.approx(full.metrics["iteration_time_s"], rel=1e-9)
+
+
+def _fast_cost(s):
+    from simulator.cost.model import CostModel
+    from simulator.strategy.lower import lower
+    plan, topo = lower(s, False), build_topology(s.cluster)
+    return fast_mode_cost(CostModel(s, topo, None), plan.mesh, plan.graph, topo)
+
+
+def test_unequal_sibling_copies_of_a_stage_s_transfers_fall_back_to_full(capsys):
+    """Under oversubscribed trunks the CP pairs of one DP replica sit under one leaf and the other's
+    cross a trunk: the representative would take the slowest copy of every transfer, stage after stage
+    (+3% here), where each replica goes at its own pace. Detected (``copy_crossings``) and run in full."""
+    s = scn({"preset": "dgx-a100-80gb", "num_nodes": 16, "topology": "fat-tree", "oversubscription": 4},
+            {"tp": 8, "cp": 2, "pp": 2, "dp": 4, "sequence_parallel": True}, 32,
+            dict(SMALL_GPT, num_layers=8, seq_length=8192, mlp="swiglu"))
+    cost, why = _fast_cost(s)
+    assert cost is None and "cross the oversubscribed leaf uplinks unequally" in why
+    fast = simulate(s).metrics["iteration_time_s"]
+    assert "notice: simulating every rank (--full)" in capsys.readouterr().err
+    assert fast == simulate(s, full=True).metrics["iteration_time_s"]
+
+
+def test_pipeline_hand_offs_with_unequal_copies_keep_the_fast_mode():
+    cluster, par, batch, model = AGREEMENT["fat-a100-8n-os4-tp2pp2dp16"]
+    cost, why = _fast_cost(scn(cluster, par, batch, model))
+    assert cost is not None and why == "" and not cost.unequal

@@ -22,6 +22,11 @@ from .plan import CommPlan, CommStep
 
 # Mesh axes whose groups partition each stage's ranks (strategy/mesh.py DeviceMesh.group).
 MESH_AXES = ("tp", "cp", "dp", "dp_cp", "tp_dp_cp", "ep", "edp", "etp", "pp")
+# The axes of the exchanges every layer of every micro-batch waits for: where their sibling copies cross
+# the trunks unequally, the representative's wait for the slowest copy compounds layer after layer
+# (fast_mode_cost falls back to full). The step's gradient and parameter collectives and the pipeline
+# hand-offs, off that chain or once per step, keep the fast mode (within 0.8%: benchmarks/fast_vs_full.py --random).
+LAYER_AXES = ("tp", "cp", "ep", "etp")
 
 
 def _stage_ranks(mesh: DeviceMesh, stage: int) -> range:
@@ -158,7 +163,21 @@ def fast_mode_cost(cost: CostModel, mesh: DeviceMesh, graph: TaskGraph,
             sc.comm_plan(t)
     except ValueError as err:
         return None, str(err)
+    if sc.unequal:
+        return None, (f"the sibling copies of {sc.unequal[0]} cross the oversubscribed leaf uplinks unequally "
+                      f"({shared_binding_links(topo)}): the representative would wait for the slowest copy "
+                      f"of every transfer, where each group goes at its own pace")
     return sc, ""
+
+
+def copy_crossings(plans: list[CommPlan], contact: frozenset) -> list[tuple]:
+    """How each copy (plan) crosses the shared links: step by step, the sorted numbers of trunk links
+    (contact links without a NIC) its flows cross. Equal for copies that are images of one another
+    under the fabric's symmetry; a copy whose groups sit under one leaf and one whose groups cross an
+    oversubscribed trunk differ. NICs serving several GPUs are alike on every node."""
+    trunks = frozenset(link for link in contact if not _is_nic_link(link))
+    return [tuple(tuple(sorted(len(trunks.intersection(f.links)) for f in st.flows)) for st in p.steps)
+            for p in plans]
 
 
 def _touching(plan: CommPlan, links: frozenset) -> CommPlan:
@@ -179,6 +198,7 @@ class SiblingCost:
         self.cost, self.mesh, self.topo, self.contact = cost, mesh, topo, contact
         self.algorithms = dict(getattr(cost, "algorithms", {}))
         self._plans: dict = {}  # id(Collective) -> (Collective, merged plan)
+        self.unequal: list[str] = []  # transfers whose sibling copies cross the trunks unequally (copy_crossings)
 
     def duration_s(self, task: Task) -> float | None:
         return self.cost.duration_s(task)
@@ -202,4 +222,8 @@ class SiblingCost:
         alg = self.algorithms.get(c.op)
         others = [_touching(plan_collective(Collective(c.op, c.size_bytes, g, c.axis), self.topo, alg), self.contact)
                   for g in sibling_groups(self.mesh, c.group, c.op)[1:]]
+        if c.axis in LAYER_AXES:
+            crossings = copy_crossings([_touching(own, self.contact)] + others, self.contact)
+            if any(x != crossings[0] for x in crossings[1:]):
+                self.unequal.append(task.name)
         return merge_plans([own] + others)
