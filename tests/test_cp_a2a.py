@@ -88,3 +88,10 @@ def test_the_command_line_refuses_them_in_one_line(tmp_path):
     out = subprocess.run([sys.executable, "-m", "simulator", "run", str(f)], capture_output=True, text=True)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and "num_kv_heads = 8 / tp = 4" in lines[0]
+
+
+def test_k_and_v_travel_at_their_own_head_widths():
+    """MLA's K heads (qk_head_dim) and V heads (v_head_dim) differ: each at its own width."""
+    g = lower(scn(dict(GQA, v_head_dim=16), cp=CP, batch=1, cp_algorithm="a2a")).graph
+    a2a = next(t for t in g.tasks if t.layer == 0 and t.rank == 0 and t.phase == "F" and t.name.endswith("cp_a2a_in"))
+    assert a2a.comm.size_bytes == Q + LOCAL * 4 * (32 + 16) * 2

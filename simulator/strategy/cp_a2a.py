@@ -50,10 +50,11 @@ def out_bytes(ctx: LowerCtx) -> float:
 
 
 def kv_bytes(ctx: LowerCtx) -> float:
-    """K and V (or their gradients) of one CP rank's tokens: the K/V heads of its TP rank."""
+    """K and V (or their gradients) of one CP rank's tokens: the K/V heads of its TP rank, K of head_dim
+    and V of v_head_dim (MLA's differ)."""
     m = ctx.scn.model
-    return 2 * ctx.scn.training.micro_batch_size * (m.seq_length // ctx.par.cp) * m.kv_hidden_size / ctx.par.tp \
-        * ctx.dtype_bytes
+    width = m.num_kv_heads * (m.head_dim + m.v_head_dim)
+    return ctx.scn.training.micro_batch_size * (m.seq_length // ctx.par.cp) * width / ctx.par.tp * ctx.dtype_bytes
 
 
 @lru_cache(maxsize=64)
