@@ -68,6 +68,14 @@ class LowerCtx:
         """Bytes of a layer's TP/SP collective at TE gather ``site`` ("" for others; blocking_tp.TPTraffic)."""
         return self.traffic().bytes(site)
 
+    def kv_block_bytes(self) -> float:
+        """K and V of one CP rank's s/cp tokens on one TP rank: its K/V heads (one, replicated, when tp
+        exceeds the K/V heads: Megatron-core), K at head_dim and V at v_head_dim wide (MLA's differ)."""
+        m = self.scn.model
+        heads = m.num_kv_heads // self.par.tp if m.num_kv_heads >= self.par.tp else 1
+        tokens = self.scn.training.micro_batch_size * (m.seq_length // self.par.cp)
+        return tokens * heads * (m.head_dim + m.v_head_dim) * self.dtype_bytes
+
     def traffic(self) -> TPTraffic:
         if self._tp_traffic is None:
             self._tp_traffic = tp_traffic(self.scn)

@@ -49,14 +49,6 @@ def out_bytes(ctx: LowerCtx) -> float:
             * ctx.dtype_bytes)
 
 
-def kv_bytes(ctx: LowerCtx) -> float:
-    """K and V (or their gradients) of one CP rank's tokens: the K/V heads of its TP rank, K of head_dim
-    and V of v_head_dim (MLA's differ)."""
-    m = ctx.scn.model
-    width = m.num_kv_heads * (m.head_dim + m.v_head_dim)
-    return ctx.scn.training.micro_batch_size * (m.seq_length // ctx.par.cp) * width / ctx.par.tp * ctx.dtype_bytes
-
-
 @lru_cache(maxsize=64)
 def reshuffle(size_bytes: float) -> Work:
     """The copy kernel on one side of an exchange of ``size_bytes`` (one tuple per size: the cost model
@@ -77,7 +69,7 @@ def emit_core(ctx: LowerCtx, rank: int, part: str, dep: int | None, name: str, m
               category: str) -> int:
     """The attention core of one layer and pass ("F", "B" or "BW") between its two all-to-alls."""
     work = core_works(ctx.layer_blocks(meta["layer"]), "a2a", ctx.par.cp)[0][part]
-    qkv, out = q_bytes(ctx) + kv_bytes(ctx), out_bytes(ctx)
+    qkv, out = q_bytes(ctx) + ctx.kv_block_bytes(), out_bytes(ctx)
     first, second = (qkv, out) if part == "F" else (out, qkv)
     x = exchange(ctx, rank, dep, f"{name}.cp_a2a_in", first, meta, category)
     x = ctx.compute(rank, f"{name}.core", work, (x,), category, **meta)

@@ -40,14 +40,6 @@ def _moe(seg: Segment | None, layer: int) -> Segment:
     return seg
 
 
-def _kv_block_bytes(ctx: LowerCtx) -> float:
-    """K and V of one CP shard: 2·b·(s/cp)·(kv_heads·head_dim / tp) elements (one KV head per rank
-    when tp exceeds the KV heads: GQA heads are replicated, Megatron-core)."""
-    m = ctx.scn.model
-    kv = m.kv_hidden_size // ctx.par.tp if m.num_kv_heads >= ctx.par.tp else m.head_dim
-    return 2 * ctx.scn.training.micro_batch_size * (m.seq_length // ctx.par.cp) * kv * ctx.dtype_bytes
-
-
 def a2a_bytes(ctx: LowerCtx) -> float:
     """EP dispatch/combine send buffer: local tokens · top_k · h (GShard §2.2), times the capacity
     factor when padded to capacity (``ModelSpec.moe_mean_load``).
@@ -92,7 +84,7 @@ def _core(ctx: LowerCtx, rank: int, part: str, dep: int | None, name: str, meta:
     if ctx.par.cp_algorithm == "a2a":
         return cp_a2a.emit_core(ctx, rank, part, dep, name, meta, category)
     group = ctx.group("cp", rank)
-    kv = _kv_block_bytes(ctx)
+    kv = ctx.kv_block_bytes()
     if ctx.par.cp_algorithm == "all-gather":
         c = ctx.comm(rank, "comm_cp", f"{name}.cp_all_gather", "all_gather", kv * cp, group, "cp", "comm_cp",
                      _d(dep), **meta)
