@@ -11,9 +11,9 @@ LinearWithGradAccumulationAndAsyncCommunication.backward). CP splits the attenti
 overlapped with the K/V P2P exchange (Liu et al. 2023, ring attention) or gathers K/V first (Llama 3,
 Dubey et al. 2024 §3.3.2; Transformer Engine's AttnFuncWithCPAndKVAllGather re-gathers K/V in the
 backward and reduce-scatters dK/dV), or as PyTorch's context parallelism runs it for torchtitan
-(``cp_torch``), or by heads between two all-to-alls (``cp_a2a``). EP brackets the experts with the dispatch and combine
-all-to-alls (Lepikhin et al. 2020, GShard), forward and backward, with Megatron-Core's overlapped
-shared experts between them (``_shared``). A parallel attention + MLP block
+(``cp_torch``), or by heads between two all-to-alls (``cp_a2a``). EP brackets the experts with the
+dispatch and combine all-to-alls (Lepikhin et al. 2020, GShard), forward and backward, with
+Megatron-Core's overlapped shared experts between them (``_shared``). A parallel attention + MLP block
 (``LayerBlocks.parallel_norms``) reduces the sum of both branches once at its end (``blocking_tp``).
 """
 
@@ -100,15 +100,15 @@ def _core(ctx: LowerCtx, rank: int, part: str, dep: int | None, name: str, meta:
     size = kv * (1 if part == "F" else 2)
     prv = group[(group.index(rank) - 1) % cp]
     first, later = ring_steps(ctx.layer_blocks(meta["layer"]), ctx.par.cp_algorithm)
-    last, prev_send = dep, None
+    last, prev_recv = dep, None
     for j in range(cp):
-        send = None
+        recv = None
         if j < cp - 1:
-            send = ctx.comm(rank, "comm_cp", f"{name}.cp_recv{j}", "send_recv", size, (prv, rank), "cp",
+            recv = ctx.comm(rank, "comm_cp", f"{name}.cp_recv{j}", "send_recv", size, (prv, rank), "cp",
                             "comm_cp", _d(dep), **meta)
-        last = ctx.compute(rank, f"{name}.core{j}", (later if j else first)[part], _d(last) + _d(prev_send),
+        last = ctx.compute(rank, f"{name}.core{j}", (later if j else first)[part], _d(last) + _d(prev_recv),
                            category, **meta)
-        prev_send = send
+        prev_recv = recv
     return last
 
 
