@@ -106,6 +106,15 @@ def test_dominance_rules_keep_sp_with_tp_and_drop_gpipe():
     assert set(plans) < set(everything) and any(p.schedule == "gpipe" for p in everything)
 
 
+def test_only_ring_cp_must_hide_its_exchange():
+    """Ring attention's block condition (s/cp tokens at least F/B of the links the ring crosses) prunes
+    the ring algorithms' CP degrees; the blocking exchanges (all-gather, a2a) keep every degree."""
+    s = scenario_from_dict({**WIDE, "model": {**WIDE["model"], "seq_length": 8192}, "parallelism": {"cp": 4}})
+    degrees = {alg: {p.cp for p in enumerate_plans(s.model, 16, 4, SearchSpace(), None, s.cluster, "bf16", alg)}
+               for alg in ("ring", "torch-allgather", "all-gather", "a2a")}
+    assert degrees["ring"] == degrees["torch-allgather"] < degrees["a2a"] == degrees["all-gather"] == {1, 2, 4, 8, 16}
+
+
 # ---- static estimates against the simulation -----------------------------------------------------
 PLANS = [
     (TINY, Plan(2, 2, 2, micro_batch_size=1)),

@@ -23,10 +23,12 @@ Dominance rules (DESIGN.md §4.2 search; each removes choices that can never be 
 
 Search-space bounds (``SearchSpace``; documented limits, not dominance):
 
-- context parallelism only where ring attention can hide its K/V exchange: a rank's sequence block
-  of s/cp tokens must reach F/B, the GPU's peak FLOP/s over the per-GPU bandwidth of the links the
-  ring crosses (NVLink when tp*cp fits in a node, else the NIC): Liu et al. 2023, Ring Attention,
-  §3 and Table 1 (A100: about 1K tokens over NVLink, 12.5K over InfiniBand).
+- context parallelism, with a ring algorithm (``cp_algorithm`` "ring", "torch-allgather"), only where
+  the ring can hide its K/V exchange: a rank's sequence block of s/cp tokens must reach F/B, the GPU's
+  peak FLOP/s over the per-GPU bandwidth of the links the ring crosses (NVLink when tp*cp fits in a
+  node, else the NIC): Liu et al. 2023, Ring Attention, §3 and Table 1 (A100: about 1K tokens over
+  NVLink, 12.5K over InfiniBand). The blocking exchanges ("all-gather", "a2a") hide nothing: every
+  degree the model divides is a plan.
 - interleaving degrees v that split the largest stage's layers evenly (Megatron-LM's
   --num-layers-per-virtual-pipeline-stage keeps a stage's chunks equal), not every v up to the
   smallest stage that the scenario rules accept (chunks one layer apart).
@@ -50,6 +52,7 @@ from ..strategy.schedules import SCHEDULES
 PLAN_KEYS = ("tp", "pp", "dp", "cp", "ep", "sequence_parallel", "zero_stage", "schedule", "virtual_stages",
              "recompute")
 RECOMPUTE_ORDER = ("none", "selective", "full")  # increasing compute, decreasing memory
+RING_CP = ("ring", "torch-allgather")  # the CP algorithms whose exchange hides under the ring's steps
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -164,7 +167,7 @@ def min_cp_block_tokens(cluster: ClusterSpec, dtype: str, tp: int, cp: int) -> f
 
 def enumerate_plans(model: ModelSpec, num_gpus: int, global_batch_size: int, space: SearchSpace | None = None,
                     layers_per_stage: tuple[int, ...] | None = None, cluster: ClusterSpec | None = None,
-                    dtype: str = "bf16") -> Iterator[Plan]:
+                    dtype: str = "bf16", cp_algorithm: str = "ring") -> Iterator[Plan]:
     """Every plan of the space whose degrees multiply to ``num_gpus``, in a fixed order.
 
     Only the divisibility that defines the plan itself is applied here (tp*pp*cp*dp = GPUs, b dividing
@@ -180,7 +183,7 @@ def enumerate_plans(model: ModelSpec, num_gpus: int, global_batch_size: int, spa
         for cp in divisors(num_gpus // tp):
             if model.seq_length % cp:
                 continue
-            if cp > 1 and space.cp_min_block and cluster is not None and \
+            if cp > 1 and space.cp_min_block and cluster is not None and cp_algorithm in RING_CP and \
                     model.seq_length / cp < min_cp_block_tokens(cluster, dtype, tp, cp):
                 continue
             for pp in divisors(num_gpus // (tp * cp)):

@@ -94,7 +94,8 @@ def candidates(base: BaseScenario, space: SearchSpace, cache: EstimateCache, cou
     batch = base.raw.get("training", {}).get("global_batch_size", scn0.training.global_batch_size)
     lps = scn0.parallel.layers_per_stage if "layers_per_stage" in base.raw.get("parallelism", {}) else None
     groups: dict = {}
-    for plan in enumerate_plans(scn0.model, scn0.num_gpus, batch, space, lps, scn0.cluster, scn0.training.dtype):
+    for plan in enumerate_plans(scn0.model, scn0.num_gpus, batch, space, lps, scn0.cluster, scn0.training.dtype,
+                                scn0.parallel.cp_algorithm):
         counts["enumerated"] += 1
         groups.setdefault(replace(plan, zero_stage=0, recompute=""), []).append(plan)
     plans = list(groups.values())
