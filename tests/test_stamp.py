@@ -30,6 +30,7 @@ CASES = {
     "zero3-deepspeed": _scenario(zero_stage=3, sharding="deepspeed", pp=1, dp=4),  # DeepSpeed: no ZeRO-3 with PP
     "cp-ring": _scenario(cp=2, sequence_parallel=True, recompute="selective"),
     "cp-torch-allgather": _scenario(cp=2, sequence_parallel=True, recompute="full", cp_algorithm="torch-allgather"),
+    "cp-a2a": _scenario(cp=2, sequence_parallel=True, recompute="selective", cp_algorithm="a2a"),
     "op-sac-tp": _scenario({"preset": "llama3-8b", "num_layers": 4, "seq_length": 1024}, pp=1, zero_stage=3,
                            sequence_parallel=True, recompute="selective-op"),
     "tp-comm-overlap": _scenario(sequence_parallel=True, tp_comm_overlap=True),
