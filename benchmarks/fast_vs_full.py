@@ -138,28 +138,35 @@ def random_plan(rng: random.Random) -> dict | None:
             "training": {"global_batch_size": batch, "micro_batch_size": mb}}
 
 
-def random_scan(n: int, seed: int) -> None:
-    rng = random.Random(seed)
-    rows, fell_back = [], 0
-    while len(rows) < n:
+def random_scenarios(seed: int, n: int) -> list:
+    """The first ``n`` valid scenarios ``random_plan`` draws from ``seed`` (the scenario rules decide)."""
+    rng, out = random.Random(seed), []
+    while len(out) < n:
         raw = random_plan(rng)
         try:
-            scn = scenario_from_dict(raw, default_name=f"random{len(rows)}") if raw else None
+            if raw:
+                out.append(scenario_from_dict(raw, default_name=f"random{len(out)}"))
         except (ScenarioError, ValueError):
-            scn = None
-        if scn is None:
             continue
+    return out
+
+
+def random_scan(n: int, seed: int) -> None:
+    rows, fell_back, shared = [], 0, 0
+    for scn in random_scenarios(seed, n):
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
             fast = simulate(scn).metrics["iteration_time_s"]
         full = simulate(scn, full=True).metrics["iteration_time_s"]
         fell_back += "notice: simulating every rank" in err.getvalue()
-        rows.append((fast / full - 1, raw))
-    worst = max(rows, key=lambda r: abs(r[0]))
-    shared = sum(1 for _, raw in rows if "oversubscription" in raw["cluster"] or "nics_per_node" in raw["cluster"])
-    print(f"{n} random plans (seed {seed}), {shared} on fabrics with shared links: {fell_back} fell back to full; "
-          f"{sum(abs(d) > 0.02 for d, _ in rows)} beyond 2%; worst |fast/full - 1| = {abs(worst[0]):.2%} "
-          f"({json.dumps(worst[1]['parallelism'])} on {json.dumps(worst[1]['cluster'])})")
+        shared += bool(shared_binding_links(build_topology(scn.cluster)))
+        rows.append((fast / full - 1, scn))
+    worst, scn = max(rows, key=lambda r: abs(r[0]))
+    p = scn.parallel
+    print(f"{n} random plans (seed {seed}), {shared} on fabrics with shared links that can bind: {fell_back} fell "
+          f"back to full; {sum(abs(d) > 0.02 for d, _ in rows)} beyond 2%; worst |fast/full - 1| = {abs(worst):.2%} "
+          f"(tp {p.tp} cp {p.cp} pp {p.pp} dp {p.dp} ep {p.ep} {p.cp_algorithm if p.cp > 1 else ''} "
+          f"{p.schedule} on {scn.cluster.num_nodes} nodes, {shared_binding_links(build_topology(scn.cluster))})")
 
 
 def main() -> None:

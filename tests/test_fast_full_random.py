@@ -5,14 +5,11 @@ Each plan's fast run is within 2% of its full run, or has fallen back to it (one
 import contextlib
 import importlib.util
 import io
-import random
 from pathlib import Path
 
 import pytest
 
 from simulator.pipeline import simulate
-from simulator.scenario import scenario_from_dict
-from simulator.scenario_checks import ScenarioError
 
 _SPEC = importlib.util.spec_from_file_location(
     "fast_vs_full", Path(__file__).resolve().parents[1] / "benchmarks" / "fast_vs_full.py")
@@ -20,20 +17,7 @@ fast_vs_full = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(fast_vs_full)
 
 
-def _plans(seed: int, n: int):
-    rng, out = random.Random(seed), []
-    while len(out) < n:
-        raw = fast_vs_full.random_plan(rng)
-        try:
-            out.append(scenario_from_dict(raw, default_name=f"random{len(out)}") if raw else None)
-        except (ScenarioError, ValueError):
-            continue
-        if out[-1] is None:
-            out.pop()
-    return out
-
-
-@pytest.mark.parametrize("scn", _plans(7, 30), ids=lambda s: s.name)
+@pytest.mark.parametrize("scn", fast_vs_full.random_scenarios(7, 30), ids=lambda s: s.name)
 def test_a_drawn_plan_s_fast_run_is_its_full_run_within_two_percent(scn):
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
