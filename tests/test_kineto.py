@@ -216,6 +216,6 @@ def test_compare_maps_kernels_to_ops(annotated):
     busy_span_s = max(s.end_s for s in sim) - min(s.start_s for s in sim)
     assert c["measured_step_s"] == pytest.approx(2 * busy_span_s)
     assert c["step_time_error"] == pytest.approx(result.metrics["iteration_time_s"] / (2 * busy_span_s) - 1)
-    assert len(c["per_op"]) == 30 and all(r["error"] == pytest.approx(-0.5) for r in c["per_op"])
+    assert len(c["per_op"]) == 31 and all(r["error"] == pytest.approx(-0.5) for r in c["per_op"])
     assert {r["category"] for r in c["per_category"]} == {"gemm", "attention", "norm", "elementwise"}
     assert c["coverage"] == pytest.approx(1.0) and not c["coverage_warning"]

@@ -31,9 +31,9 @@ from ..scenario import Scenario
 from ..strategy.actions import Action
 from ..strategy.blocks import LayerBlocks, Work, build_blocks, core_works, layer_blocks
 from ..strategy.blocking_tp import blocking_tp, tp_traffic
+from ..strategy.embed_grad import weight_grad_bytes
 from ..strategy.recompute import layer_recompute_modes, recomputed_forward
 from ..strategy.schedules import schedule_actions, splits_backward
-from ..strategy.sharding import grad_accumulation_bytes_per_param
 from ..strategy.stage_units import StageLayout, activation_rules, scenario_layout, stage_param_counts
 from ..strategy.zero_impl import state_zero_stage
 from ..tasks import Collective, Task
@@ -115,11 +115,11 @@ class EstimateCache:
             s.training.attention, s.training.kernels, s.training.cross_entropy, _fp8_transposes(s)))
 
     def _blocks(self, scn: Scenario, build: Callable[..., Any], what: str) -> Any:
-        p, t = scn.parallel, scn.training
+        p = scn.parallel
         graph = self.graph(scn)
-        acc = grad_accumulation_bytes_per_param(t.grad_accumulation_fusion, t.grad_dtype_bytes, t.dtype_bytes)
-        return self._get(self._graph_key(scn) + (what, p.tp, p.sequence_parallel, p.cp, p.ep, p.etp, acc),
-                         lambda: build(graph, p.tp, p.sequence_parallel, p.cp, p.ep, acc, p.etp))
+        acc, emb = weight_grad_bytes(scn)
+        return self._get(self._graph_key(scn) + (what, p.tp, p.sequence_parallel, p.cp, p.ep, p.etp, acc, emb),
+                         lambda: build(graph, p.tp, p.sequence_parallel, p.cp, p.ep, acc, p.etp, emb))
 
     def by_activations(self, scn: Scenario, build: Callable[[], Any], *extra: Any) -> Any:
         """``build()`` once per activation key (and ``extra``): everything the activation deltas of a

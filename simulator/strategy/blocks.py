@@ -13,6 +13,7 @@ from typing import Callable, TypeVar
 
 from ..model.opgraph import Op, OpGraph
 from ..tasks import OpWork
+from .embed_grad import embedding_grad_work
 from .sharding import shard_ops, shard_ops_backward
 
 T = TypeVar("T")
@@ -70,10 +71,11 @@ def _cut(name: str, bwd_b: Work, bwd_w: Work, bwd: Work) -> dict:
 
 
 def _segment(name: str, ops: tuple[Op, ...], tp: int, sp: bool, cp: int, ep: int, acc: float = 0.0,
-             etp: int = 0) -> Segment:
+             etp: int = 0, extra_w: Work = ()) -> Segment:
+    """``extra_w``: weight-gradient work the ops' own does not hold (the embedding's dense gradient)."""
     b = shard_ops_backward(ops, tp, sp, cp, ep, "B", 0.0, etp)
-    w = shard_ops_backward(ops, tp, sp, cp, ep, "W", acc, etp)
-    bw = shard_ops_backward(ops, tp, sp, cp, ep, "BW", acc, etp)
+    w = shard_ops_backward(ops, tp, sp, cp, ep, "W", acc, etp) + extra_w
+    bw = shard_ops_backward(ops, tp, sp, cp, ep, "BW", acc, etp) + extra_w
     return Segment(name, shard_ops(ops, tp, sp, cp, ep, etp), b, w, bw, **_cut(name, b, w, bw))
 
 
@@ -167,10 +169,11 @@ class LayerBlocks:
 
 
 def build_blocks(graph: OpGraph, tp: int, sp: bool, cp: int, ep: int,
-                 grad_accum_bytes_per_param: float = 0.0, etp: int = 0,
+                 grad_accum_bytes_per_param: float = 0.0, etp: int = 0, embedding_grad_bytes_per_param: float = 0.0,
                  layer: tuple[Op, ...] | None = None) -> LayerBlocks:
     """The blocks of one layer template (``layer``, default the model's main layer, ``graph.layer``)
-    on one rank; ``etp``: expert tensor parallelism (0 -> tp)."""
+    on one rank; ``etp``: expert tensor parallelism (0 -> tp); ``embedding_grad_bytes_per_param``: the
+    table's dense gradient (``embed_grad``)."""
     ops = graph.layer if layer is None else layer
     attn = tuple(op for op in ops if op.block == "attn")
     mlp = tuple(op for op in ops if op.block == "mlp")
@@ -197,7 +200,8 @@ def build_blocks(graph: OpGraph, tp: int, sp: bool, cp: int, ep: int,
     return LayerBlocks(
         attn_pre=attn_pre, attn_core=core, attn_post=attn_post,
         mlp_pre=mlp_pre, experts=experts, mlp_post=mlp_post, shared_in=shared_in, shared_out=shared_out,
-        embed=seg("embed", graph.embed), head=seg("head", graph.head),
+        embed=_segment("embed", graph.embed, tp, sp, cp, ep, grad_accum_bytes_per_param, etp,
+                       embedding_grad_work(graph, tp, embedding_grad_bytes_per_param)), head=seg("head", graph.head),
         core_flops_fwd=sum(w.flops for w in core.fwd),
         core_steps={"F": split_work(core.fwd, cp), "B": split_work(core.bwd_b, cp), "BW": split_work(core.bwd, cp)},
         core_later_steps={"F": later_step_work(core.fwd, cp), "B": later_step_work(core.bwd_b, cp),
@@ -207,7 +211,7 @@ def build_blocks(graph: OpGraph, tp: int, sp: bool, cp: int, ep: int,
 
 
 def layer_blocks(graph: OpGraph, tp: int, sp: bool, cp: int, ep: int, grad_accum_bytes_per_param: float = 0.0,
-                 etp: int = 0) -> tuple[LayerBlocks, ...]:
+                 etp: int = 0, embedding_grad_bytes_per_param: float = 0.0) -> tuple[LayerBlocks, ...]:
     """The blocks of every layer (index -> LayerBlocks), built once per distinct template: layers of
     one kind share the same object (and so the same work tuples, which the cost model caches by id)."""
     built: dict = {}
@@ -215,7 +219,8 @@ def layer_blocks(graph: OpGraph, tp: int, sp: bool, cp: int, ep: int, grad_accum
     for i in range(graph.model.total_layers):
         ops = graph.layer_ops(i)
         if id(ops) not in built:
-            built[id(ops)] = build_blocks(graph, tp, sp, cp, ep, grad_accum_bytes_per_param, etp, ops)
+            built[id(ops)] = build_blocks(graph, tp, sp, cp, ep, grad_accum_bytes_per_param, etp,
+                                          embedding_grad_bytes_per_param, ops)
         out.append(built[id(ops)])
     return tuple(out)
 

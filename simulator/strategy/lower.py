@@ -26,7 +26,8 @@ from .layer_emit import amax_reduction, column_backward, layer_backward, layer_f
 from .mesh import DeviceMesh
 from .pair_overlap import interleave
 from .schedules import Action, StageMap, overlapped_pairs, schedule_actions, splits_backward
-from .sharding import grad_accumulation_bytes_per_param, layer_submodules
+from .embed_grad import weight_grad_bytes
+from .sharding import layer_submodules
 from .recompute import layer_recompute_modes
 from .stage_units import (activation_rules, chunk_layers, chunk_sizes, copy_sync_bytes,  # noqa: F401 (re-exported)
                           scenario_layout, stage_layout, stage_param_counts, unit_params)
@@ -51,9 +52,9 @@ def lower(scn: Scenario, full: bool = False) -> LoweredPlan:
     mesh = DeviceMesh(pp=par.pp, dp=par.dp, cp=par.cp, tp=par.tp, ep=par.ep, etp=par.etp)
     graph = build_op_graph(model, tr.micro_batch_size, tr.dtype, tr.fp8_recipe, tr.attention, tr.kernels,
                            tr.cross_entropy, fp8_transposes(scn.cluster.gpu.architecture))
-    acc = grad_accumulation_bytes_per_param(tr.grad_accumulation_fusion, tr.grad_dtype_bytes, tr.dtype_bytes)
-    blocks = build_blocks(graph, par.tp, par.sequence_parallel, par.cp, par.ep, acc, par.etp)
-    per_layer = layer_blocks(graph, par.tp, par.sequence_parallel, par.cp, par.ep, acc, par.etp)
+    acc, emb = weight_grad_bytes(scn)
+    blocks = build_blocks(graph, par.tp, par.sequence_parallel, par.cp, par.ep, acc, par.etp, emb)
+    per_layer = layer_blocks(graph, par.tp, par.sequence_parallel, par.cp, par.ep, acc, par.etp, emb)
     ctx = LowerCtx(scn, mesh, graph, blocks, full, layers=per_layer)
     layout = scenario_layout(scn)  # schedule, stage map and layers of every virtual stage (stage_units)
     schedule, v, smap, layers = layout.schedule, layout.v, layout.smap, layout.chunks

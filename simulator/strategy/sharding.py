@@ -324,7 +324,7 @@ def layer_submodules(graph: OpGraph, tp: int, ep: int) -> tuple[list[float], ...
     return tuple(out)
 
 
-def _embedding_params_per_rank(graph: OpGraph, tp: int) -> int:
+def embedding_params_per_rank(graph: OpGraph, tp: int) -> int:
     """Vocab-parallel word embedding; learned position embeddings are replicated across TP."""
     m = graph.model
     pos = m.embedding_params() - m.vocab_size * m.hidden_size
@@ -372,7 +372,7 @@ def params_per_rank(graph: OpGraph, tp: int, ep: int, layers: int | tuple[int, .
         d, e = per_kind[id(ops)]
         dense, expert = dense + d, expert + e
     if has_embed:
-        dense += _embedding_params_per_rank(graph, tp)
+        dense += embedding_params_per_rank(graph, tp)
     if has_head:
         dense += sum(_op_params_per_rank(op, tp, ep) for op in graph.head)
         if (m.tie_embeddings or m.mtp_layers) and not has_embed:
