@@ -14,6 +14,7 @@ from .model.spec import ModelSpec
 from .strategy.activation_memory import RECOMPUTE_MODES as _RECOMPUTE, RECOMPUTE_MODULES
 from .strategy.recompute import RECOMPUTE_METHODS
 from .strategy.schedules import SCHEDULES, StageMap, splits_backward
+from .strategy.sharding import heads_per_tp_rank
 from .strategy.zero_impl import IMPLEMENTATIONS
 
 if TYPE_CHECKING:  # scenario and reliability import this module: type-only imports
@@ -192,7 +193,7 @@ def _check_a2a_heads(m: ModelSpec, p: ParallelSpec) -> None:
     """All-to-all CP hands each CP rank heads / cp of its TP rank's heads (strategy/cp_a2a): Transformer
     Engine asserts both the query and the K/V heads divide (AttnFuncWithCPAndQKVOA2A)."""
     for key, heads in (("num_attention_heads", m.num_attention_heads), ("num_kv_heads", m.num_kv_heads)):
-        per_tp = heads // p.tp if heads >= p.tp else 1  # fewer K/V heads than TP ranks: one, replicated
+        per_tp = heads_per_tp_rank(heads, p.tp)
         if per_tp % p.cp:
             raise ScenarioError(f"parallelism.cp_algorithm = 'a2a' splits each TP rank's heads over the cp = {p.cp} "
                                 f"ranks: model.{key} = {heads} / tp = {p.tp} gives {per_tp} per TP rank, "

@@ -16,6 +16,7 @@ from ..tasks import Collective, OpWork, TaskGraphBuilder
 from .stage_units import LayerMemory
 from .blocking_tp import TPTraffic, tp_traffic
 from .blocks import LayerBlocks
+from .sharding import heads_per_tp_rank
 from .mesh import DeviceMesh
 
 if TYPE_CHECKING:  # scenario is this layer's reader and imports strategy: a type-only import
@@ -68,13 +69,21 @@ class LowerCtx:
         """Bytes of a layer's TP/SP collective at TE gather ``site`` ("" for others; blocking_tp.TPTraffic)."""
         return self.traffic().bytes(site)
 
+    @property
+    def cp_tokens(self) -> int:
+        """Tokens of one CP rank's block of a micro-batch: b·(s/cp)."""
+        return self.scn.training.micro_batch_size * (self.scn.model.seq_length // self.par.cp)
+
+    def cp_block_bytes(self, width: int) -> float:
+        """A CP rank's block of a tensor ``width`` wide across the heads, on one TP rank (1/tp of the width)."""
+        return self.cp_tokens * width / self.par.tp * self.dtype_bytes
+
     def kv_block_bytes(self) -> float:
-        """K and V of one CP rank's s/cp tokens on one TP rank: its K/V heads (one, replicated, when tp
-        exceeds the K/V heads: Megatron-core), K at head_dim and V at v_head_dim wide (MLA's differ)."""
+        """K and V of one CP rank's block on one TP rank: its K/V heads (``heads_per_tp_rank``), K at
+        head_dim and V at v_head_dim wide (MLA's differ)."""
         m = self.scn.model
-        heads = m.num_kv_heads // self.par.tp if m.num_kv_heads >= self.par.tp else 1
-        tokens = self.scn.training.micro_batch_size * (m.seq_length // self.par.cp)
-        return tokens * heads * (m.head_dim + m.v_head_dim) * self.dtype_bytes
+        return self.cp_tokens * heads_per_tp_rank(m.num_kv_heads, self.par.tp) * (m.head_dim + m.v_head_dim) \
+            * self.dtype_bytes
 
     def traffic(self) -> TPTraffic:
         if self._tp_traffic is None:

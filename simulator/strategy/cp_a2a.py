@@ -36,19 +36,6 @@ from .context import LowerCtx
 COPY_BYTES_PER_BYTE = 2  # one HBM read and one write of every exchanged byte, on each side of the exchange
 
 
-def q_bytes(ctx: LowerCtx) -> float:
-    """Q (or dQ) of one CP rank's s / cp tokens, the heads of its TP rank."""
-    m = ctx.scn.model
-    return ctx.scn.training.micro_batch_size * (m.seq_length // ctx.par.cp) * m.q_size / ctx.par.tp * ctx.dtype_bytes
-
-
-def out_bytes(ctx: LowerCtx) -> float:
-    """The attention output (or its gradient) of one CP rank's tokens: heads x v_head_dim per TP rank."""
-    m = ctx.scn.model
-    return (ctx.scn.training.micro_batch_size * (m.seq_length // ctx.par.cp) * m.attn_out_size / ctx.par.tp
-            * ctx.dtype_bytes)
-
-
 @lru_cache(maxsize=64)
 def reshuffle(size_bytes: float) -> Work:
     """The copy kernel on one side of an exchange of ``size_bytes`` (one tuple per size: the cost model
@@ -69,7 +56,8 @@ def emit_core(ctx: LowerCtx, rank: int, part: str, dep: int | None, name: str, m
               category: str) -> int:
     """The attention core of one layer and pass ("F", "B" or "BW") between its two all-to-alls."""
     work = core_works(ctx.layer_blocks(meta["layer"]), "a2a", ctx.par.cp)[0][part]
-    qkv, out = q_bytes(ctx) + ctx.kv_block_bytes(), out_bytes(ctx)
+    m = ctx.scn.model  # Q (dQ) and K, V (dK, dV); the output (its gradient): heads x v_head_dim
+    qkv, out = ctx.cp_block_bytes(m.q_size) + ctx.kv_block_bytes(), ctx.cp_block_bytes(m.attn_out_size)
     first, second = (qkv, out) if part == "F" else (out, qkv)
     x = exchange(ctx, rank, dep, f"{name}.cp_a2a_in", first, meta, category)
     x = ctx.compute(rank, f"{name}.core", work, (x,), category, **meta)

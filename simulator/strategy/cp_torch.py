@@ -45,8 +45,7 @@ DKV_HOP_BYTES_PER_N = 8  # dK and dV accumulators in fp32
 
 def repeated_elements(ctx: LowerCtx) -> float:
     """N: elements of one CP rank's K block with K repeated to every query head of its TP shard."""
-    m = ctx.scn.model
-    return ctx.scn.training.micro_batch_size * (m.seq_length // ctx.par.cp) * m.q_size / ctx.par.tp
+    return ctx.cp_tokens * ctx.scn.model.q_size / ctx.par.tp
 
 
 def kv_bytes(ctx: LowerCtx) -> float:

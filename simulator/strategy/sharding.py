@@ -34,6 +34,12 @@ from .zero_impl import persistent_sizes, submodule_params
 BACKWARD_PARTS = ("B", "W", "BW")
 
 
+def heads_per_tp_rank(heads: int, tp: int) -> int:
+    """Attention heads (query or K/V) one TP rank holds: heads / tp, or one, replicated, when there are
+    fewer heads than TP ranks (Megatron-core's GQA with tp above the K/V heads)."""
+    return heads // tp if heads >= tp else 1
+
+
 def _div(n: int, parts: int, op: Op, what: str) -> int:
     if n % parts:
         raise ValueError(f"op {op.name}: {what} {n} is not divisible by {parts}")
