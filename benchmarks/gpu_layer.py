@@ -6,7 +6,7 @@ layers back to back, with the SM clock and power they run at and the kernels' de
 This is the kernel mix of a training step, not one kernel: its clock is what the GPU holds when
 GEMMs alternate with attention and memory-bound kernels (``gpu_kernels.py`` measures each alone).
 
-    python benchmarks/gpu_layer.py --out DIR [--model gpt3-175b-tp4|gpt-1.7b|mpt-1b|mpt-7b]
+    python benchmarks/gpu_layer.py --out DIR [--model llama3.1-70b-tp4|gpt3-175b-tp4|gpt-1.7b|mpt-1b|mpt-7b]
 
 Models with a vocabulary also time their LM head GEMM with a cross-entropy over fp32 logits, forward
 and backward. Writes ``DIR/gpu_layer.json`` (``gpu_layer_<model>.json`` for other models) and prints it. Rotary
@@ -30,6 +30,10 @@ from gpu_kernels import Sampler, provenance, timed  # run as a script: benchmark
 MODELS = {
     "llama3.1-8b": dict(hidden=4096, ffn=14336, heads=32, kv_heads=8, seq=8192, tp=1, mlp="swiglu",
                         norm="rmsnorm", bias=False),
+    # Llama 3.1 70B's TP 4 shard (the DGX Cloud recipes' TP 4), tokens of the whole sequence on every
+    # op (no sequence parallelism: its norms would run on seq / 4 tokens).
+    "llama3.1-70b-tp4": dict(hidden=8192, ffn=28672, heads=64, kv_heads=8, seq=8192, tp=4, mlp="swiglu",
+                             norm="rmsnorm", bias=False),
     "gpt3-175b-tp4": dict(hidden=12288, ffn=49152, heads=96, kv_heads=96, seq=2048, tp=4, mlp="gelu",
                           norm="layernorm", bias=True),
     # Megatron-LM README's 1.7B weak-scaling model (micro-batch not published: 1), and MPT 1B / 7B at
