@@ -5,9 +5,12 @@ across a batch of back-to-back GEMMs on the main stream. ``--hog spin`` CTAs onl
 CTAs copy memory as fast as they can, as NCCL's CTAs move their buffers (HBM traffic and its power
 beside the GEMM; the copy rate is recorded).
 
-    python benchmarks/gpu_contention.py --out DIR [--hog spin|copy]
+    python benchmarks/gpu_contention.py --out DIR [--hog spin|copy] [--victim gemm|memory]
 
-Writes ``DIR/gpu_contention.csv`` (``gpu_contention_copy.csv``): per GEMM shape and hog size, the time
+``--victim memory`` times memory-bound kernels instead of GEMMs (a BF16 add of two 8192 x 8192
+tensors, LayerNorm over 8192 x 8192, a 512 MiB device copy): what they lose beside the hog's CTAs
+(SMs for ``spin``; SMs and the HBM bandwidth the copying CTAs take for ``copy``). Writes ``DIR/gpu_contention.csv`` (``gpu_contention_copy.csv``; ``--victim memory``: ``gpu_contention_memory_<hog>.csv``): per GEMM
+shape (memory-bound kernel) and hog size, the time
 per GEMM and its ratio to the time with no hog. Needs torch and CuPy with CUDA.
 """
 
@@ -86,6 +89,26 @@ def batch_s(fn, n: int, hog_ctas: int, kernel, side: torch.cuda.Stream, guess_s:
     return t
 
 
+def victims(shapes):
+    """(m, n, k, call) of each GEMM shape: F.linear of (m, k) by (n, k)."""
+    for m, n, k in shapes:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        yield m, n, k, lambda x=x, w=w: F.linear(x, w)
+
+
+def memory_victims():
+    """(m, n, k, call) of memory-bound kernels, k naming the kind (1 add, 2 LayerNorm, 3 copy): a BF16
+    add of two 8192 x 8192 tensors (384 MiB moved), LayerNorm over 8192 x 8192 (256 MiB), a copy of
+    512 MiB (1 GiB moved)."""
+    x, y = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    yield 8192, 8192, 1, lambda: torch.add(x, y)
+    yield 8192, 8192, 2, lambda: F.layer_norm(x, (8192,))
+    src = torch.randn(2 ** 28, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    yield 2 ** 28, 1, 3, lambda: dst.copy_(src)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -93,6 +116,7 @@ def main() -> int:
     ap.add_argument("--shapes", default="", help="m x n x k GEMMs, comma-separated (default: SHAPES)")
     ap.add_argument("--hogs", default="", help="hog CTA counts, comma-separated, 0 first (default: HOGS)")
     ap.add_argument("--name", default="", help="CSV file name (default by --hog)")
+    ap.add_argument("--victim", default="gemm", choices=("gemm", "memory"))
     args = ap.parse_args()
     shapes = [tuple(map(int, x.split("x"))) for x in args.shapes.split(",")] if args.shapes else SHAPES
     hog_counts = tuple(map(int, args.hogs.split(","))) if args.hogs else HOGS
@@ -107,10 +131,7 @@ def main() -> int:
         copy = (src, dst, cp.zeros(1, dtype=cp.uint64),
                 (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
     rows = []
-    for m, n, k in shapes:
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-        fn = lambda: F.linear(x, w)  # noqa: E731
+    for m, n, k, fn in (victims(shapes) if args.victim == "gemm" else memory_victims()):
         for _ in range(20):
             fn()
         torch.cuda.synchronize()
@@ -132,6 +153,8 @@ def main() -> int:
             print(f"{m:6} {n:6} {k:6} {args.hog} hog {hogs:3}: {t * 1e6:9.1f} us  x{t / base:.3f}  "
                   f"hog {gbps:7.0f} GB/s", flush=True)
     name = args.name or ("gpu_contention.csv" if args.hog == "spin" else "gpu_contention_copy.csv")
+    if args.victim == "memory" and not args.name:
+        name = f"gpu_contention_memory_{args.hog}.csv"
     with open(out / name, "w", newline="") as f:
         wr = csv.DictWriter(f, fieldnames=list(rows[0]))
         wr.writeheader()
