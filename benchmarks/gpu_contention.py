@@ -9,9 +9,11 @@ beside the GEMM; the copy rate is recorded).
 
 ``--victim memory`` times memory-bound kernels instead of GEMMs (a BF16 add of two 8192 x 8192
 tensors, LayerNorm over 8192 x 8192, a 512 MiB device copy): what they lose beside the hog's CTAs
-(SMs for ``spin``; SMs and the HBM bandwidth the copying CTAs take for ``copy``). Writes ``DIR/gpu_contention.csv`` (``gpu_contention_copy.csv``; ``--victim memory``: ``gpu_contention_memory_<hog>.csv``): per GEMM
-shape (memory-bound kernel) and hog size, the time
-per GEMM and its ratio to the time with no hog. Needs torch and CuPy with CUDA.
+(SMs for ``spin``; SMs and the HBM bandwidth the copying CTAs take for ``copy``).
+
+Writes ``DIR/gpu_contention.csv`` (``gpu_contention_copy.csv``; with ``--victim memory``
+``gpu_contention_memory_<hog>.csv``): per GEMM shape (memory-bound kernel) and hog size, the time per
+call and its ratio to the time with no hog. Needs torch and CuPy with CUDA.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 under sustained load, beside the same layers in BF16: the kernel mix of an FP8 training step, whose
 clock and GEMM rate ``gpu_kernels.py`` (each kernel alone) cannot show.
 
-    python benchmarks/gpu_layer_fp8.py --out DIR [--casts triton|torch] [--model llama3.1-8b|llama3.1-70b-tp4|gpt3-175b-tp4 ...]
+    python benchmarks/gpu_layer_fp8.py --out DIR [--casts triton|torch]
+        [--model llama3.1-8b|llama3.1-70b-tp4|gpt3-175b-tp4 ...]
 
 Each linear of ``gpu_layer.Layer`` (QKV, projection, fc1, fc2) runs as TE's ``Linear`` does on Hopper
 with ``DelayedScaling`` (TE 1.x ``module/linear.py``; the scales come from an amax history, so they are
@@ -22,7 +23,8 @@ TE folds a bias gradient into the cast (here a separate sum): ``emulation_extra_
 counts those bytes so that the model can price exactly what ran. wgrad writes BF16 (no fp32
 main-grad accumulation).
 
-Writes ``DIR/gpu_layer_fp8_<model>.json`` (``..._torch-casts.json``) with the FP8 and the BF16 layer (forward alone, then forward
+Writes ``DIR/gpu_layer_fp8_<model>.json`` (``..._torch-casts.json``) with the FP8 and the BF16 layer
+(forward alone, then forward
 + backward back to back for ``gpu_layer.SUSTAIN_S`` at the power limit: median time per layer, SM
 clock, power, and the kernels' device time by kind under torch.profiler) and prints it.
 """

@@ -36,7 +36,8 @@ from simulator.analysis.memory import (layer_param_counts, memory_report, model_
 from simulator.scenario import scenario_from_dict  # noqa: E402
 from simulator.units import GiB  # noqa: E402
 
-DEFAULT_CSV = ROOT.parent / "shared" / "validation" / "memory.csv"
+# the bundled copy of the shared file (../shared/validation/memory.csv), so that a clean clone has it
+DEFAULT_CSV = ROOT / "simulator" / "data" / "memory.csv"
 TARGET = 0.05
 MODEL_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size",
               "vocab_size", "seq_length", "mlp")

@@ -26,7 +26,8 @@ from simulator.explore.collective import run_collective  # noqa: E402
 from simulator.hardware.clusters import CLUSTER_PRESETS  # noqa: E402
 from simulator.hardware.hwfile import read_cluster_file  # noqa: E402
 
-CSV = ROOT.parent / "shared" / "validation" / "nccl_real.csv"
+# the bundled copy of the shared file (../shared/validation/nccl_real.csv), so that a clean clone has it
+CSV = ROOT / "simulator" / "data" / "nccl_real.csv"
 CLUSTERS = ROOT / "scenarios" / "clusters"
 LARGE_BYTES = 64 * 2 ** 20
 TARGET_LARGE, TARGET_SMALL = 0.10, 0.25

@@ -30,7 +30,8 @@ def test_run_json_prints_exactly_one_value_and_writes_results(tmp_path):
     assert out.returncode == 0, out.stderr
     metrics = json.loads(out.stdout)
     assert metrics["num_gpus"] == 8 and metrics["iteration_time_s"] > 0
-    for name in ("metrics.json", "trace.json", "timeline.png", "bubbles.png", "memory.png", "report.md"):
+    for name in ("metrics.json", "trace.json", "timeline.png", "bubbles.png", "memory.png", "links.png",
+                 "report.md"):
         assert (tmp_path / "r" / name).stat().st_size > 0, name
 
 

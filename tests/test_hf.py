@@ -354,3 +354,11 @@ def test_forward_flops_are_two_per_published_active_weight(folder, active, looku
     lookup = spec.vocab_size * spec.hidden_size
     assert per_token == pytest.approx(spec.num_active_params() - (0 if spec.tie_embeddings else lookup), rel=1e-3)
     assert per_token + lookup_counted * lookup == pytest.approx(active, rel=0.02), source
+
+
+def test_gpt_neox_and_gpt_j_counts_as_the_readme_quotes_them():
+    """README: GPT-NeoX-20B exactly its model card's 20,554,567,680; GPT-J-6B -0.04% of its card's
+    6,053,381,344 (its bias-free attention output projection and its LM head's bias are not
+    distinguished)."""
+    assert spec_of("gpt-neox-20b", seq_length=4096).num_params() == 20_554_567_680
+    assert round(100 * (spec_of("gpt-j-6b", seq_length=4096).num_params() / 6_053_381_344 - 1), 2) == -0.04
