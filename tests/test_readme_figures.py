@@ -13,9 +13,9 @@ import pytest
 
 from simulator.explore.search import run_search
 from simulator.explore.sweep import BaseScenario
-from simulator.explore.validate import evaluate_row, markdown_table, read_rows, validate_rows
+from simulator.explore.validate import evaluate_row, markdown_table, read_rows, row_to_raw, validate_rows
 from simulator.pipeline import simulate, simulate_metrics
-from simulator.scenario import load_scenario
+from simulator.scenario import load_scenario, scenario_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -266,3 +266,20 @@ def test_the_memory_verdicts_and_torchtitan_peaks(results):
     assert len(six) == 6
     in_readme(f"within {100 * min(six):+.1f}% to {100 * max(six):+.1f}% of the six peaks",
               f"({sum(abs(v) <= 0.10 for v in peaks.values())} of {len(peaks)} published peaks within 10%)")
+
+
+def test_the_h100_kernel_tables_against_the_roofline_model(rows):
+    """`calibrate profile`'s H100 tables (short bursts below the power limit) predict three DGX Cloud BF16
+    rows faster than the roofline model and Nemotron-4 15B slower, as the README says."""
+    diffs = {}
+    for name in ("dgxc-llama31-8b-bf16-8gpu", "dgxc-llama31-70b-bf16-64gpu", "dgxc-gpt3-175b-bf16-128gpu",
+                 "dgxc-nemotron4-15b-bf16-16gpu"):
+        row = next(r for r in rows if r["name"] == name)
+        times = []
+        for cost in ({}, {"cost": {"compute": "calibrated", "tables": str(ROOT / "scenarios/calibration/h100")}}):
+            scn = scenario_from_dict(row_to_raw(row) | cost, default_name=name)
+            times.append(simulate_metrics(scn)["iteration_time_s"] / float(row["iteration_time_s"]))
+        diffs[name] = 100 * (times[1] - times[0])
+    faster = sorted(-d for n, d in diffs.items() if "nemotron" not in n)
+    in_readme(f"GPT-3 175B {faster[0]:.0f}-{faster[-1]:.0f} points faster than the roofline model, Nemotron-4 "
+              f"15B {diffs['dgxc-nemotron4-15b-bf16-16gpu']:.1f} points slower")
