@@ -283,3 +283,11 @@ def test_the_h100_kernel_tables_against_the_roofline_model(rows):
     faster = sorted(-d for n, d in diffs.items() if "nemotron" not in n)
     in_readme(f"GPT-3 175B {faster[0]:.0f}-{faster[-1]:.0f} points faster than the roofline model, Nemotron-4 "
               f"15B {diffs['dgxc-nemotron4-15b-bf16-16gpu']:.1f} points slower")
+
+
+def test_grok1_with_either_attention_kernel(rows, results):
+    grok = [r for r in rows if r["name"].startswith("dgxc-grok1")]
+    flash = [next(x["error"] for x in results if x["name"] == r["name"]) for r in grok]
+    cudnn = [evaluate_row(dict(r, attention="cudnn"))["error"] for r in grok]
+    in_readme(f"EP 8) {100 * flash[0]:.0f}% and {100 * flash[1]:.0f}% with FlashAttention-2",
+              f"({100 * cudnn[0]:.0f}% and {100 * cudnn[1]:.0f}% with cuDNN's kernel")
