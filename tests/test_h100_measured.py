@@ -105,8 +105,7 @@ def test_measured_split_accumulation_rate_is_the_constant():
 
 def test_the_gemm_model_reproduces_every_measured_h100_gemm():
     """256 GEMMs of at least 50 us measured back to back at the power limit (square, k sweep, m sweeps
-    across wave boundaries, the layer GEMMs in three layouts, BF16 and FP8): MAPE under 4%, none off by
-    more than 15%. Shorter ones are launch-bound in the measurement and left out."""
+    across wave boundaries, the layer GEMMs in three layouts, BF16 and FP8): MAPE 3.0%, -11.6%..+13.5%. Shorter ones are launch-bound in the measurement and left out."""
     rc = RooflineCompute(H100, "fp8")
     errors = []
     for name, section in (("gpu_kernels.csv", "gemm"), ("gpu_waves.csv", "waves"), ("gpu_fp8_accum.csv", "fp8_accum")):
@@ -118,8 +117,9 @@ def test_the_gemm_model_reproduces_every_measured_h100_gemm():
             op = _gemm((int(r["m"]), int(r["n"]), int(r["k"])), "fp8" if r["dtype"] == "fp8" else "", split)
             errors.append((rc.op_time_s(op) - rc.eff.kernel_overhead_s) / t - 1)
     assert len(errors) == 256
-    assert sum(abs(e) for e in errors) / len(errors) < 0.04
-    assert max(abs(e) for e in errors) < 0.15
+    # as the READMEs quote it: MAPE 3.0%, -11.6%..+13.5%
+    assert round(100 * sum(abs(e) for e in errors) / len(errors), 1) == 3.0
+    assert (round(100 * min(errors), 1), round(100 * max(errors), 1)) == (-11.6, 13.5)
 
 
 def test_large_gemms_beside_held_sms_lose_what_was_measured():
