@@ -105,7 +105,8 @@ def test_measured_split_accumulation_rate_is_the_constant():
 
 def test_the_gemm_model_reproduces_every_measured_h100_gemm():
     """256 GEMMs of at least 50 us measured back to back at the power limit (square, k sweep, m sweeps
-    across wave boundaries, the layer GEMMs in three layouts, BF16 and FP8): MAPE 3.0%, -11.6%..+13.5%. Shorter ones are launch-bound in the measurement and left out."""
+    across wave boundaries, the layer GEMMs in three layouts, BF16 and FP8): MAPE 3.0%, -11.6%..+13.5%.
+    Shorter ones are launch-bound in the measurement and left out."""
     rc = RooflineCompute(H100, "fp8")
     errors = []
     for name, section in (("gpu_kernels.csv", "gemm"), ("gpu_waves.csv", "waves"), ("gpu_fp8_accum.csv", "fp8_accum")):
@@ -137,8 +138,13 @@ def test_large_gemms_beside_held_sms_lose_what_was_measured():
         over = rc.eff.kernel_overhead_s
         ratio = (with_sms_taken(rc, int(r["hog_ctas"])).op_time_s(op) - over) / (rc.op_time_s(op) - over)
         error = ratio / float(r["ratio"]) - 1
-        large = int(r["m"]) == 8192
-        assert (-0.01 < error < 0.10) if large else (-0.40 < error < 0.15), (r, ratio)
+        m, held = int(r["m"]), int(r["hog_ctas"])
+        if m == 8192:
+            assert -0.01 < error < 0.10, (r, ratio)
+        elif held == 66:  # README: measured 2.3-2.5x, the model 1.6-1.8x
+            assert 2.3 <= round(float(r["ratio"]), 1) <= 2.5 and 1.6 <= round(ratio, 1) <= 1.8, (r, ratio)
+        else:  # README: the 1,536-row GEMM 8-11% more than measured, the 2,048-row one 20-24% less
+            assert (8 <= round(100 * error) <= 11) if m == 1536 else (-24 <= round(100 * error) <= -20), (r, error)
 
 
 def test_large_gemms_beside_copying_ctas_lose_what_was_measured():
