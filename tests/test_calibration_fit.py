@@ -130,7 +130,7 @@ def test_committed_tiny_trace_compares_and_fits_without_torch(tmp_path, monkeypa
     # embed_grad (strategy/embed_grad) is the table's dense gradient, whose zero-fill the trace counts in
     # the embedding's backward and whose main_grad accumulation a plain PyTorch loop does not run
     assert {(s.work.kind, s.work.name, s.pass_) for s in specs} - covered == {("optimizer", "grad_norm", "step"),
-                                                                            ("embedding", "embed_grad", "bwd")}
+                                                                            ("elementwise", "embed_grad", "bwd")}
     assert simulate(scn).metrics["iteration_time_s"] > 0
 
 

@@ -45,4 +45,4 @@ def test_each_micro_batch_pays_the_rank_s_table(par, per_param):
     assert len(works) == 4 // scn.parallel.dp  # one per micro-batch of rank 0 (the first stage)
     table = (V // 2) * H + S * H  # VocabParallelEmbedding's half of the vocabulary, the learned position table whole
     assert {w.bytes for w in works} == {table * per_param}
-    assert all(w.backward and w.kind == "embedding" for w in works)
+    assert all(w.backward and w.kind == "elementwise" for w in works)

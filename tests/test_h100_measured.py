@@ -209,7 +209,7 @@ def test_a_whole_llama_step_on_one_gpu_costs_what_it_measured(tmp_path, gpu, tra
     """Four Llama 3.1 8B layers with the 128K head at seq 8192, two micro-batches and AdamW, trained on
     the lent H100 and H200 with torchtitan's eager small ops after 80 unrecorded steps at the 700 W
     limit (<gpu>/llama31-8b-4layers/, `calibrate profile --warmup 80`): the simulated step (the scenario
-    on dgx-h100 or dgx-h200) is within 2.5% of the measured one (-2.0%, -1.8%). Its parts are not: GEMMs run 5-15%
+    on dgx-h100 or dgx-h200) is within 1% of the measured one (-0.7%, -0.8%). Its parts are not: GEMMs run 5-15%
     faster in the step's kernel mix than the model's back-to-back rate, the eager RMSNorm and rotary
     kernels slower than their HBM rule."""
     from simulator.calibration.cli import cmd_compare
@@ -220,7 +220,7 @@ def test_a_whole_llama_step_on_one_gpu_costs_what_it_measured(tmp_path, gpu, tra
         'preset = "dgx-h100"', f'preset = "dgx-{gpu}"'))
     assert cmd_compare(str(folder / trace), str(scenario), str(tmp_path)) == 0
     c = json.loads((tmp_path / "compare.json").read_text())
-    assert c["coverage"] > 0.98 and abs(c["step_time_error"]) < 0.025
+    assert c["coverage"] > 0.98 and round(100 * c["step_time_error"], 1) == {"h100": -0.7, "h200": -0.8}[gpu]
     cat = {r["category"]: r for r in c["per_category"]}
     assert 0.05 < cat["gemm"]["simulated_s"] / cat["gemm"]["measured_s"] - 1 < 0.15
     ops = {(r["phase"], r["op"]): r["error"] for r in c["per_op"]}
@@ -230,7 +230,7 @@ def test_a_whole_llama_step_on_one_gpu_costs_what_it_measured(tmp_path, gpu, tra
 def test_tables_fitted_from_the_h100_step_trace_replay_the_step(tmp_path):
     """The calibration loop on real GPU data: `calibrate fit` on the committed H100 step trace, then
     the scenario simulated over those tables (`cost.compute = "calibrated"`), comes within 2% of the
-    measured step (343.95 against 347.38 ms)."""
+    measured step (345.99 against 347.38 ms)."""
     from simulator.calibration.cli import cmd_fit
     from simulator.pipeline import simulate_metrics
     from simulator.scenario import load_scenario
@@ -242,7 +242,7 @@ def test_tables_fitted_from_the_h100_step_trace_replay_the_step(tmp_path):
     calibrated = dataclasses.replace(scn, cost=dataclasses.replace(scn.cost, compute="calibrated",
                                                                    tables=str(tmp_path)))
     step_s = simulate_metrics(calibrated)["iteration_time_s"]
-    assert step_s == pytest.approx(0.34738, rel=0.02)
+    assert round(step_s / 0.34738 - 1, 3) == -0.004
 
 
 @pytest.mark.parametrize("hog", ["spin", "copy"])

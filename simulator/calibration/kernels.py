@@ -41,6 +41,8 @@ def make_runner(spec: KernelSpec, device: str, dtype: str):
     if kind == "attention":
         return _attention(spec, device, dt)
     if kind == "optimizer":
+        if w.name == "grad_norm":
+            return _grad_norm(w.shape[0], w.bytes / w.shape[0], device)
         return _adam(w.shape[0], device, dt)
     if kind == "memcpy":
         return _copy(w.shape[0], p, device)
@@ -195,6 +197,16 @@ def _adam(params: int, device: str, dt):
         opt.step()
         w16.copy_(w.detach())
     return step
+
+
+def _grad_norm(params: int, bytes_per_param: float, device: str):
+    """Gradient clipping's global norm over the shard (``strategy/grad_sync.optimizer_step``: Megatron's
+    clip_grad_norm_fp32, a multi-tensor L2 norm reading every gradient once): one L2 reduction over a
+    flat gradient in the dtype its bytes per parameter name (4: fp32 main grads, 2: bf16)."""
+    import torch
+
+    g = torch.randn(params, device=device, dtype=torch.float32 if bytes_per_param >= 4 else torch.bfloat16)
+    return lambda: torch.linalg.vector_norm(g, 2.0, dtype=torch.float32)
 
 
 def _copy(nbytes: int, direction: str, device: str):

@@ -51,8 +51,9 @@ def weight_grad_bytes(scn: Scenario) -> tuple[float, float]:
 
 def embedding_grad_work(graph: OpGraph, tp: int, bytes_per_param: float) -> tuple[OpWork, ...]:
     """The kernels of the module doc on one rank, as one memory-bound work ``embed_grad`` (none without
-    a table)."""
+    a table): fills and adds over the whole table, elementwise kernels (calibrated tables price them by
+    their elementwise rows, not by the embedding's per-token gather and scatter-add)."""
     params = embedding_params_per_rank(graph, tp) if graph.embed else 0
     if not params or not bytes_per_param:
         return ()
-    return (OpWork("embed_grad", "embedding", 0.0, params * bytes_per_param, (params, 1), backward=True),)
+    return (OpWork("embed_grad", "elementwise", 0.0, params * bytes_per_param, (params, 1), backward=True),)
