@@ -57,6 +57,23 @@ def test_cpu_runners_time_every_kind():
         [(s.work.kind, s.work.shape, s.work.flops, s.work.bytes) for s in specs[:6]]
 
 
+@pytest.mark.parametrize("name, nbytes", [("grad_norm", 4.0), ("grad_norm", 2.0), ("adam", 30.0)])
+def test_each_optimizer_op_runs_its_own_kernel(name, nbytes):
+    """grad_norm times the gradient clipping's L2 norm over the shard (in the dtype its bytes name), not
+    an AdamW step: the committed tables' first runs held Adam's time in their grad_norm rows."""
+    torch = pytest.importorskip("torch")
+    from simulator.calibration.kernels import make_runner
+    from simulator.calibration.profile import KernelSpec
+
+    n = 4096
+    runner = make_runner(KernelSpec(OpWork(name, "optimizer", 0.0, n * nbytes, (n,)), "step", None), "cpu", "bf16")
+    out = runner()
+    if name == "grad_norm":
+        assert out.dim() == 0 and out.dtype == torch.float32 and float(out) > 0
+    else:
+        assert out is None  # the step updates its shard in place
+
+
 def test_profile_without_cuda_exits_2(capsys):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
