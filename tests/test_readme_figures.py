@@ -292,3 +292,16 @@ def test_grok1_with_either_attention_kernel(rows, results):
     cudnn = [evaluate_row(dict(r, attention="cudnn"))["error"] for r in grok]
     in_readme(f"EP 8) {100 * flash[0]:.0f}% and {100 * flash[1]:.0f}% with FlashAttention-2",
               f"({100 * cudnn[0]:.0f}% and {100 * cudnn[1]:.0f}% with cuDNN's kernel")
+
+
+def test_the_speed_tables_task_counts():
+    """The task counts of the Speed section's cases (benchmarks/speed.py's GPT-3 175B plans, the Llama 3
+    405B and DeepSeek-V3 scenario files)."""
+    speed = _bench("speed")
+    for dp, label in ((8, "1,024 A100 (DP 8)"), (128, "16,384 A100 (DP 128)")):
+        scn = scenario_from_dict(dict(speed.gpt3(dp, "1f1b", "full"), name="speed"))
+        in_readme(f"| GPT-3 175B, {label} | {len(simulate(scn).graph):,} |")
+    llama = load_scenario(ROOT / "scenarios" / "llama3-405b-16384xh100.toml")
+    in_readme(f"| Llama 3 405B, 16,384 H100 (scenario file) | {len(simulate(llama).graph):,} |")
+    dsv3 = load_scenario(ROOT / "scenarios" / "moe" / "deepseek-v3-1024xh100.toml")
+    in_readme(f"{len(simulate(dsv3).graph):,} since the scenario runs the shared-expert overlap")
