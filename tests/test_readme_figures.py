@@ -305,3 +305,13 @@ def test_the_speed_tables_task_counts():
     in_readme(f"| Llama 3 405B, 16,384 H100 (scenario file) | {len(simulate(llama).graph):,} |")
     dsv3 = load_scenario(ROOT / "scenarios" / "moe" / "deepseek-v3-1024xh100.toml")
     in_readme(f"{len(simulate(dsv3).graph):,} since the scenario runs the shared-expert overlap")
+
+
+def test_the_amax_reductions_of_gpt3_fp8(rows):
+    """Delayed scaling's amax all-reductions on the DGX Cloud GPT-3 175B FP8 row: how many a rank runs per
+    step and the time it waits for them."""
+    row = next(r for r in rows if r["name"] == "dgxc-gpt3-175b-fp8-128gpu")
+    res = simulate(scenario_from_dict(row_to_raw(row), default_name=row["name"]))
+    amax = [e for e in res.trace.events if e.rank == 0 and e.name.endswith("amax_all_reduce")]
+    in_readme(f"{len(amax):,} of them, {1e3 * sum(e.end_s - e.start_s for e in amax):.0f} ms of a "
+              f"{res.metrics['iteration_time_s']:.0f} s step")
