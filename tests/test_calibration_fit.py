@@ -164,3 +164,19 @@ def test_compare_places_a_rank_outside_the_scenario(tmp_path):
     c = compare_run(parse_kineto(write_kineto(doc, tmp_path / "t.json")), result)
     assert c["measured_rank"] == 7 and c["rank"] == 0 and "outside the scenario's 1 GPUs" in c["placement"]
     assert c["step_time_error"] == pytest.approx(0.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("cov, refused", [(0.499, True), (0.5, False)])
+def test_fit_refuses_under_half_of_the_kernel_time_matched(cov, refused, monkeypatch):
+    """README: `calibrate fit` refuses under 50% matched (exit 2 from the CLI): the threshold itself, on
+    the committed tiny trace with its coverage set either side of it."""
+    from simulator.calibration import fit
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(fit, "coverage_fraction", lambda cover: cov)
+    scn = load_scenario(TINY)
+    if refused:
+        with pytest.raises(ValueError, match="fit needs 50%"):
+            fit.fit_traces([str(TINY_TRACE)], scn)
+    else:
+        assert fit.fit_traces([str(TINY_TRACE)], scn).coverage == cov
