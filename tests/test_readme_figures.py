@@ -266,6 +266,12 @@ def test_the_memory_verdicts_and_torchtitan_peaks(results):
     assert len(six) == 6
     in_readme(f"within {100 * min(six):+.1f}% to {100 * max(six):+.1f}% of the six peaks",
               f"({sum(abs(v) <= 0.10 for v in peaks.values())} of {len(peaks)} published peaks within 10%)")
+    compiled = [v for n, v in peaks.items() if "compile" in n]
+    pp405 = [v for n, v in peaks.items() if n.startswith("tt-llama31-405b")]
+    tp70 = sorted(v for n, v in peaks.items() if n.startswith("tt-llama31-70b"))
+    in_readme(f"(compiled: {100 * min(compiled):+.0f}% to {100 * max(compiled):+.1f}%",
+              f"the pipelined 405B rows {100 * min(pp405):.1f}% to {100 * max(pp405):+.1f}%",
+              f"the FSDP x TP 70B rows {100 * tp70[1]:.0f}% and {100 * tp70[0]:.0f}%")
 
 
 def test_the_h100_kernel_tables_against_the_roofline_model(rows):
