@@ -145,17 +145,10 @@ def head_and_loss(cfg: dict, sampler: Sampler) -> dict:
             "sm_MHz": tail[-1]["sm_MHz"], "kernels": kernel_breakdown(step, layers=1)}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--model", default="llama3.1-8b", choices=sorted(MODELS))
-    args = ap.parse_args()
-    cfg = MODELS[args.model]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    sampler = Sampler()
-    sampler.start()
-    layers = torch.nn.Sequential(*(Layer(**cfg) for _ in range(LAYERS)))
+def sustained(layers: torch.nn.Module, cfg: dict, sampler: Sampler) -> dict:
+    """``layers`` forward alone, then forward + backward back to back for SUSTAIN_S: the median per layer
+    over the second half with its SM clock and power, the whole series, and the kernel breakdown in
+    the mix."""
     shape = (cfg.get("mb", 1), cfg["seq"], cfg["hidden"])
     x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     g = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
@@ -167,22 +160,34 @@ def main() -> int:
     def fwd_bwd():
         layers(x).backward(g)
 
-    doc = {"provenance": provenance(sampler), "model": dict(cfg, name=args.model, layers=LAYERS)}
     t_f, a0, a1 = timed(fwd)
-    doc["forward_per_layer_s"], doc["forward_clock"] = t_f / LAYERS, sampler.window(a0, a1)
-    start = time.perf_counter()
-    iters, series = 0, []
+    doc = {"forward_per_layer_s": t_f / LAYERS, "forward_clock": sampler.window(a0, a1)}
+    start, series = time.perf_counter(), []
     while time.perf_counter() - start < SUSTAIN_S:
         t, b0, b1 = timed(fwd_bwd)
-        iters += 1
         series.append(dict(t_s=round(b0 - start, 2), per_layer_s=t / LAYERS, **sampler.window(b0, b1)))
     tail = series[len(series) // 2:]
     med = lambda key: sorted(r[key] for r in tail)[len(tail) // 2]  # noqa: E731
-    doc.update(gqa_native=layers[0].gqa, fwd_bwd_per_layer_s=med("per_layer_s"), fwd_bwd_sm_MHz=med("sm_MHz"),
-               fwd_bwd_power_W=med("power_W"), series=series)
-    doc["kernels_in_mix"] = kernel_breakdown(fwd_bwd)
+    doc.update(fwd_bwd_per_layer_s=med("per_layer_s"), fwd_bwd_sm_MHz=med("sm_MHz"), fwd_bwd_power_W=med("power_W"),
+               series=series, kernels_in_mix=kernel_breakdown(fwd_bwd))
+    return doc
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model", default="llama3.1-8b", choices=sorted(MODELS))
+    args = ap.parse_args()
+    cfg = MODELS[args.model]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    sampler = Sampler()
+    sampler.start()
+    layers = torch.nn.Sequential(*(Layer(**cfg) for _ in range(LAYERS)))
+    doc = {"provenance": provenance(sampler), "model": dict(cfg, name=args.model, layers=LAYERS)}
+    doc.update(sustained(layers, cfg, sampler), gqa_native=layers[0].gqa)
     if "vocab" in cfg:
-        del layers, x, g
+        del layers
         torch.cuda.empty_cache()
         doc["head_and_loss"] = head_and_loss(cfg, sampler)
     sampler.stop()

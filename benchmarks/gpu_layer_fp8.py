@@ -33,12 +33,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
-from gpu_kernels import Sampler, provenance, timed  # run as a script: benchmarks/ is on sys.path
-from gpu_layer import LAYERS, MODELS, SUSTAIN_S, Layer, kernel_breakdown
+from gpu_kernels import Sampler, provenance  # run as a script: benchmarks/ is on sys.path
+from gpu_layer import LAYERS, MODELS, Layer, sustained
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
@@ -164,31 +163,10 @@ def emulation_extra_bytes(cfg: dict, casts: str) -> float:
 
 
 def run(cfg: dict, make, sampler: Sampler) -> dict:
-    """Forward alone, then forward + backward back to back for SUSTAIN_S: median per layer in the
-    second half, with its clock and power, and the kernel breakdown in the mix."""
+    """``gpu_layer.sustained`` over LAYERS layers made by ``make``, freed afterwards."""
     layers = torch.nn.Sequential(*(make(cfg) for _ in range(LAYERS)))
-    shape = (cfg.get("mb", 1), cfg["seq"], cfg["hidden"])
-    x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    g = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
-
-    def fwd():
-        with torch.no_grad():
-            layers(x)
-
-    def fwd_bwd():
-        layers(x).backward(g)
-
-    t_f, a0, a1 = timed(fwd)
-    doc = {"forward_per_layer_s": t_f / LAYERS, "forward_clock": sampler.window(a0, a1)}
-    start, series = time.perf_counter(), []
-    while time.perf_counter() - start < SUSTAIN_S:
-        t, b0, b1 = timed(fwd_bwd)
-        series.append(dict(t_s=round(b0 - start, 2), per_layer_s=t / LAYERS, **sampler.window(b0, b1)))
-    tail = series[len(series) // 2:]
-    med = lambda key: sorted(r[key] for r in tail)[len(tail) // 2]  # noqa: E731
-    doc.update(fwd_bwd_per_layer_s=med("per_layer_s"), fwd_bwd_sm_MHz=med("sm_MHz"),
-               fwd_bwd_power_W=med("power_W"), series=series, kernels_in_mix=kernel_breakdown(fwd_bwd))
-    del layers, x, g
+    doc = sustained(layers, cfg, sampler)
+    del layers
     torch.cuda.empty_cache()
     return doc
 
