@@ -227,6 +227,15 @@ def test_a_whole_llama_step_on_one_gpu_costs_what_it_measured(tmp_path, gpu, tra
     assert 0.05 < cat["gemm"]["simulated_s"] / cat["gemm"]["measured_s"] - 1 < 0.15
     ops = {(r["phase"], r["op"]): r["error"] for r in c["per_op"]}
     assert all(ops[(p, op)] < -0.10 for p in "FB" for op in ("ln1", "ln2", "rope"))
+    if gpu == "h100":  # scenarios/calibration/README.md's table of this step, measured / simulated ms
+        def ms(names):
+            rows = [r for r in c["per_op"] if r["op"] in names]
+            return (round(1e3 * sum(r["measured_s"] for r in rows), 1),
+                    round(1e3 * sum(r["simulated_s"] for r in rows), 1))
+        assert [ms(n) for n in ({"ln1", "ln2", "final_norm"}, {"rope"}, {"act"}, {"loss"})] == \
+            [(33.3, 26.2), (5.7, 4.9), (8.6, 9.3), (36.3, 35.5)]
+        assert [(round(1e3 * cat[k]["measured_s"], 1), round(1e3 * cat[k]["simulated_s"], 1))
+                for k in ("gemm", "attention")] == [(186.3, 202.7), (32.3, 37.7)]
     if gpu == "h100":  # scenarios/calibration/README.md: with FlashAttention-2's curve, 5.7% slow
         scenario.write_text(scenario.read_text().replace('attention = "cudnn"', 'attention = "flash"'))
         assert cmd_compare(str(folder / trace), str(scenario), str(tmp_path / "flash")) == 0
