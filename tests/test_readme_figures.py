@@ -277,7 +277,7 @@ def test_the_memory_verdicts_and_torchtitan_peaks(results):
 def test_the_h100_kernel_tables_against_the_roofline_model(rows):
     """`calibrate profile`'s H100 tables (short bursts below the power limit) against the roofline model on
     four DGX Cloud BF16 rows, as the README says."""
-    diffs = {}
+    diffs, errors = {}, []
     for name in ("dgxc-llama31-8b-bf16-8gpu", "dgxc-llama31-70b-bf16-64gpu", "dgxc-gpt3-175b-bf16-128gpu",
                  "dgxc-nemotron4-15b-bf16-16gpu"):
         row = next(r for r in rows if r["name"] == name)
@@ -286,6 +286,12 @@ def test_the_h100_kernel_tables_against_the_roofline_model(rows):
             scn = scenario_from_dict(row_to_raw(row) | cost, default_name=name)
             times.append(simulate_metrics(scn)["iteration_time_s"] / float(row["iteration_time_s"]))
         diffs[name] = 100 * (times[1] - times[0])
+        errors.append(f"{100 * (times[1] - 1):.1f}%")
+        errors.append(f"{100 * (times[0] - 1):.1f}%")
+    calibration = re.sub(r"\s+", " ", (ROOT / "scenarios" / "calibration" / "README.md").read_text())
+    quoted = (f"(today Llama 3.1 8B {errors[0]} against {errors[1]}, 70B {errors[2]} / {errors[3]}, GPT-3 175B "
+              f"{errors[4]} / {errors[5]}; Nemotron-4 15B {errors[6]} / {errors[7]})")
+    assert quoted in calibration, quoted
     faster = sorted(-d for n, d in diffs.items() if "nemotron" not in n)
     nemotron = diffs["dgxc-nemotron4-15b-bf16-16gpu"]
     in_readme(f"GPT-3 175B {faster[0]:.0f}-{faster[-1]:.0f} points faster than the roofline model, Nemotron-4 "
