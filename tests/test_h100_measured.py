@@ -103,6 +103,7 @@ def test_measured_split_accumulation_rate_is_the_constant():
     ratios = [t["fast"] / t["split"] for t in times.values()]
     assert len(ratios) == 39
     assert sum(ratios) / len(ratios) == pytest.approx(FP8_SPLIT_ACCUMULATOR_RATE["hopper"], abs=5e-4)
+    assert (round(min(ratios), 2), round(max(ratios), 2)) == (0.84, 1.00)  # "0.936 (0.84..1.00)"
 
 
 def test_the_gemm_model_reproduces_every_measured_h100_gemm():
@@ -157,13 +158,17 @@ def test_large_gemms_beside_copying_ctas_lose_what_was_measured():
     from simulator.cost.sm_share import with_sms_taken
     rc = RooflineCompute(H100, "bf16")
     with open(MEASURED / "gpu_contention_copy.csv") as f:
-        rows = [r for r in csv.DictReader(f) if int(r["m"]) == 8192 and 0 < int(r["hog_ctas"]) <= 33]
-    assert len(rows) == 8 and all(280e0 < float(r["hog_GBps"]) < 1100 for r in rows)
+        rows = [r for r in csv.DictReader(f) if int(r["m"]) == 8192 and 0 < int(r["hog_ctas"])]
+    assert len(rows) == 10 and all(280e0 < float(r["hog_GBps"]) < 1100 for r in rows if int(r["hog_ctas"]) <= 33)
+    errors: dict = {}
     for r in rows:
         op = _gemm((int(r["m"]), int(r["n"]), int(r["k"])))
         over = rc.eff.kernel_overhead_s
         ratio = (with_sms_taken(rc, int(r["hog_ctas"])).op_time_s(op) - over) / (rc.op_time_s(op) - over)
-        assert ratio == pytest.approx(float(r["ratio"]), rel=0.05), (r, ratio)
+        errors.setdefault(int(r["hog_ctas"]) == 66, []).append(ratio / float(r["ratio"]) - 1)
+    # scenarios/calibration/README.md: within -4.3%..+4.6% at 8-33 CTAs; at 66 under-charged by 8-18%
+    assert (round(100 * min(errors[False]), 1), round(100 * max(errors[False]), 1)) == (-4.3, 4.6)
+    assert sorted(round(-100 * e) for e in errors[True]) == [8, 18]
 
 
 def test_queued_timing_took_the_launch_out_of_the_small_kernels_only():
@@ -227,6 +232,10 @@ def test_a_whole_llama_step_on_one_gpu_costs_what_it_measured(tmp_path, gpu, tra
     assert 0.05 < cat["gemm"]["simulated_s"] / cat["gemm"]["measured_s"] - 1 < 0.15
     ops = {(r["phase"], r["op"]): r["error"] for r in c["per_op"]}
     assert all(ops[(p, op)] < -0.10 for p in "FB" for op in ("ln1", "ln2", "rope"))
+    if gpu == "h200":  # scenarios/calibration/README.md: GEMMs +12%, the eager norms and rotary 25-32% under
+        assert round(100 * (cat["gemm"]["simulated_s"] / cat["gemm"]["measured_s"] - 1)) == 12
+        under = [-ops[(p, op)] for p in "FB" for op in ("ln1", "ln2", "rope", "final_norm")]
+        assert (round(100 * min(under)), round(100 * max(under))) == (25, 32)
     if gpu == "h100":  # scenarios/calibration/README.md's table of this step, measured / simulated ms
         def ms(names):
             rows = [r for r in c["per_op"] if r["op"] in names]
