@@ -327,3 +327,22 @@ def test_the_amax_reductions_of_gpt3_fp8(rows):
     amax = [e for e in res.trace.events if e.rank == 0 and e.name.endswith("amax_all_reduce")]
     in_readme(f"{len(amax):,} of them, {1e3 * sum(e.end_s - e.start_s for e in amax):.0f} ms of a "
               f"{res.metrics['iteration_time_s']:.0f} s step")
+
+
+def test_the_torchtitan_prose_figures(results):
+    e = {r["name"]: r["error"] for r in results}
+    pred = {r["name"]: r["predicted_s"] for r in results}
+    meas = {r["name"]: r["measured_s"] for r in results}
+    pct = lambda n: f"{100 * e[n]:.1f}%"  # noqa: E731
+    in_readme(f"{pct('tt-llama31-8b-fsdp-8gpu')} and {pct('tt-llama31-8b-fsdp-128gpu')} eager, "
+              f"{pct('tt-llama31-8b-fsdp-compile-8gpu')} and {pct('tt-llama31-8b-fsdp-compile-128gpu')} compiled, "
+              f"{pct('tt-llama31-8b-fsdp-compile-float8-8gpu')} and {pct('tt-llama31-8b-fsdp-compile-float8-128gpu')} "
+              "compiled in float8")
+    pairs = [("tt-llama31-70b-fp8-2d-256gpu", "tt-llama31-70b-fp8-2d-asynctp-256gpu"),
+             ("tt2506-llama31-70b-bf16-2d-256gpu", "tt2506-llama31-70b-bf16-2d-asynctp-256gpu"),
+             ("tt2506-llama31-70b-fp8-2d-256gpu", "tt2506-llama31-70b-fp8-2d-asynctp-256gpu")]
+    model = [100 * (pred[a] / pred[b] - 1) for a, b in pairs]
+    measured = [100 * (meas[a] / meas[b] - 1) for a, b in pairs]
+    seventy = [x for n, x in e.items() if "llama31-70b" in n and n.startswith("tt")]
+    in_readme(f"70B with FSDP 32 x TP 8: {100 * max(seventy):.1f}% to {100 * min(seventy):.1f}%, where async TP gains "
+              f"{min(model):.0f}-{max(model):.0f}% in the model against {min(measured):.0f}-{max(measured):.0f}% measured")
