@@ -344,5 +344,6 @@ def test_the_torchtitan_prose_figures(results):
     model = [100 * (pred[a] / pred[b] - 1) for a, b in pairs]
     measured = [100 * (meas[a] / meas[b] - 1) for a, b in pairs]
     seventy = [x for n, x in e.items() if "llama31-70b" in n and n.startswith("tt")]
-    in_readme(f"70B with FSDP 32 x TP 8: {100 * max(seventy):.1f}% to {100 * min(seventy):.1f}%, where async TP gains "
-              f"{min(model):.0f}-{max(model):.0f}% in the model against {min(measured):.0f}-{max(measured):.0f}% measured")
+    in_readme(f"70B with FSDP 32 x TP 8: {100 * max(seventy):.1f}% to {100 * min(seventy):.1f}%, where async TP "
+              f"gains {min(model):.0f}-{max(model):.0f}% in the model against "
+              f"{min(measured):.0f}-{max(measured):.0f}% measured")
