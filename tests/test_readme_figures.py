@@ -347,3 +347,14 @@ def test_the_torchtitan_prose_figures(results):
     in_readme(f"70B with FSDP 32 x TP 8: {100 * max(seventy):.1f}% to {100 * min(seventy):.1f}%, where async TP "
               f"gains {min(model):.0f}-{max(model):.0f}% in the model against "
               f"{min(measured):.0f}-{max(measured):.0f}% measured")
+
+
+def test_the_gb200_prose_figures(results):
+    e = {r["name"]: 100 * r["error"] for r in results if r["name"].startswith("dgxc-gb200")}
+    bf16 = [v for n, v in e.items() if "bf16" in n]
+    l405 = [v for n, v in e.items() if "bf16" in n and "405b" in n]
+    nemo = [v for n, v in e.items() if "bf16" in n and "nemotron" in n]
+    fp8 = [v for n, v in e.items() if "fp8" in n]
+    in_readme(f"BF16 rows {max(bf16):+.1f}..{min(bf16):.1f}% (Llama 3.1 405B {min(l405):+.1f}..{max(l405):+.1f}%, "
+              f"Nemotron-4 340B {max(nemo):.1f}..{min(nemo):.1f}%), FP8 rows {max(fp8):.1f}..{min(fp8):.1f}%",
+              f"the GB200 rows are within {max(e.values()):+.1f}..{min(e.values()):.1f}%")
