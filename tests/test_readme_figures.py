@@ -358,3 +358,33 @@ def test_the_gb200_prose_figures(results):
     in_readme(f"BF16 rows {max(bf16):+.1f}..{min(bf16):.1f}% (Llama 3.1 405B {min(l405):+.1f}..{max(l405):+.1f}%, "
               f"Nemotron-4 340B {max(nemo):.1f}..{min(nemo):.1f}%), FP8 rows {max(fp8):.1f}..{min(fp8):.1f}%",
               f"the GB200 rows are within {max(e.values()):+.1f}..{min(e.values()):.1f}%")
+
+
+def test_more_prose_figures_of_the_accuracy_section(results):
+    e = {r["name"]: 100 * r["error"] for r in results}
+    pred = {r["name"]: r["predicted_s"] for r in results}
+    meas = {r["name"]: r["measured_s"] for r in results}
+    cp8b = [e[f"tt-llama31-8b-fp8-cp{c}-seq{s}k-8gpu"] for c, s in ((2, 64), (4, 128), (8, 256))]
+    cp405 = [e[f"tt-llama31-405b-fp8-4d-cp{c}-seq{s}k-512gpu"] for c, s in ((2, 64), (4, 128), (8, 256))]
+    in_readme("-> " + "/".join(f"{x:+.1f}" for x in cp8b) + "%;", "-> " + "/".join(f"{x:.1f}" for x in cp405) + "%)")
+    cp48 = [-x for x in cp8b[1:] + cp405[1:]]
+    in_readme(f"What keeps CP 4-8 some {min(cp48):.0f}-{max(cp48):.0f}% fast")
+    small = [-e[n] for n in ("gpt-1.7b-h100", "llmfoundry-mpt-1b-h100-512gpu-seq2048",
+                              "llmfoundry-mpt-7b-h100-128gpu-seq2048", "llmfoundry-mpt-7b-h100-512gpu-seq2048")]
+    in_readme(f"the rows the model predicts {min(small):.0f}-{max(small):.0f}% fast")
+    a100 = [abs(e[n]) for n in ("llmfoundry-mpt-70b-a100-80gb-64gpu-seq2048",
+                                "llmfoundry-mpt-13b-a100-40gb-128gpu-seq2048")]
+    in_readme(f"predicts the A100 run within {a100[0]:.1f}%", f"the two A100 ones within {max(a100):.1f}%")
+    h100_a100 = meas["llmfoundry-mpt-70b-a100-80gb-64gpu-seq2048"] / meas["llmfoundry-mpt-70b-h100-64gpu-seq2048"]
+    in_readme(f"runs {h100_a100:.2f}x faster on H100 than on A100")
+    megatron = [e[n] for n in ("gpt-1.7b-h100", "gpt-16b-h100", "gpt-70b-h100", "gpt-314b-h100")]
+    in_readme("Megatron-Core's README rows: " + ", ".join(f"{x:+.1f}%" for x in megatron)
+              + f" (MAPE {sum(map(abs, megatron)) / 4:.1f}%")
+    h100, gb200 = "dgxc-v2505-nemotron4-340b-bf16-256gpu", "dgxc-gb200-nemotron4-340b-bf16-128gpu"
+    in_readme(f"{meas[h100] / meas[gb200]:.2f}x faster on 128 GB200 than on 256 H100 as published ({meas[h100]:.2f} s "
+              f"against {meas[gb200]:.2f} s), {pred[h100] / pred[gb200]:.2f}x as simulated ({pred[h100]:.2f} s against "
+              f"{pred[gb200]:.2f} s")
+    tt2d = [e[n] for n in ("tt2506-llama31-8b-bf16-2d-64gpu", "tt2506-llama31-8b-bf16-2d-asynctp-64gpu",
+                           "tt2506-llama31-8b-fp8-2d-64gpu", "tt2506-llama31-8b-fp8-2d-asynctp-64gpu")]
+    in_readme(f"{tt2d[0]:+.1f}% and {tt2d[1]:+.1f}% in BF16, {tt2d[2]:.1f}% and {tt2d[3]:.1f}% in float8")
+    in_readme(f"DeepSeek-V3 pretraining README: MAPE {abs(e['dgxc-dsv3-671b-bf16-1024gpu']):.1f}%")
