@@ -103,6 +103,22 @@ def compare(name: str) -> dict:
             "fast_wall_s": t1 - t0, "full_wall_s": t2 - t1, "siblings": shared or "not needed"}
 
 
+def draw_features(rng: random.Random, par: dict, schedule_p: float, schedules: tuple[str, ...]) -> None:
+    """Draw into ``par`` (degrees, ZeRO stage and sequence parallelism set) the CP algorithm, the ZeRO-3
+    implementation, TP overlap and, with probability ``schedule_p`` under a pipeline, a schedule of
+    ``schedules`` (interleaved with two virtual stages); also used by benchmarks/invariants.py."""
+    if par["cp"] > 1:
+        par["cp_algorithm"] = rng.choice(["ring", "all-gather", "torch-allgather", "a2a"])
+    if par["zero_stage"] == 3 and rng.random() < 0.6:
+        par["sharding"] = rng.choice(["fsdp1", "fsdp2", "deepspeed"])
+    if par["sequence_parallel"] and rng.random() < 0.4:
+        par["tp_comm_overlap"] = True
+    if par["pp"] > 1 and rng.random() < schedule_p:
+        par["schedule"] = rng.choice(schedules)
+        if par["schedule"] == "interleaved-1f1b":
+            par["virtual_stages"] = 2
+
+
 def random_plan(rng: random.Random) -> dict | None:
     """One drawn plan as a scenario dict (None when the draw does not divide the cluster)."""
     nodes = rng.choice([2, 4, 8, 16])
@@ -125,16 +141,7 @@ def random_plan(rng: random.Random) -> dict | None:
         model.update(num_experts=8, moe_top_k=2)
         par["ep"] = rng.choice([e for e in (1, 2, 4, 8) if dp * cp * tp % e == 0])
     par["sequence_parallel"] = tp > 1 and ("ep" in par or rng.random() < 0.7)
-    if cp > 1:
-        par["cp_algorithm"] = rng.choice(["ring", "all-gather", "torch-allgather", "a2a"])
-    if par["zero_stage"] == 3 and rng.random() < 0.6:
-        par["sharding"] = rng.choice(["fsdp1", "fsdp2", "deepspeed"])
-    if par["sequence_parallel"] and rng.random() < 0.4:
-        par["tp_comm_overlap"] = True
-    if pp > 1 and rng.random() < 0.6:
-        par["schedule"] = rng.choice(["interleaved-1f1b", "zero-bubble", "gpipe", "zb-v", "dualpipe-v", "zb-h2"])
-        if par["schedule"] == "interleaved-1f1b":
-            par["virtual_stages"] = 2
+    draw_features(rng, par, 0.6, ("interleaved-1f1b", "zero-bubble", "gpipe", "zb-v", "dualpipe-v", "zb-h2"))
     mb = rng.choice([1, 2])
     batch = dp * mb * rng.choice([1, 2, 4]) * pp
     return {"model": model, "cluster": cluster, "parallelism": par,

@@ -26,7 +26,9 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/, however this script is loaded
 
+from fast_vs_full import draw_features  # noqa: E402
 from simulator.explore.estimate import estimate  # noqa: E402
 from simulator.pipeline import simulate_metrics  # noqa: E402
 from simulator.scenario import scenario_from_dict  # noqa: E402
@@ -52,16 +54,7 @@ def draw(rng: random.Random) -> dict | None:
     if rng.random() < 0.5:
         par["ep"] = rng.choice([1, 2, 4, 8])
     par["sequence_parallel"] = tp > 1 and rng.random() < 0.8
-    if cp > 1:
-        par["cp_algorithm"] = rng.choice(["ring", "all-gather", "torch-allgather", "a2a"])
-    if par["zero_stage"] == 3 and rng.random() < 0.6:
-        par["sharding"] = rng.choice(["fsdp1", "fsdp2", "deepspeed"])
-    if par["sequence_parallel"] and rng.random() < 0.4:
-        par["tp_comm_overlap"] = True
-    if pp > 1 and rng.random() < 0.7:
-        par["schedule"] = rng.choice(SCHEDULES)
-        if par["schedule"] == "interleaved-1f1b":
-            par["virtual_stages"] = 2
+    draw_features(rng, par, 0.7, SCHEDULES)
     if rng.random() < 0.15:
         par["offload_optimizer"] = True
     mb = rng.choice([1, 2, 4])
