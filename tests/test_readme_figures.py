@@ -388,3 +388,17 @@ def test_more_prose_figures_of_the_accuracy_section(results):
                            "tt2506-llama31-8b-fp8-2d-64gpu", "tt2506-llama31-8b-fp8-2d-asynctp-64gpu")]
     in_readme(f"{tt2d[0]:+.1f}% and {tt2d[1]:+.1f}% in BF16, {tt2d[2]:.1f}% and {tt2d[3]:.1f}% in float8")
     in_readme(f"DeepSeek-V3 pretraining README: MAPE {abs(e['dgxc-dsv3-671b-bf16-1024gpu']):.1f}%")
+
+
+def test_the_zero3_and_summary_prose(results):
+    e = {r["name"]: 100 * r["error"] for r in results}
+    dp = {r["name"]: r["busiest_breakdown"]["comm_dp"] for r in results}
+    in_readme("175B: " + ", ".join(f"{dp[f'narayanan-zero3-175b-{n}']:.1f}" for n in (384, 768, 1536)) + " s")
+    z530 = [e[f"narayanan-zero3-530b-{n}"] for n in (640, 1120, 2240)]
+    in_readme(f"what the 530B rows still miss ({max(z530):.0f} to {min(z530):.0f}%")
+    fsdp = [v for n, v in e.items() if n.startswith(("narayanan-zero3", "llmfoundry"))]
+    mape, worst = sum(map(abs, fsdp)) / len(fsdp), max(map(abs, fsdp))
+    in_readme(f"MAPE <= 15%: {mape:.1f}%, met; every row within +-30%: {worst:.1f}%, met, by {30 - worst:.1f} points")
+    second = sorted((abs(v), n) for n, v in e.items() if n in _names("training_runs_2.csv"))[-2]
+    in_readme(f"then llm-foundry's MPT-7B at 64K tokens, {e[second[1]]:.1f}%")
+    assert second[1] == "llmfoundry-mpt-7b-h100-8gpu-seq65536"
