@@ -1,8 +1,9 @@
 """The README's figures are the code's: each test computes a figure the README quotes and finds it, as
 printed, in the README (whitespace folded). A change that moves a figure fails here until the README
-says what the code now gives: the accuracy table `validate` prints, the per-source and summary
-figures quoted in the prose, the plan search, DualPipe on DeepSeek-V3, goodput and a bundled
-scenario."""
+says what the code now gives: the accuracy table `validate` prints and the figures its prose quotes
+from it, the plan search, DualPipe on DeepSeek-V3, goodput, weak scaling, nccl-tests, collectives,
+memory, task counts and bundled scenarios. (Measurement-derived figures of the calibration README are
+held by tests/test_h100_measured.py and tests/test_fp8_layer_measured.py.)"""
 
 import csv
 import importlib.util
