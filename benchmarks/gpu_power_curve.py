@@ -22,10 +22,8 @@ import time
 from pathlib import Path
 
 import torch
-from gpu_mix import Smi  # run as a script: benchmarks/ is on sys.path
+from gpu_mix import COPY_BYTES, K, M, N, Smi  # run as a script: benchmarks/ is on sys.path; gpu_mix's shapes
 
-M, N, K = 8192, 8192, 4096
-COPY_BYTES = 2 ** 30
 EVERY = 50
 FIELDS = ("phase", "gemms_per_copy", "gemm_tflops", "gemm_tflops_per_GHz", "copy_TBps", "sm_MHz", "power_W")
 
