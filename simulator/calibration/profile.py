@@ -30,7 +30,7 @@ MIN_REPS = 10
 MAX_REPS = 50
 TARGET_TIME_S = 0.05
 TP_DEGREES = (1, 2, 4, 8)  # tensor-parallel sizes inside one 8-GPU node (DGX A100/H100)
-# Adam shard sizes profiled on a GPU, 2^20..2^28 parameters: from a small TP shard to a 268M-parameter
+# Adam and gradient-norm shard sizes profiled on a GPU, 2^20..2^28 parameters: from a small TP shard to a 268M-parameter
 # ZeRO-less stage; sizes outside are extended by the table reader (bandwidth-bound, linear).
 ADAM_SIZES = tuple(2 ** e for e in range(20, 29, 2))
 # Queued GPU timing (queued_cuda_times): batches per kernel, and the sleep that holds the GPU while the
@@ -78,6 +78,11 @@ def adam_work(params: int, grad_dtype: str = "fp32") -> OpWork:
     return OpWork("adam", "optimizer", 0.0, params * (ADAM_STATE_RW_BYTES + DTYPE_BYTES[grad_dtype]), (params,))
 
 
+def grad_norm_work(params: int, grad_dtype: str = "fp32") -> OpWork:
+    """The gradient-norm OpWork of ``strategy/grad_sync`` (every gradient of the shard read once)."""
+    return OpWork("grad_norm", "optimizer", 0.0, params * DTYPE_BYTES[grad_dtype], (params,))
+
+
 def scenario_specs(scn: Scenario) -> list[KernelSpec]:
     """Every distinct compute work of the scenario's lowered task graph (exactly what it will look up)."""
     from ..strategy.lower import lower
@@ -112,8 +117,9 @@ def preset_specs(models: tuple[ModelSpec, ...] | None = None, tps: tuple[int, ..
                     s = KernelSpec(w, p, model, tp)
                     out.setdefault(s.key, s)
     for n in ADAM_SIZES:
-        s = KernelSpec(adam_work(n), "step", None)
-        out.setdefault(s.key, s)
+        for work in (adam_work(n), grad_norm_work(n)):
+            s = KernelSpec(work, "step", None)
+            out.setdefault(s.key, s)
     return list(out.values())
 
 
