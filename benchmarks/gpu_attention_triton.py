@@ -98,6 +98,16 @@ def fa2_rows(label: str, b: int, h: int, s: int, sampler: Sampler) -> list[dict]
     return rows
 
 
+def kernel_stats() -> dict:
+    """Registers per thread and spilled bytes of the three compiled kernels (MPT-13B's shape)."""
+    stats: dict = {}
+    q, k, v, do = tensors(2, 40, 2048)
+    out, lse = mpt.forward(q, k, v, stats=stats)
+    for sp in (True, False):
+        mpt.backward(do, q, k, v, out, lse, True, sp, stats=stats)
+    return stats
+
+
 def shapes(with_rows: bool) -> list[tuple[str, int, int, int]]:
     paper = [(f"paper-s{s}", TOKENS // s, HEADS, s) for s in SEQS]
     return paper + (list(ROWS) if with_rows else [])
@@ -109,6 +119,7 @@ def main() -> int:
     ap.add_argument("--tag", default="", help="file-name suffix (e.g. wgmma)")
     ap.add_argument("--no-fa2", action="store_true", help="skip FlashAttention-2")
     ap.add_argument("--no-rows", action="store_true", help="only the papers' shapes")
+    ap.add_argument("--stats-only", action="store_true", help="only the compiled kernels' registers and spills")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -119,6 +130,11 @@ def main() -> int:
     n = 8192
     doc: dict = {"provenance": dict(provenance(sampler), DISABLE_MMA_V3=os.environ.get("DISABLE_MMA_V3"),
                                     triton=__import__("triton").__version__), "errors": {}}
+    doc["kernel_stats"] = kernel_stats()
+    print(f"{impl} kernels: {json.dumps(doc['kernel_stats'])}", flush=True)
+    if args.stats_only:
+        (out / f"{stem}.json").write_text(json.dumps(doc, indent=1) + "\n")
+        return 0
     doc["warm_gemm"] = summarize(sustained(bf16_gemm(n, n, n, "fwd"), 2.0 * n**3, WARM_GEMM_S, sampler))
     rows: list[dict] = []
     for label, b, h, s in shapes(not args.no_rows):

@@ -150,19 +150,27 @@ def _check(q: torch.Tensor) -> tuple[int, int, int, int]:
     return b, s, h, d
 
 
-def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True):
-    """(out, lse) of softmax(q k^T / sqrt(d)) v, tensors (batch, seq, heads, 128)."""
+def _record(stats: dict | None, name: str, kernel) -> None:
+    """The compiled kernel's registers per thread and spilled bytes (Triton's CompiledKernel fields)."""
+    if stats is not None:
+        stats[name] = {"n_regs": getattr(kernel, "n_regs", None), "n_spills": getattr(kernel, "n_spills", None)}
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, stats: dict | None = None):
+    """(out, lse) of softmax(q k^T / sqrt(d)) v, tensors (batch, seq, heads, 128); ``stats`` collects the
+    compiled kernel's registers and spills."""
     b, s, h, d = _check(q)
     out = torch.empty_like(q)
     lse = torch.empty(b, h, s, device=q.device, dtype=torch.float32)
     tmp = torch.empty_like(lse)
-    _fwd[(s // BLOCK, b * h)](q, k, v, out, lse, tmp, 1.0 / math.sqrt(d), q.stride(0), q.stride(1), q.stride(2),
+    kernel = _fwd[(s // BLOCK, b * h)](q, k, v, out, lse, tmp, 1.0 / math.sqrt(d), q.stride(0), q.stride(1), q.stride(2),
                               s, s, h, CAUSAL=causal, BLOCK_M=BLOCK, BLOCK_N=BLOCK, HEAD_DIM=d,
                               num_warps=WARPS, num_stages=STAGES)
+    _record(stats, "fwd", kernel)
     return out, lse
 
 
-def backward(do, q, k, v, out, lse, causal: bool = True, sequence_parallel: bool = True):
+def backward(do, q, k, v, out, lse, causal: bool = True, sequence_parallel: bool = True, stats: dict | None = None):
     """(dq, dk, dv) as the original's backward computes them, with the chosen dQ strategy."""
     b, s, h, d = _check(q)
     dq_acc = torch.zeros_like(q, dtype=torch.float32)  # the autotuner's pre_hook zeroes DQ
@@ -171,7 +179,8 @@ def backward(do, q, k, v, out, lse, causal: bool = True, sequence_parallel: bool
     _bwd_pre[(s // BLOCK, b * h)](out, do, delta, q.stride(0), q.stride(1), q.stride(2), s, h,
                                   BLOCK_M=BLOCK, HEAD_DIM=d)
     grid = (s // BLOCK if sequence_parallel else 1, b * h)
-    _bwd[grid](q, k, v, do, dq_acc, dk, dv, lse, delta, 1.0 / math.sqrt(d), q.stride(0), q.stride(1), q.stride(2),
+    kernel = _bwd[grid](q, k, v, do, dq_acc, dk, dv, lse, delta, 1.0 / math.sqrt(d), q.stride(0), q.stride(1), q.stride(2),
                s, s, h, SEQUENCE_PARALLEL=sequence_parallel, CAUSAL=causal, BLOCK_M=BLOCK, BLOCK_N=BLOCK,
                HEAD_DIM=d, num_warps=WARPS, num_stages=STAGES)
+    _record(stats, "bwd" if sequence_parallel else "bwd-nosp", kernel)
     return dq_acc.to(q.dtype), dk, dv
