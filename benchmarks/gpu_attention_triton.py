@@ -148,7 +148,8 @@ def main() -> int:
                 continue
             rows += res
             for r in res:
-                print(f"{r['name']:38} {r['pass']:4} b{r['m']:<3} h{r['n']:<3} s{r['k']:<6} {r['time_s'] * 1e3:9.3f} ms "
+                print(f"{r['name']:38} {r['pass']:4} b{r['m']:<3} h{r['n']:<3} s{r['k']:<6} "
+                      f"{r['time_s'] * 1e3:9.3f} ms "
                       f"{r['tflops']:6.1f} TF/s {r['sm_MHz']:6.0f} MHz {r['power_W']:4.0f} W", flush=True)
             torch.cuda.empty_cache()
         with open(out / f"{stem}.csv", "w", newline="") as f:

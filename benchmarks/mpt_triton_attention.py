@@ -163,7 +163,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Tr
     out = torch.empty_like(q)
     lse = torch.empty(b, h, s, device=q.device, dtype=torch.float32)
     tmp = torch.empty_like(lse)
-    kernel = _fwd[(s // BLOCK, b * h)](q, k, v, out, lse, tmp, 1.0 / math.sqrt(d), q.stride(0), q.stride(1), q.stride(2),
+    strides = (q.stride(0), q.stride(1), q.stride(2))
+    kernel = _fwd[(s // BLOCK, b * h)](q, k, v, out, lse, tmp, 1.0 / math.sqrt(d), *strides,
                               s, s, h, CAUSAL=causal, BLOCK_M=BLOCK, BLOCK_N=BLOCK, HEAD_DIM=d,
                               num_warps=WARPS, num_stages=STAGES)
     _record(stats, "fwd", kernel)
@@ -179,7 +180,8 @@ def backward(do, q, k, v, out, lse, causal: bool = True, sequence_parallel: bool
     _bwd_pre[(s // BLOCK, b * h)](out, do, delta, q.stride(0), q.stride(1), q.stride(2), s, h,
                                   BLOCK_M=BLOCK, HEAD_DIM=d)
     grid = (s // BLOCK if sequence_parallel else 1, b * h)
-    kernel = _bwd[grid](q, k, v, do, dq_acc, dk, dv, lse, delta, 1.0 / math.sqrt(d), q.stride(0), q.stride(1), q.stride(2),
+    strides = (q.stride(0), q.stride(1), q.stride(2))
+    kernel = _bwd[grid](q, k, v, do, dq_acc, dk, dv, lse, delta, 1.0 / math.sqrt(d), *strides,
                s, s, h, SEQUENCE_PARALLEL=sequence_parallel, CAUSAL=causal, BLOCK_M=BLOCK, BLOCK_N=BLOCK,
                HEAD_DIM=d, num_warps=WARPS, num_stages=STAGES)
     _record(stats, "bwd" if sequence_parallel else "bwd-nosp", kernel)
