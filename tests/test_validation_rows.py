@@ -34,10 +34,11 @@ def test_bundled_csv_is_the_shared_rows_plus_source_settings():
     today = read_rows([DEFAULT_CSVS[2]])
     nemo2 = read_rows([DEFAULT_CSVS[3]])
     titan = read_rows([DEFAULT_CSVS[4]])
-    assert read_rows([]) == rows + extra + today + nemo2 + titan  # the default runs every bundled file
+    nemo1 = read_rows([DEFAULT_CSVS[5]])
+    assert read_rows([]) == rows + extra + today + nemo2 + titan + nemo1  # the default runs every bundled file
     assert len(extra) == 12 and all(r["settings_from_source"] and r["source"] for r in extra)
-    assert all(r["settings_from_source"] and r["source_url"] and r["quote"] for r in nemo2 + titan)
-    names = [r["name"] for r in rows + extra + today + nemo2 + titan]
+    assert all(r["settings_from_source"] and r["source_url"] and r["quote"] for r in nemo2 + titan + nemo1)
+    names = [r["name"] for r in rows + extra + today + nemo2 + titan + nemo1]
     assert len(names) == len(set(names))
     if SHARED.is_file():
         shared = read_rows([SHARED])
@@ -235,3 +236,18 @@ def test_deepseek_v3_row_is_accepted_with_moe_parallel_folding():
     assert (m.moe_capacity_factor, m.moe_pad_to_capacity) == (1.0, True)
     mesh = DeviceMesh(pp=p.pp, dp=p.dp, cp=p.cp, tp=p.tp, ep=p.ep, etp=p.etp)
     assert all(mesh.group("ep", mesh.representative(st)) == tuple(range(64 * st, 64 * st + 64)) for st in range(16))
+
+
+def test_the_nemo_2407_rows_are_the_published_table():
+    """Each row's step time is GBS x sequence / (tokens/s/GPU x GPUs) from its quoted table line, and its
+    plan is the table's."""
+    for r in read_rows([DEFAULT_CSVS[5]]):
+        cells = [c.strip() for c in r["quote"].split("|")[1:12]]
+        gpus, gbs, mbs, seq, tp, pp, cp, vp, tps = (int(c) for c in cells[1:10])
+        assert int(r["num_nodes"]) * 8 == gpus and int(r["global_batch_size"]) == gbs
+        assert (int(r["micro_batch_size"]), int(r["seq_length"]), int(r["tp"]), int(r["pp"]), int(r["cp"])) == (
+            mbs, seq, tp, pp, cp)
+        assert int(r["virtual_stages"] or 1) == vp and int(r["measured_value"]) == tps
+        assert float(r["iteration_time_s"]) == pytest.approx(gbs * seq / (tps * gpus), abs=1e-4)
+        assert r["dtype"] == "fp8" and r["attention"] == "flash" and r["nvls"] == "false"
+

@@ -7,7 +7,8 @@ CSVs are ``simulator/data/training_runs.csv`` and ``training_runs_2.csv`` (the s
 ``training_runs_nemo2.csv`` (NeMo 2 recipes as DGX Cloud v25.05 published them on GB200 and H100; the
 Blackwell kernel constants come from kernel microbenchmarks, never from these rows) and
 ``training_runs_torchtitan.csv`` (the PyTorch team's torchtitan runs on 500 W Grand Teton H100: FSDP2,
-torch.compile, torchao float8, async TP, PP, CP; held out from every modelling decision), each
+torch.compile, torchao float8, async TP, PP, CP; held out from every modelling decision) and
+``training_runs_nemo1.csv`` (NeMo 24.07's published FP8 pretraining table on DGX H100, held out), each
 with the software settings the sources imply (column ``settings_from_source`` says why), never a
 fitted number.
 """
@@ -31,7 +32,8 @@ from .enumerate import plan_of
 DATA = Path(__file__).resolve().parents[1] / "data"
 DEFAULT_CSV = DATA / "training_runs.csv"
 DEFAULT_CSVS = (DEFAULT_CSV, DATA / "training_runs_extra.csv", DATA / "training_runs_2.csv",
-                DATA / "training_runs_nemo2.csv", DATA / "training_runs_torchtitan.csv")
+                DATA / "training_runs_nemo2.csv", DATA / "training_runs_torchtitan.csv",
+                DATA / "training_runs_nemo1.csv")
 MODEL_COLUMNS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size",
                  "vocab_size", "seq_length", "num_experts", "moe_top_k", "mtp_layers")
 PARALLEL_INT = ("tp", "pp", "dp", "cp", "ep", "etp", "zero_stage", "virtual_stages", "recompute_num_layers")
