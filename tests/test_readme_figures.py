@@ -428,3 +428,14 @@ def test_the_held_out_nemo_2407_table(rows, results):
     bf16 = [evaluate_row(dict(next(x for x in rows if x["name"] == n), grad_dtype="bf16")) for n, _ in refused]
     assert sum(r["fits_in_memory"] for r in bf16) == 3
 
+
+
+def test_the_two_nemo_versions_of_the_70b_fp8_plan(rows, results):
+    """README: the same Llama 3 70B FP8 plan in NeMo 24.07 (FlashAttention-2) and the 24.09 recipe
+    (cuDNN attention), measured and simulated, and the 24.09 row with FlashAttention-2's curves."""
+    e = {r["name"]: r for r in results}
+    a, b = e["nemo2407-llama3-70b-fp8-64gpu"], e["dgxc-llama31-70b-fp8-64gpu"]
+    flash = evaluate_row(dict(next(r for r in rows if r["name"] == b["name"]), attention="flash"))
+    in_readme(f"{a['measured_s']:.2f} s in 24.07 with FlashAttention-2 ({100 * a['error']:+.1f}%), "
+              f"{b['measured_s']:.2f} s in the 24.09 recipe ({100 * b['error']:+.1f}%)",
+              f"with FlashAttention-2's curves the model gives {100 * flash['error']:+.1f}%")
