@@ -76,6 +76,8 @@ def test_one_rank_of_torch_context_parallelism():
     assert [round(1e3 * meas[cp, p], 1) for cp in (2, 4, 8) for p in ("fwd", "bwd")] == [
         54.5, 145.4, 109.7, 288.7, 219.0, 578.3]
     assert all(1.95 < meas[2 * cp, p] / meas[cp, p] < 2.05 for cp in (2, 4) for p in ("fwd", "bwd"))
+    spread = max(max(v) / min(v) - 1 for v in got.values())
+    assert round(100 * spread, 1) == 2.4  # ranks 0 and cp-1
     rows = {r["name"]: r for r in csv.DictReader((ROOT_DATA / "training_runs_torchtitan.csv").open())}
     errs = []
     for cp, seq in ((2, "64k"), (4, "128k"), (8, "256k")):
@@ -88,3 +90,6 @@ def test_one_rank_of_torch_context_parallelism():
                 model[e.phase] += e.end_s - e.start_s
         errs.append((round(100 * (model["F"] / meas[cp, "fwd"] - 1)), round(100 * (model["B"] / meas[cp, "bwd"] - 1))))
     assert errs == [(13, 22), (11, 20), (11, 18)]
+    published = {cp: float(rows[f"tt-llama31-8b-fp8-cp{cp}-seq{seq}-8gpu"]["iteration_time_s"])
+                 for cp, seq in ((2, "64k"), (4, "128k"))}
+    assert round(published[4] / published[2], 1) == 2.4  # "the published step grows 2.4x from CP 2 to CP 4"
