@@ -64,6 +64,10 @@ class ParallelSpec:
     sharding: str = ""  # megatron-distopt | deepspeed | deepspeed-2021 | fsdp1 | fsdp2; "" -> defaults.default_sharding
     shard_group_size: int = 0  # HSDP: FSDP shards inside groups of this many DP ranks, replicates across; 0 = all
     tp_comm_overlap: bool = False  # SP all-gather / reduce-scatter chunked and overlapped with their GEMMs
+    # Megatron-Core's defer_embedding_wgrad_compute / wgrad_deferral_limit: the output layer's weight-gradient
+    # GEMMs of the step's first wgrad_deferral_limit micro-batches (0: all) run in the pipeline flush
+    defer_embedding_wgrad_compute: bool = False
+    wgrad_deferral_limit: int = 0
     layers_per_stage: tuple[int, ...] = ()
 
     @property

@@ -155,6 +155,7 @@ def _check_batch_and_schedule(m: ModelSpec, p: ParallelSpec, t: TrainingSpec) ->
     if p.cp_algorithm == "a2a" and p.cp > 1:
         _check_a2a_heads(m, p)
     _check_sharding(p)
+    _check_wgrad_deferral(p, t)
     if t.fp8_params and p.zero_stage > 1:  # Megatron-Core's --fp8-param-gather: DDP or the distributed optimizer
         raise ScenarioError(f"training.fp8_params needs zero_stage 0 or 1 (DDP or Megatron-Core's distributed "
                             f"optimizer, which gathers the FP8 parameters), got zero_stage = {p.zero_stage}")
@@ -181,6 +182,28 @@ def _check_batch_and_schedule(m: ModelSpec, p: ParallelSpec, t: TrainingSpec) ->
         if min(lps) < per_stage:
             raise ScenarioError(f"parallelism.virtual_stages = {p.virtual_stages} exceeds the layers of the "
                                 f"smallest stage in {list(lps)} (each model chunk needs a layer)")
+
+
+def _check_wgrad_deferral(p: ParallelSpec, t: TrainingSpec) -> None:
+    """Megatron-Core's own checks (model_parallel_config.py), and the plans it exists in here."""
+    if p.wgrad_deferral_limit < 0:
+        raise ScenarioError(f"parallelism.wgrad_deferral_limit must be >= 0 (0 defers every micro-batch), "
+                            f"got {p.wgrad_deferral_limit}")
+    if not p.defer_embedding_wgrad_compute:
+        return
+    if p.pp == 1:
+        raise ScenarioError("parallelism.defer_embedding_wgrad_compute needs pp > 1 (Megatron-Core: the wgrads "
+                            "are deferred into the pipeline flush), got pp = 1")
+    if not t.grad_accumulation_fusion:
+        raise ScenarioError("parallelism.defer_embedding_wgrad_compute needs training.grad_accumulation_fusion = "
+                            "true (Megatron-Core refuses it without), got false")
+    if p.zero_stage > 1 or p.sharding != "megatron-distopt":
+        raise ScenarioError(f"parallelism.defer_embedding_wgrad_compute is Megatron-Core's (zero_stage 0 or 1, "
+                            f"sharding 'megatron-distopt'), got zero_stage = {p.zero_stage}, sharding = "
+                            f"{p.sharding!r}")
+    if splits_backward(p.schedule):
+        raise ScenarioError(f"parallelism.defer_embedding_wgrad_compute: schedule {p.schedule!r} already splits "
+                            f"every weight gradient from its backward; use a 1F1B or interleaved schedule")
 
 
 _SHARDING = IMPLEMENTATIONS

@@ -18,8 +18,9 @@ from ..model.spec import ModelSpec
 from ..scenario import Scenario, TrainingSpec
 from ..strategy.schedules import schedule_actions
 from ..strategy.sharding import layer_submodules, params_per_rank
-from ..strategy.stage_units import (activation_rules, layout_copies, rank_param_counts, scenario_layout,  # noqa: F401
-                                   stage_layout, stage_param_counts)  # (stage_layout re-exported)
+from ..strategy.stage_units import (activation_rules, deferred_head_wgrad, layout_copies,  # noqa: F401
+                                   rank_param_counts, scenario_layout, stage_layout,  # (stage_layout re-exported)
+                                   stage_param_counts)
 from ..strategy.zero_impl import DEEPSPEED, deepspeed_live_params, pipelined_fsdp2, state_zero_stage
 from ..tasks import InternalError
 from ..trace import Trace, TraceEvent
@@ -316,15 +317,23 @@ def schedule_trace(scn: Scenario, stages: list[int] | None = None, recompute_wor
     rules = activation_rules(scn, recompute_workspace=recompute_workspace)
     rows = schedule_actions(layout.schedule, p, scn.num_microbatches, layout.v)
     chosen = range(p) if stages is None else stages
+    defer = deferred_head_wgrad(scn)  # the output layer's deferred wgrads keep their operands to the flush
     events: list[TraceEvent] = []
     for stage in chosen:
-        clock = 0.0
+        clock, deferred = 0.0, 0
         for a in rows[stage]:
-            for _, delta, tag in rules.action(layout.units(a.stage), a.phase):
+            deltas = rules.action(layout.units(a.stage), a.phase)
+            if a.phase == "B" and "head" in layout.units(a.stage) and deferred < defer.microbatches:
+                deltas = deltas + [("head", defer.kept_bytes, "B")]  # the head's B frees that much less
+                deferred += 1
+            for _, delta, tag in deltas:
                 events.append(TraceEvent(f"{a}", "compute", stage, "compute", clock, clock + 1.0, stage=stage,
                                          microbatch=a.microbatch, chunk=a.chunk(p), phase=tag,
                                          mem_delta_bytes=delta))
                 clock += 1.0
+        if deferred:  # the drain after the stage's last backward
+            events.append(TraceEvent("drain", "compute", stage, "compute", clock, clock + 1.0, stage=stage,
+                                     phase="W", mem_delta_bytes=-deferred * defer.kept_bytes))
     return Trace(tuple(events), source="schedule", rank_labels={s: f"stage {s}" for s in chosen})
 
 

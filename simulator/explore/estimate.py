@@ -2,15 +2,13 @@
 timeline, and a lower bound on the iteration time.
 
 Peak memory: ``analysis.memory.estimate_memory`` walks one event per unit (embedding, layer, head) of
-every action; here the same deltas (``strategy.stage_units.ActivationRules``, the rule the lowering
-and ``schedule_trace`` apply: a unit's F allocates its activations, its B frees them, a recomputed
-layer re-materialises ``layer(none) - layer(recompute)`` until its backward ends, W frees the
-weight-gradient part) are folded into one (peak offset, net change) pair per (virtual stage, phase),
-so the walk costs one step per action; the parameters (``stage_units.stage_param_counts``), the
-model state and the static buffers come from the same functions as ``memory_report``. Lower bound: a rank's compute stream is
-serial, so the step takes at least its compute and blocking TP collectives (each at its uncontended
-time, ``cost.collectives.collective_time_s``), plus the pipeline chain before its first action and
-after its last backward. Other communication counts as zero, so the bound holds whatever it costs.
+every action; here the same deltas (``strategy.stage_units.ActivationRules``, the lowering's and
+``schedule_trace``'s rule) are folded into one (peak offset, net change) pair per (virtual stage,
+phase), so the walk costs one step per action (the deferred head wgrads' buffers, ``deferred_head_wgrad``,
+are added whole: an upper bound); parameters, model state and static buffers come from the same
+functions as ``memory_report``. Lower bound: a rank's compute stream is serial, so the step takes at
+least its compute and blocking TP collectives (each at its uncontended time), plus the pipeline chain
+before its first action and after its last backward; other communication counts as zero.
 """
 
 from __future__ import annotations
@@ -20,8 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..analysis.memory import (FRAGMENTATION_FRACTION, model_state_bytes, optimizer_bytes_per_param,
-                               static_buffers)
+from ..analysis.memory import FRAGMENTATION_FRACTION, model_state_bytes, optimizer_bytes_per_param, static_buffers
 from ..cost.collectives import collective_time_s
 from ..cost.model import CostModel
 from ..hardware.topology import build_topology
@@ -34,7 +31,8 @@ from ..strategy.blocking_tp import blocking_tp, tp_traffic
 from ..strategy.embed_grad import weight_grad_bytes
 from ..strategy.recompute import layer_recompute_modes, recomputed_forward
 from ..strategy.schedules import schedule_actions, splits_backward
-from ..strategy.stage_units import StageLayout, activation_rules, scenario_layout, stage_param_counts
+from ..strategy.stage_units import (StageLayout, activation_rules, deferred_head_wgrad, scenario_layout,
+                                   stage_param_counts)
 from ..strategy.zero_impl import state_zero_stage
 from ..tasks import Collective, Task
 from ..units import DTYPE_BYTES
@@ -264,7 +262,10 @@ def activation_peaks(scn: Scenario, cache: EstimateCache | None = None) -> list[
     """Peak activation (+ recompute workspace) bytes of every pipeline rank over one step (once per
     activation key and micro-batch count: plans that differ in ZeRO only share them)."""
     cache = cache or EstimateCache()
-    return list(cache.by_activations(scn, lambda: _fold_peaks(scn, cache), "peaks", scn.num_microbatches))
+    peaks = list(cache.by_activations(scn, lambda: _fold_peaks(scn, cache), "peaks", scn.num_microbatches))
+    defer, layout = deferred_head_wgrad(scn), cache.layout(scn)
+    peaks[layout.smap.rank(layout.nv - 1)] += defer.microbatches * defer.kept_bytes
+    return peaks
 
 
 def _fold_peaks(scn: Scenario, cache: EstimateCache) -> tuple[float, ...]:

@@ -36,7 +36,8 @@ DEFAULT_CSVS = (DEFAULT_CSV, DATA / "training_runs_extra.csv", DATA / "training_
                 DATA / "training_runs_nemo1.csv")
 MODEL_COLUMNS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size",
                  "vocab_size", "seq_length", "num_experts", "moe_top_k", "mtp_layers")
-PARALLEL_INT = ("tp", "pp", "dp", "cp", "ep", "etp", "zero_stage", "virtual_stages", "recompute_num_layers")
+PARALLEL_INT = ("tp", "pp", "dp", "cp", "ep", "etp", "zero_stage", "virtual_stages", "recompute_num_layers",
+                "wgrad_deferral_limit")
 PARALLEL_STR = ("schedule", "recompute", "sharding", "recompute_method", "cp_algorithm")
 BOOL = {"true": True, "false": False}
 # The other columns row_to_raw reads, and those that only describe a row (its provenance, how its step
@@ -47,7 +48,7 @@ OTHER_COLUMNS = ("mlp", "model_preset", "moe_capacity_factor", "dropout", "moe_p
                  "tp_comm_overlap", "layers_per_stage", "recompute_modules", "global_batch_size",
                  "micro_batch_size", "dtype", "attention", "grad_dtype", "grad_accumulation_fusion",
                  "optimizer_state_dtype", "fp8_params", "kernels", "cuda_graphs", "fp8_recipe",
-                 "cross_entropy", "nvls", "overlap_grad_reduce")
+                 "cross_entropy", "nvls", "overlap_grad_reduce", "defer_embedding_wgrad_compute")
 DESCRIPTIVE_COLUMNS = ("source", "name", "kind", "notes", "quote", "source_url", "settings_from_source",
                        "measured_metric", "measured_value", "iteration_time_s", "target_iteration_time_s",
                        "measured_memory_GiB")
@@ -102,7 +103,7 @@ def row_to_raw(row: dict) -> dict:
         cluster["nvls"] = _bool(given, "nvls")
     par: dict = {k: _int(given, k) for k in PARALLEL_INT if k in given}
     par.update({k: given[k] for k in PARALLEL_STR if k in given})
-    for k in ("sequence_parallel", "tp_comm_overlap", "overlap_grad_reduce"):
+    for k in ("sequence_parallel", "tp_comm_overlap", "overlap_grad_reduce", "defer_embedding_wgrad_compute"):
         if k in given:
             par[k] = _bool(given, k)
     if "layers_per_stage" in given:  # semicolon-separated, first pipeline stage first

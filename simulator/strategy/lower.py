@@ -21,7 +21,7 @@ from ..tasks import InternalError, TaskGraph
 from .blocks import build_blocks, layer_blocks, split_off
 from .context import LowerCtx
 from .emit_sync import ParamGradSync
-from .grad_sync import zero3_reduce
+from .grad_sync import last_compute, zero3_reduce
 from .layer_emit import amax_reduction, column_backward, layer_backward, layer_forward, layer_weight_grad, tp_op
 from .mesh import DeviceMesh
 from .pair_overlap import interleave
@@ -30,7 +30,7 @@ from .embed_grad import weight_grad_bytes
 from .sharding import layer_submodules
 from .recompute import layer_recompute_modes
 from .stage_units import (activation_rules, chunk_layers, chunk_sizes, copy_sync_bytes,  # noqa: F401 (re-exported)
-                          scenario_layout, stage_layout, stage_param_counts, unit_params)
+                          deferred_head_wgrad, scenario_layout, stage_layout, stage_param_counts, unit_params)
 from .stamp import Stamper
 from .zero_impl import FSDP, pipelined_fsdp2
 
@@ -115,6 +115,8 @@ class _Emitter(ParamGradSync):
         self.layer_subs = layer_submodules(g, par.tp, par.ep)
         self.recompute_modes = layer_recompute_modes(par, layout, ctx.scn.model)  # per layer index
         self.recomputed = frozenset(i for i, mode in enumerate(self.recompute_modes) if mode == "full")
+        self.defer = deferred_head_wgrad(ctx.scn)  # the output layer's wgrads run in the flush (drain)
+        self.deferred: dict = {r: [] for r in ranks}  # rank -> metas of its deferred head backwards
 
     # ---- driver ------------------------------------------------------------------------------
     def run(self) -> None:
@@ -135,6 +137,7 @@ class _Emitter(ParamGradSync):
             if not progressed:
                 raise InternalError("pipeline schedule deadlocks: no stage can make progress")
         for r in self.ranks:
+            self._drain(r)
             self._finish(r)
 
     def _peer(self, rank: int, vs: int) -> int:
@@ -246,10 +249,13 @@ class _Emitter(ParamGradSync):
         """B of virtual stage vs for micro-batch mb after ``dep``; stamped outside ZeRO-3 (see _forward)."""
         final = self._count(r, vs, "B")
         meta = self._meta(vs, mb, "B")
+        defer = self._units(vs)[-1] == "head" and len(self.deferred[r]) < self.defer.microbatches
+        if defer:
+            self.deferred[r].append(meta)
         if self.zero3 and (r, vs) not in self.resident:
-            out = self._backward_units(self.ctx, r, (dep,), f"B{mb}", meta, vs)
+            out = self._backward_units(self.ctx, r, (dep,), f"B{mb}", meta, vs, defer)
         else:
-            out = self.stamp.call(self._backward_units, r, (dep,), f"B{mb}", meta, vs)
+            out = self.stamp.call(self._backward_units, r, (dep,), f"B{mb}", meta, vs, defer)
         x = out[-1]
         if self.split_w:
             self._grads_ready(r, vs, f"B{mb}", [], final, x)
@@ -257,9 +263,11 @@ class _Emitter(ParamGradSync):
             self._grads_ready(r, vs, f"B{mb}", list(zip(self._units(vs)[::-1], out[:-1])), final, x)
         self._send(r, vs, mb, "B", x)
 
-    def _backward_units(self, ctx: LowerCtx, r: int, deps: tuple, name: str, meta: dict, vs: int) -> tuple:
+    def _backward_units(self, ctx: LowerCtx, r: int, deps: tuple, name: str, meta: dict, vs: int,
+                        defer: bool = False) -> tuple:
         """The units of a B pass after deps[0], in backward order; returns the last task of every unit
-        (when the backward is not split) and the pass's last task."""
+        (when the backward is not split) and the pass's last task. ``defer``: the head computes its
+        input gradient only and keeps its wgrad's operands for the flush (``_drain``)."""
         b, mb = ctx.blocks, meta["microbatch"]
         ends: list = []
         x = deps[0]
@@ -272,7 +280,8 @@ class _Emitter(ParamGradSync):
                     loss, head = split_off(head, "loss")
                     ctx.alloc_next(r, d.alloc_bytes)
                     x = ctx.compute(r, f"{name}.head.loss", loss, () if x is None else (x,), **meta)
-                x = column_backward(ctx, r, head, x, f"{name}.head", meta, self.split_w, d.free_bytes)
+                kept = self.defer.kept_bytes if defer else 0.0
+                x = column_backward(ctx, r, head, x, f"{name}.head", meta, self.split_w or defer, d.free_bytes - kept)
             elif unit == "embed":
                 x = ctx.join(r, f"{name}.embed.wait", deps, **meta)
                 if ctx.par.sequence_parallel:  # conjugate of the embedding's reduce-scatter
@@ -292,6 +301,29 @@ class _Emitter(ParamGradSync):
             if not self.split_w:
                 ends.append(x)
         return tuple(ends) + (amax_reduction(ctx, r, x, name, meta, self._layers(vs), "B"),)
+
+    def _drain(self, r: int) -> None:
+        """Megatron-Core's drain_embedding_wgrad_compute on the last stage, after its last backward: the
+        deferred output-layer weight gradients in micro-batch order, each after the TP all-gather of its
+        buffered input under sequence parallelism, each freeing its buffers; the head's gradients are
+        then ready for their reduction (``stage_units.DeferredHeadWgrad``)."""
+        metas = self.deferred[r]
+        if not metas:
+            return
+        ctx = self.ctx
+        x = last_compute(ctx, r)
+        for meta in metas:
+            w = dict(meta, phase="W")
+            name = f"W{meta['microbatch']}.head.deferred"
+            g = None
+            if ctx.par.sequence_parallel and ctx.par.tp > 1:
+                g = ctx.tp_collective(r, f"{name}.input_all_gather", "all_gather", ctx.full_activation_bytes(), (x,),
+                                      "comm_tp", **w)
+            x = ctx.compute(r, name, ctx.blocks.head.bwd_w, tuple(d for d in (x, g) if d is not None),
+                            mem_delta_bytes=-self.defer.kept_bytes, **w)
+        for vs, ready in self.final_ready[r]:
+            if self._units(vs)[-1] == "head":  # units in backward order: the head's gradient comes first
+                ready[0] = (x,) + tuple(ready[0][1:])
 
     def _weight(self, r: int, vs: int, mb: int, dep: int | None) -> None:
         """W of virtual stage vs for micro-batch mb (split backward schedules), stamped (see _forward)."""

@@ -355,3 +355,31 @@ def activation_rules(scn: Scenario, split_backward: bool | None = None, recomput
     return ActivationRules(layer_memories(scn, split_backward, recompute_workspace, modes, groups),
                            embedding_activation_bytes(*args), head_activation_bytes(*args),
                            loss_backward_bytes(m, tr.micro_batch_size, par.tp, par.cp, tr.cross_entropy))
+
+
+# ---- the output layer's deferred weight gradients -------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class DeferredHeadWgrad:
+    """Megatron-Core's ``defer_embedding_wgrad_compute``: the output layer's backward computes only its
+    input gradient for the step's first ``microbatches`` micro-batches (``wgrad_deferral_limit``; 0: all
+    of them), buffering its input (``embedding_activation_buffer``: the sequence-parallel shard the
+    forward saved) and its output gradient (``grad_output_buffer``, cast to the activation dtype), and
+    ``drain_embedding_wgrad_compute`` runs their weight-gradient GEMMs on the last stage after its last
+    backward, before the gradients are reduced (megatron/core/tensor_parallel/layers.py,
+    pipeline_parallel/schedules.py, utils.py). ``kept_bytes``: what each deferred micro-batch holds from
+    its head backward to its GEMM in the flush."""
+
+    microbatches: int = 0
+    kept_bytes: float = 0.0
+
+
+def deferred_head_wgrad(scn: Scenario) -> DeferredHeadWgrad:
+    """The scenario's deferral (none unless ``parallelism.defer_embedding_wgrad_compute``)."""
+    m, par, tr = scn.model, scn.parallel, scn.training
+    if not par.defer_embedding_wgrad_compute or par.pp == 1:
+        return DeferredHeadWgrad()
+    n = scn.num_microbatches  # the head's backwards on the last stage in one step
+    tokens = (m.seq_length // par.cp) * tr.micro_batch_size
+    saved_input = tokens * m.hidden_size / (par.tp if par.sequence_parallel else 1)
+    grad_output = tokens * -(-m.vocab_size // par.tp)
+    return DeferredHeadWgrad(min(par.wgrad_deferral_limit or n, n), tr.dtype_bytes * (saved_input + grad_output))

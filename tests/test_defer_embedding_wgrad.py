@@ -1,0 +1,123 @@
+"""Megatron-Core's defer_embedding_wgrad_compute (parallelism.defer_embedding_wgrad_compute,
+wgrad_deferral_limit): the output layer's weight-gradient GEMMs of the step's first micro-batches move
+from their backward passes into the pipeline flush, after the last stage's last backward, in
+micro-batch order, each freeing the input and output gradient it kept; the head's gradient is reduced
+after them; the memory estimates keep the same buffers (stage_units.deferred_head_wgrad, one rule)."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator.analysis.memory import estimate_memory, schedule_trace
+from simulator.explore.estimate import memory_totals
+from simulator.pipeline import simulate
+from simulator.scenario import scenario_from_dict
+from simulator.scenario_checks import ScenarioError
+from simulator.strategy.lower import lower
+from simulator.strategy.stage_units import deferred_head_wgrad
+
+
+def scenario(defer: bool = True, limit: int = 0, tp: int = 2, sp: bool = True, **par):
+    parallel = {"tp": tp, "pp": 2, "sequence_parallel": sp, "schedule": "1f1b",
+                "defer_embedding_wgrad_compute": defer, "wgrad_deferral_limit": limit, **par}
+    return scenario_from_dict({"name": "t", "model": {"preset": "gpt3-1.3b"},
+                               "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 1},
+                               "parallelism": parallel,
+                               "training": {"global_batch_size": 16, "micro_batch_size": 2}})
+
+
+def last_stage(graph):
+    return max(graph.ranks)
+
+
+def head_tasks(graph, rank: int) -> list:
+    return [t for t in graph.tasks if t.rank == rank and t.kind == "compute" and ".head" in t.name]
+
+
+@pytest.mark.parametrize("limit, deferred", [(0, 4), (3, 3), (9, 4)])
+def test_the_first_micro_batches_defer_their_head_wgrad_to_after_the_last_backward(limit, deferred):
+    scn = scenario(limit=limit)
+    assert scn.num_microbatches == 4 and deferred_head_wgrad(scn).microbatches == deferred
+    g = lower(scn).graph
+    r = last_stage(g)
+    drain = [t for t in head_tasks(g, r) if t.name.endswith(".head.deferred")]
+    assert [t.microbatch for t in drain] == list(range(deferred))  # micro-batch order, the first ones
+    last_b = max(t.id for t in g.tasks if t.rank == r and t.kind == "compute" and t.phase == "B")
+    assert all(t.id > last_b for t in drain)
+    kept = deferred_head_wgrad(scn).kept_bytes
+    assert [t.mem_delta_bytes for t in drain] == [-kept] * deferred
+    # each deferred GEMM waits for the TP all-gather of its buffered sequence-parallel input
+    gathers = {t.id for t in g.tasks if t.rank == r and t.name.endswith(".head.deferred.input_all_gather")}
+    assert len(gathers) == deferred and all(set(t.deps) & gathers for t in drain)
+
+
+def test_deferral_moves_the_head_wgrad_flops_without_changing_them():
+    with_defer, without = lower(scenario()).graph, lower(scenario(defer=False)).graph
+    r = last_stage(without)
+
+    def flops(g, pred=lambda t: True):
+        return sum(w.flops for t in g.tasks if t.rank == r and t.kind == "compute" and pred(t) for w in t.work)
+
+    assert flops(with_defer) == pytest.approx(flops(without), rel=1e-12)
+    moved = flops(with_defer, lambda t: t.name.endswith(".head.deferred"))
+    b_head = flops(without, lambda t: ".head" in t.name and t.phase == "B")
+    assert 0 < moved < b_head  # the weight gradients only, not the input gradients nor the loss
+
+
+def test_the_heads_gradient_reduction_waits_for_the_drain():
+    scn = scenario(zero_stage=1)
+    g = lower(scn).graph
+    r = last_stage(g)
+    last_drain = max(t.id for t in head_tasks(g, r) if t.name.endswith(".head.deferred"))
+    dp = [t for t in g.tasks if t.rank == r and t.kind == "comm" and t.category == "comm_dp"]
+    assert dp and any(last_drain in t.deps for t in dp)
+
+
+def test_the_simulated_memory_and_both_estimates_keep_the_buffers():
+    for limit in (0, 2):
+        scn, base = scenario(limit=limit), scenario(defer=False)
+        sim = simulate(scn).memory.per_rank
+        est = estimate_memory(scn).per_rank
+        r = max(sim)  # the last stage's rank; the estimate numbers stages
+        assert sim[r]["activations"] == pytest.approx(est[max(est)]["activations"], rel=1e-9)
+        assert sim[r]["activations"] > simulate(base).memory.per_rank[r]["activations"]
+        # the search's estimate holds every deferred buffer at once: never below the simulation
+        assert memory_totals(scn)[-1] >= sim[r]["total"] * (1 - 1e-9)
+        events = [e for e in schedule_trace(scn).events if e.rank == max(est)]
+        assert sum(e.mem_delta_bytes for e in events) == pytest.approx(0.0, abs=1.0)  # the drain frees them
+
+
+def test_kept_bytes_are_the_sequence_parallel_input_and_the_vocab_parallel_output_gradient():
+    scn = scenario(tp=2, sp=True)
+    m, t = scn.model, scn.training
+    tokens = m.seq_length * t.micro_batch_size
+    assert deferred_head_wgrad(scn).kept_bytes == 2 * tokens * (m.hidden_size / 2 + -(-m.vocab_size // 2))
+    no_sp = scenario(tp=2, sp=False)
+    assert deferred_head_wgrad(no_sp).kept_bytes == 2 * tokens * (m.hidden_size + -(-m.vocab_size // 2))
+    assert deferred_head_wgrad(scenario(defer=False)).microbatches == 0
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"pp": 1}, "needs pp > 1"),
+    ({"wgrad_deferral_limit": -1}, "wgrad_deferral_limit must be >= 0"),
+    ({"schedule": "zero-bubble"}, "already splits every weight gradient"),
+    ({"zero_stage": 3, "dp": 4}, "is Megatron-Core's"),
+])
+def test_refused_where_megatron_core_refuses_it_or_where_it_does_not_exist(change, message):
+    raw = {"name": "t", "model": {"preset": "gpt3-1.3b"}, "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 1},
+           "parallelism": {"tp": 2, "pp": 2, "defer_embedding_wgrad_compute": True, **change},
+           "training": {"global_batch_size": 16, "micro_batch_size": 2}}
+    if change.get("pp") == 1:
+        raw["parallelism"]["tp"] = 4
+    if "dp" in change:
+        raw["cluster"]["num_nodes"] = 2
+    with pytest.raises(ScenarioError, match=message):
+        scenario_from_dict(raw)
+
+
+def test_refused_without_gradient_accumulation_fusion():
+    raw = {"name": "t", "model": {"preset": "gpt3-1.3b"}, "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 1},
+           "parallelism": {"tp": 4, "pp": 2, "defer_embedding_wgrad_compute": True},
+           "training": {"global_batch_size": 16, "micro_batch_size": 2, "grad_accumulation_fusion": False}}
+    with pytest.raises(ScenarioError, match="grad_accumulation_fusion"):
+        scenario_from_dict(raw)
