@@ -64,13 +64,20 @@ def test_deferral_moves_the_head_wgrad_flops_without_changing_them():
     assert 0 < moved < b_head  # the weight gradients only, not the input gradients nor the loss
 
 
-def test_the_heads_gradient_reduction_waits_for_the_drain():
-    scn = scenario(zero_stage=1)
-    g = lower(scn).graph
+def test_the_heads_gradient_reduction_does_not_wait_for_the_drain_but_the_optimizer_does():
+    """Megatron-Core's DDP hook marks the head's weight ready in its last backward (the deferring backward
+    returns a dummy gradient), so its reduction is launched before the drain (Megatron-LM issue #1012)."""
+    g = lower(scenario(zero_stage=1)).graph
     r = last_stage(g)
-    last_drain = max(t.id for t in head_tasks(g, r) if t.name.endswith(".head.deferred"))
-    dp = [t for t in g.tasks if t.rank == r and t.kind == "comm" and t.category == "comm_dp"]
-    assert dp and any(last_drain in t.deps for t in dp)
+    drain = {t.id for t in head_tasks(g, r) if t.name.endswith(".head.deferred")}
+    dp = [t for t in g.tasks if t.rank == r and t.kind == "comm" and t.name.startswith("grad_reduce_scatter")]
+    assert dp and not any(set(t.deps) & drain for t in dp)
+    # finalize_model_grads comes after the drain: the tied embedding's all-reduce waits for it
+    tied = [t for t in g.tasks if t.rank == r and t.name == "embedding_grad_all_reduce"]
+    assert [t.deps for t in tied] == [(max(drain),)]
+    step = [t for t in g.tasks if t.rank == r and t.category == "optimizer"]
+    before = {d for t in step for d in t.deps}
+    assert max(drain) in before or any(max(drain) in g.tasks[d].deps for d in before)
 
 
 def test_the_simulated_memory_and_both_estimates_keep_the_buffers():

@@ -305,8 +305,11 @@ class _Emitter(ParamGradSync):
     def _drain(self, r: int) -> None:
         """Megatron-Core's drain_embedding_wgrad_compute on the last stage, after its last backward: the
         deferred output-layer weight gradients in micro-batch order, each after the TP all-gather of its
-        buffered input under sequence parallelism, each freeing its buffers; the head's gradients are
-        then ready for their reduction (``stage_units.DeferredHeadWgrad``)."""
+        buffered input under sequence parallelism, each freeing its buffers (``stage_units``). The head's
+        gradient reduction is not held for them: the deferring backward still returns a (dummy) weight
+        gradient, so DDP's hook marks the parameter ready in its last backward, as without deferral
+        (megatron/core/tensor_parallel/layers.py; Megatron-LM issue #1012 reports the drain after the
+        gradient reduction); the optimizer step waits for the drain."""
         metas = self.deferred[r]
         if not metas:
             return
@@ -321,9 +324,6 @@ class _Emitter(ParamGradSync):
                                       "comm_tp", **w)
             x = ctx.compute(r, name, ctx.blocks.head.bwd_w, tuple(d for d in (x, g) if d is not None),
                             mem_delta_bytes=-self.defer.kept_bytes, **w)
-        for vs, ready in self.final_ready[r]:
-            if self._units(vs)[-1] == "head":  # units in backward order: the head's gradient comes first
-                ready[0] = (x,) + tuple(ready[0][1:])
 
     def _weight(self, r: int, vs: int, mb: int, dep: int | None) -> None:
         """W of virtual stage vs for micro-batch mb (split backward schedules), stamped (see _forward)."""
