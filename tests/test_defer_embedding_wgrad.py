@@ -128,3 +128,21 @@ def test_refused_without_gradient_accumulation_fusion():
            "training": {"global_batch_size": 16, "micro_batch_size": 2, "grad_accumulation_fusion": False}}
     with pytest.raises(ScenarioError, match="grad_accumulation_fusion"):
         scenario_from_dict(raw)
+
+
+def test_the_readme_figures_of_the_dgx_cloud_rows_that_defer():
+    """README: 5.7 GiB of buffers at the 70B recipe's limit of 22, and the rows moved by -0.5 to -2.9 points."""
+    import re
+    from pathlib import Path
+
+    from simulator.explore.validate import evaluate_row, read_rows, row_to_raw
+
+    readme = re.sub(r"\s+", " ", (Path(__file__).resolve().parents[1] / "README.md").read_text())
+    rows = [r for r in read_rows([]) if r.get("defer_embedding_wgrad_compute") == "true"]
+    assert len(rows) == 10
+    seventy = next(r for r in rows if r["name"] == "dgxc-llama31-70b-fp8-64gpu")
+    d = deferred_head_wgrad(scenario_from_dict(row_to_raw(seventy)))
+    assert d.microbatches == 22 and f"{d.microbatches * d.kept_bytes / 2**30:.1f} GiB at the DGX Cloud" in readme
+    moved = [100 * (evaluate_row(r)["error"] - evaluate_row(dict(r, defer_embedding_wgrad_compute="false"))["error"])
+             for r in rows]
+    assert f"(moved by {max(moved):.1f} to {min(moved):.1f} points)" in readme
