@@ -9,8 +9,9 @@ simulated peak (the search prunes with both).
 Draws: model presets (dense, GQA, MoE, MLA, gpt-oss, Llama 4) cut to a few layers per stage, one to
 eight nodes of A100, H100, H200, B200 or Grand Teton hosts, TP/CP/PP/DP/EP, ZeRO 0-3 with every
 sharding implementation, every pipeline schedule, every CP algorithm, recompute, TP overlap, optimizer
-offload, FP8 recipes and parameters, eager kernels, torch's loss, the attention kernels, CUDA graphs
-and gradient dtypes. Draws the scenario rules refuse are drawn again. Prints one line per violation
+offload, FP8 recipes and parameters, eager kernels, torch's loss, the attention kernels, CUDA graphs,
+gradient dtypes and deferred output-layer weight gradients. Draws the scenario rules refuse are drawn
+again. Prints one line per violation
 and a summary; exits 1 on any violation.
 """
 
@@ -55,6 +56,8 @@ def draw(rng: random.Random) -> dict | None:
         par["ep"] = rng.choice([1, 2, 4, 8])
     par["sequence_parallel"] = tp > 1 and rng.random() < 0.8
     draw_features(rng, par, 0.7, SCHEDULES)
+    if pp > 1 and rng.random() < 0.3:  # Megatron-Core's deferred head wgrads (refused where they do not exist)
+        par["defer_embedding_wgrad_compute"], par["wgrad_deferral_limit"] = True, rng.choice([0, 1, 3])
     if rng.random() < 0.15:
         par["offload_optimizer"] = True
     mb = rng.choice([1, 2, 4])

@@ -324,7 +324,8 @@ def schedule_trace(scn: Scenario, stages: list[int] | None = None, recompute_wor
         for a in rows[stage]:
             deltas = rules.action(layout.units(a.stage), a.phase)
             if a.phase == "B" and "head" in layout.units(a.stage) and deferred < defer.microbatches:
-                deltas = deltas + [("head", defer.kept_bytes, "B")]  # the head's B frees that much less
+                at = max(i for i, (u, _, _) in enumerate(deltas) if u == "head") + 1  # the head's B frees less
+                deltas = deltas[:at] + [("head", defer.kept_bytes, "B")] + deltas[at:]
                 deferred += 1
             for _, delta, tag in deltas:
                 events.append(TraceEvent(f"{a}", "compute", stage, "compute", clock, clock + 1.0, stage=stage,

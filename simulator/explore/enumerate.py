@@ -117,6 +117,10 @@ def apply_plan(raw: dict, plan: Plan) -> dict:
     par.update({k: getattr(plan, k) for k in PLAN_KEYS})
     if plan.recompute != "selective":  # the scenario's modules apply to its selective plans only
         par.pop("recompute_modules", None)
+    if plan.pp == 1 or plan.zero_stage > 1 or SCHEDULES[plan.schedule].splits_backward:
+        # Megatron-Core's deferred head wgrads need its pipeline and DDP: the scenario's choice where they exist
+        par.pop("defer_embedding_wgrad_compute", None)
+        par.pop("wgrad_deferral_limit", None)
     par.pop("recompute_method", None)  # the plan's: every layer, or N by its method (block by default)
     par.pop("recompute_num_layers", None)
     if plan.recompute_num_layers:

@@ -1,14 +1,12 @@
 """Static estimates that let the plan search skip simulations: the per-rank peak memory without a
-timeline, and a lower bound on the iteration time.
-
-Peak memory: ``analysis.memory.estimate_memory`` walks one event per unit (embedding, layer, head) of
-every action; here the same deltas (``strategy.stage_units.ActivationRules``, the lowering's and
-``schedule_trace``'s rule) are folded into one (peak offset, net change) pair per (virtual stage,
-phase), so the walk costs one step per action (the deferred head wgrads' buffers, ``deferred_head_wgrad``,
-are added whole: an upper bound); parameters, model state and static buffers come from the same
-functions as ``memory_report``. Lower bound: a rank's compute stream is serial, so the step takes at
-least its compute and blocking TP collectives (each at its uncontended time), plus the pipeline chain
-before its first action and after its last backward; other communication counts as zero.
+timeline, and a lower bound on the iteration time. Peak memory: ``analysis.memory.estimate_memory`` walks
+one event per unit (embedding, layer, head) of every action; here the same deltas (the lowering's
+``strategy.stage_units.ActivationRules``) are folded into one (peak offset, net change) pair per (virtual
+stage, phase), so the walk costs one step per action (a stage whose deferred head wgrads keep buffers,
+``deferred_head_wgrad``, is walked unit by unit); parameters, model state and static buffers come from
+``memory_report``'s functions. Lower bound: a rank's compute stream is serial, so the step takes at least
+its compute and blocking TP collectives (each at its uncontended time), plus the pipeline chain before
+its first action and after its last backward; other communication counts as zero.
 """
 
 from __future__ import annotations
@@ -18,7 +16,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..analysis.memory import FRAGMENTATION_FRACTION, model_state_bytes, optimizer_bytes_per_param, static_buffers
+from ..analysis.memory import (FRAGMENTATION_FRACTION, model_state_bytes, optimizer_bytes_per_param,
+                               schedule_trace, static_buffers)
 from ..cost.collectives import collective_time_s
 from ..cost.model import CostModel
 from ..hardware.topology import build_topology
@@ -263,8 +262,9 @@ def activation_peaks(scn: Scenario, cache: EstimateCache | None = None) -> list[
     activation key and micro-batch count: plans that differ in ZeRO only share them)."""
     cache = cache or EstimateCache()
     peaks = list(cache.by_activations(scn, lambda: _fold_peaks(scn, cache), "peaks", scn.num_microbatches))
-    defer, layout = deferred_head_wgrad(scn), cache.layout(scn)
-    peaks[layout.smap.rank(layout.nv - 1)] += defer.microbatches * defer.kept_bytes
+    if deferred_head_wgrad(scn).microbatches:  # the head's stage by the walk itself: its buffers vary by micro-batch
+        r = cache.layout(scn).smap.rank(cache.layout(scn).nv - 1)
+        peaks[r] = max(0.0, *np.cumsum([e.mem_delta_bytes for e in schedule_trace(scn, [r]).events]))
     return peaks
 
 
@@ -368,20 +368,20 @@ def _kind_times(scn: Scenario, cache: EstimateCache, lb: LayerBlocks, memo: dict
 def time_lower_bound(scn: Scenario, cache: EstimateCache | None = None) -> tuple[float, float]:
     """(bound, blocking TP seconds on the bounding rank's compute stream). Per pipeline rank, the compute
     stream: the forward chain of the virtual stages before its first action + its work up to its last B
-    + max(its remaining work, the backward chain of the virtual stages before that B); its
-    data-parallel streams (``estimate_streams.dp_stream_s``) and its pipeline sends (``pp_stream_s``);
-    DeepSpeed 2021's host work rides on the compute stream (``ds2021_host_s``). The bound is the largest
-    over ranks and streams."""
+    (less the deferred head wgrads, which run after it) + max(its remaining work, the backward chain of
+    the virtual stages before that B); its data-parallel streams (``dp_stream_s``) and pipeline sends
+    (``pp_stream_s``); DeepSpeed 2021's host work (``ds2021_host_s``). The largest over ranks and streams."""
     cache = cache or EstimateCache()
-    t = _phase_times(scn, cache)
-    layout = cache.layout(scn)
+    t, layout = _phase_times(scn, cache), cache.layout(scn)
     fwd = [sum(t[vs, "F"]) for vs in range(layout.nv)]
     bwd = [sum(t[vs, "B"]) for vs in range(layout.nv)]
     before = lambda vs: slice(layout.smap.first_of(vs), vs)  # noqa: E731 (the stages before vs in its model copy)
+    drain = deferred_head_wgrad(scn).microbatches * cache.work_s(scn, cache.blocks(scn).head.bwd_w)
     best = (0.0, 0.0)
     for r, prof in enumerate(cache.profiles(scn)):
-        head = sum(c * sum(t[k]) for k, c in prof.head)
-        tail = sum(c * sum(t[k]) for k, c in prof.tail)
+        moved = drain if r == layout.smap.rank(layout.nv - 1) else 0.0
+        head = sum(c * sum(t[k]) for k, c in prof.head) - moved
+        tail = sum(c * sum(t[k]) for k, c in prof.tail) + moved
         bound = (sum(fwd[before(prof.first_stage)]) + head + max(tail, sum(bwd[before(prof.last_b_stage)]))
                  + ds2021_host_s(scn, cache, r))
         tp = sum(c * t[k][1] for k, c in prof.head + prof.tail)
