@@ -155,7 +155,7 @@ def _check_batch_and_schedule(m: ModelSpec, p: ParallelSpec, t: TrainingSpec) ->
     if p.cp_algorithm == "a2a" and p.cp > 1:
         _check_a2a_heads(m, p)
     _check_sharding(p)
-    _check_wgrad_deferral(p, t)
+    _check_wgrad_deferral(m, p, t)
     if t.fp8_params and p.zero_stage > 1:  # Megatron-Core's --fp8-param-gather: DDP or the distributed optimizer
         raise ScenarioError(f"training.fp8_params needs zero_stage 0 or 1 (DDP or Megatron-Core's distributed "
                             f"optimizer, which gathers the FP8 parameters), got zero_stage = {p.zero_stage}")
@@ -184,7 +184,7 @@ def _check_batch_and_schedule(m: ModelSpec, p: ParallelSpec, t: TrainingSpec) ->
                                 f"smallest stage in {list(lps)} (each model chunk needs a layer)")
 
 
-def _check_wgrad_deferral(p: ParallelSpec, t: TrainingSpec) -> None:
+def _check_wgrad_deferral(m: ModelSpec, p: ParallelSpec, t: TrainingSpec) -> None:
     """Megatron-Core's own checks (model_parallel_config.py), and the plans it exists in here."""
     if p.wgrad_deferral_limit < 0:
         raise ScenarioError(f"parallelism.wgrad_deferral_limit must be >= 0 (0 defers every micro-batch), "
@@ -204,6 +204,9 @@ def _check_wgrad_deferral(p: ParallelSpec, t: TrainingSpec) -> None:
     if splits_backward(p.schedule):
         raise ScenarioError(f"parallelism.defer_embedding_wgrad_compute: schedule {p.schedule!r} already splits "
                             f"every weight gradient from its backward; use a 1F1B or interleaved schedule")
+    if m.mtp_layers:  # Megatron-Core buffers every output-layer call, the MTP depths' too: not modelled
+        raise ScenarioError(f"parallelism.defer_embedding_wgrad_compute is not modelled with multi-token "
+                            f"prediction (model.mtp_layers = {m.mtp_layers})")
 
 
 _SHARDING = IMPLEMENTATIONS

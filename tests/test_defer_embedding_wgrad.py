@@ -140,6 +140,15 @@ def test_refused_where_megatron_core_refuses_it_or_where_it_does_not_exist(chang
         scenario_from_dict(raw)
 
 
+def test_refused_with_multi_token_prediction():
+    raw = {"name": "t", "model": {"preset": "gpt3-1.3b", "mtp_layers": 1},
+           "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 1},
+           "parallelism": {"tp": 4, "pp": 2, "defer_embedding_wgrad_compute": True},
+           "training": {"global_batch_size": 16, "micro_batch_size": 2}}
+    with pytest.raises(ScenarioError, match="mtp_layers = 1"):
+        scenario_from_dict(raw)
+
+
 def test_refused_without_gradient_accumulation_fusion():
     raw = {"name": "t", "model": {"preset": "gpt3-1.3b"}, "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 1},
            "parallelism": {"tp": 4, "pp": 2, "defer_embedding_wgrad_compute": True},
