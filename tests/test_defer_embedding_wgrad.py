@@ -201,3 +201,19 @@ def test_a_search_keeps_plans_where_the_deferral_cannot_apply():
         par = apply_plan(raw, plan)["parallelism"]
         assert "defer_embedding_wgrad_compute" not in par and "wgrad_deferral_limit" not in par
         scenario_from_dict(apply_plan(raw, plan))  # valid
+
+
+def test_the_representative_ranks_give_the_full_simulations_step():
+    """Fast mode (one rank per stage, sibling traffic charged) against --full, on an oversubscribed fat tree."""
+    from simulator.pipeline import simulate_metrics
+
+    raw = {"name": "t", "model": {"preset": "llama3-8b", "num_layers": 8},
+           "cluster": {"preset": "dgx-h100", "num_nodes": 4, "topology": "fat-tree", "oversubscription": 2},
+           "parallelism": {"tp": 2, "pp": 4, "sequence_parallel": True, "zero_stage": 1,
+                           "schedule": "interleaved-1f1b", "virtual_stages": 2,
+                           "defer_embedding_wgrad_compute": True, "wgrad_deferral_limit": 3},
+           "training": {"global_batch_size": 32}}
+    scn = scenario_from_dict(raw)
+    fast, full = simulate_metrics(scn), simulate_metrics(scn, full=True)
+    assert fast["iteration_time_s"] == pytest.approx(full["iteration_time_s"], rel=0.02)
+    assert fast["memory_bytes"]["total"] == pytest.approx(full["memory_bytes"]["total"], rel=1e-9)
