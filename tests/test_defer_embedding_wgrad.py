@@ -217,3 +217,21 @@ def test_the_representative_ranks_give_the_full_simulations_step():
     fast, full = simulate_metrics(scn), simulate_metrics(scn, full=True)
     assert fast["iteration_time_s"] == pytest.approx(full["iteration_time_s"], rel=0.02)
     assert fast["memory_bytes"]["total"] == pytest.approx(full["memory_bytes"]["total"], rel=1e-9)
+
+
+@pytest.mark.parametrize("key", ["defer_embedding_wgrad_compute", "wgrad_deferral_limit"])
+@pytest.mark.parametrize("value", ['"x"', "1.5", "-1", "2", "true", "[1]"])
+def test_bad_values_exit_2_with_one_line(tmp_path, capsys, key, value):
+    from simulator.__main__ import main
+
+    path = tmp_path / "s.toml"
+    path.write_text('name = "t"\n[model]\npreset = "gpt3-1.3b"\n[cluster]\npreset = "dgx-a100-80gb"\n'
+                    f'[parallelism]\ntp = 2\npp = 2\n{key} = {value}\n[training]\nglobal_batch_size = 16\n')
+    try:
+        rc = main(["run", str(path), "--out", str(tmp_path / "out"), "--json"])
+    except SystemExit as e:
+        rc = e.code
+    err = capsys.readouterr().err.strip()
+    assert rc in (0, 2)
+    if rc == 2:
+        assert len(err.splitlines()) == 1 and key in err

@@ -134,7 +134,8 @@ KEYS = [("model", k) for k in ("num_layers", "hidden_size", "num_attention_heads
        [("cluster", k) for k in ("num_nodes", "gpus_per_node", "nvlink_bandwidth_GBps", "nics_per_node",
                                  "nic_bandwidth_Gbps", "topology", "preset", "gpu")] + \
        [("parallelism", k) for k in ("tp", "pp", "dp", "cp", "ep", "zero_stage", "schedule", "virtual_stages",
-                                     "recompute", "sequence_parallel", "layers_per_stage")] + \
+                                     "recompute", "sequence_parallel", "layers_per_stage",
+                                     "defer_embedding_wgrad_compute", "wgrad_deferral_limit")] + \
        [("training", k) for k in ("global_batch_size", "micro_batch_size", "dtype", "optimizer")]
 
 
