@@ -263,8 +263,8 @@ def activation_peaks(scn: Scenario, cache: EstimateCache | None = None) -> list[
     cache = cache or EstimateCache()
     peaks = list(cache.by_activations(scn, lambda: _fold_peaks(scn, cache), "peaks", scn.num_microbatches))
     if deferred_head_wgrad(scn).microbatches:  # the head's stage by the walk itself: its buffers vary by micro-batch
-        r = cache.layout(scn).smap.rank(cache.layout(scn).nv - 1)
-        peaks[r] = max(0.0, *np.cumsum([e.mem_delta_bytes for e in schedule_trace(scn, [r]).events]))
+        r = cache.layout(scn).head_rank
+        peaks[r] = float(np.cumsum([e.mem_delta_bytes for e in schedule_trace(scn, [r]).events]).max(initial=0.0))
     return peaks
 
 
@@ -376,10 +376,10 @@ def time_lower_bound(scn: Scenario, cache: EstimateCache | None = None) -> tuple
     fwd = [sum(t[vs, "F"]) for vs in range(layout.nv)]
     bwd = [sum(t[vs, "B"]) for vs in range(layout.nv)]
     before = lambda vs: slice(layout.smap.first_of(vs), vs)  # noqa: E731 (the stages before vs in its model copy)
-    drain = deferred_head_wgrad(scn).microbatches * cache.work_s(scn, cache.blocks(scn).head.bwd_w)
+    drain = cache.work_s(scn, cache.blocks(scn).head.bwd_w, deferred_head_wgrad(scn).microbatches)
     best = (0.0, 0.0)
     for r, prof in enumerate(cache.profiles(scn)):
-        moved = drain if r == layout.smap.rank(layout.nv - 1) else 0.0
+        moved = drain if r == layout.head_rank else 0.0
         head = sum(c * sum(t[k]) for k, c in prof.head) - moved
         tail = sum(c * sum(t[k]) for k, c in prof.tail) + moved
         bound = (sum(fwd[before(prof.first_stage)]) + head + max(tail, sum(bwd[before(prof.last_b_stage)]))

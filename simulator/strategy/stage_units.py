@@ -101,6 +101,11 @@ class StageLayout:
                 + (("head",) if self.smap.next(vs, self.nv) is None else ()))
 
     @property
+    def head_rank(self) -> int:
+        """The pipeline rank holding the last virtual stage (its LM head)."""
+        return self.smap.rank(self.nv - 1)
+
+    @property
     def ends_together(self) -> bool:
         """Every rank holding an embedding holds an LM head (one stage, a V map; DualPipe's end ranks
         each hold one copy's embedding and the other's head), so a tied word embedding is one tensor."""
