@@ -24,6 +24,7 @@ from ..hardware.topology import build_topology
 from ..model.fp8 import fp8_transposes
 from ..model.opgraph import OpGraph, build_op_graph
 from ..scenario import Scenario
+from ..strategy import cp_te
 from ..strategy.actions import Action
 from ..strategy.blocks import LayerBlocks, Work, build_blocks, core_works, layer_blocks
 from ..strategy.blocking_tp import blocking_tp, tp_traffic
@@ -306,7 +307,7 @@ def _layer_times(scn: Scenario, cache: EstimateCache, b: LayerBlocks,
     par, split = scn.parallel, splits_backward(cache.layout(scn).schedule)
     work = lambda w, k=1: cache.work_s(scn, w, k)  # noqa: E731
     bpart = "B" if split else "BW"
-    first, later, n_later = core_works(b, par.cp_algorithm, par.cp)  # the lowering's rule
+    first, later, n_later = cp_te.core_works(b, scn) or core_works(b, par.cp_algorithm, par.cp)  # the lowering's rule
 
     def seg_s(seg, part: str) -> float:
         if seg is b.attn_core and part != "W":
@@ -396,5 +397,4 @@ def estimate(scn: Scenario, cache: EstimateCache | None = None, with_time: bool 
     totals = memory_totals(scn, cache)
     worst = max(range(len(totals)), key=lambda s: (totals[s], -s))
     bound, tp = time_lower_bound(scn, cache) if with_time else (0.0, 0.0)
-    return StaticEstimate(totals[worst], worst, tuple(totals), float(scn.cluster.gpu.memory_capacity_bytes),
-                          bound, tp)
+    return StaticEstimate(totals[worst], worst, tuple(totals), float(scn.cluster.gpu.memory_capacity_bytes), bound, tp)

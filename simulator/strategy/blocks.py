@@ -247,11 +247,12 @@ def later_step_work(work: Work, parts: int) -> Work:
 
 def ring_steps(b: LayerBlocks, cp_algorithm: str) -> tuple[dict, dict]:
     """(the first ring step's works, each later step's) by pass of a ring CP algorithm: PyTorch's ring
-    (``torch-allgather``, strategy/cp_torch, which also models its per-step merge kernels) runs its later
-    steps as non-causal half blocks (``later_step_work``); Transformer Engine's (``ring``) is priced step
-    for step as its causal first, its per-step corrections not being modelled either. One rule for the
+    (``torch-allgather``, strategy/cp_torch) and Transformer Engine's (``ring``, strategy/cp_te: its
+    ``AttnFuncWithCPAndKVP2P`` runs a later step with ``no_mask`` on the first half of the received K/V
+    block or on the second half of the queries) run their later steps as non-causal half blocks
+    (``later_step_work``); each module adds its own per-step copy and merge kernels. One rule for the
     lowering and the search's lower bound."""
-    return b.core_steps, b.core_later_steps if cp_algorithm == "torch-allgather" else b.core_steps
+    return b.core_steps, b.core_later_steps if cp_algorithm in ("torch-allgather", "ring") else b.core_steps
 
 
 def head_split_work(work: Work, cp: int) -> Work:

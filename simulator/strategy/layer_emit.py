@@ -23,7 +23,7 @@ from typing import Any
 
 from ..model.fp8 import FP8_PRECISIONS
 from ..tasks import InternalError
-from . import cp_a2a, cp_torch
+from . import cp_a2a, cp_te, cp_torch
 from .blocks import LayerBlocks, Segment, Work, ring_steps
 from .blocking_tp import blocking_tp, bulk_site
 from .context import COMM_TP, COMPUTE, LowerCtx
@@ -99,7 +99,7 @@ def _core(ctx: LowerCtx, rank: int, part: str, dep: int | None, name: str, meta:
     # for; every rank's incoming transfer together are every hop of the ring once.
     size = kv * (1 if part == "F" else 2)
     prv = group[(group.index(rank) - 1) % cp]
-    first, later = ring_steps(ctx.layer_blocks(meta["layer"]), ctx.par.cp_algorithm)
+    first, later = cp_te.te_ring_steps(ctx.layer_blocks(meta["layer"]), ctx.scn)  # with TE's copies and merges
     last, prev_recv = dep, None
     for j in range(cp):
         recv = None
