@@ -4,21 +4,26 @@ TE's ``AttnFuncWithCPAndKVP2P`` (transformer_engine/pytorch/attention.py at v1.1
 v24.11.1 recipes' TE; the same structure in 2.x's dot_product_attention/context_parallel.py) runs each
 CP rank's attention as cp steps of the fused (cuDNN) or FlashAttention-2 kernel on the load-balanced
 blocks (``blocks.ring_steps``: the causal diagonal, then ``no_mask`` half blocks), and around those
-calls eager tensor ops that move the local blocks
-through HBM, for the causal ``sbhd`` layout Megatron-Core hands it in BF16. With Q, O the bytes of the
-rank's query and output blocks and KV those of its K and V (``bytes_of``), rank r of cp, step i:
+calls eager tensor ops that move the local blocks through HBM, in BF16. The fused path takes the
+``sbhd`` layout Megatron-Core hands it, viewed as [2, s/2, b, h, d]: its half blocks (``q[1]``,
+``kv[0]``) are contiguous slices and ``.contiguous()`` copies nothing. The FlashAttention path gets
+``bshd`` (TE's FlashAttention transposes q, k, v first; those transposes belong to every TE
+FlashAttention call and are not counted here): there the first half of a K/V block (``kv[:, :, 0]``)
+is strided and copied, and the second half of the queries (``q[:, 1]``) is contiguous only at
+micro-batch 1. With Q, O the bytes of the rank's query and output blocks and KV those of its K and V
+(``bytes_of``), rank r of cp, step i:
 
 forward
 - K and V concatenated into the first ring buffer (``torch.cat``): 2 KV, before step 0;
-- a step 0 < i <= r attends to the first half of the received block (``kv[0].contiguous()``): KV; a
-  step i > r attends the second half of the queries (``q[1].contiguous()``): Q;
+- a step 0 < i <= r attends to the first half of the received block: KV where that half is copied; a
+  step i > r attends the second half of the queries: Q where that half is copied;
 - after the steps, the output accumulator zero-filled (``torch.zeros_like(q)``): Q, then each step's
   output merged into it (``flash_attn_fwd_out_correction``, one fused kernel: reads the step's output
   and the accumulator, writes the accumulator): 3 O for a full step (i <= r), 1.5 O for a half one.
 backward
 - K and V copied into the ring buffer (``p2p_comm_buffers[0][0].copy_(kv)``): 2 KV, before step 0;
-- with t = cp - r - 1, a step t <= i < cp - 1 copies the first half of K/V: KV; a step i < t copies
-  the second halves of Q, O and dO: Q + 2 O;
+- with t = cp - r - 1, a step t <= i < cp - 1 uses the first half of K/V (KV where copied); a step
+  i < t the second halves of Q, O and dO (Q + 2 O where copied);
 - dQ accumulated: a full add (read, read, write: 3 Q) for i > t; at i = t a copy (2 Q) on the last
   rank, else a half copy and a half add (2.5 Q); for i < t a half add (1.5 Q), a half copy at i = 0 (Q);
 - the fused path concatenates dK and dV (``torch.cat``: 2 KV on a full step, KV on a half one); the
@@ -52,24 +57,26 @@ def bytes_of(scn) -> tuple[float, float, float]:
     return tokens * hq * m.head_dim * b, tokens * hq * m.v_head_dim * b, tokens * hkv * (m.head_dim + m.v_head_dim) * b
 
 
-def forward_bytes(r: int, i: int, cp: int, q: float, o: float, kv: float) -> float:
-    """HBM bytes of rank ``r``'s eager kernels belonging to forward step ``i`` (module doc)."""
+def forward_bytes(r: int, i: int, cp: int, q: float, o: float, kv: float, copies: tuple[bool, bool]) -> float:
+    """HBM bytes of rank ``r``'s eager kernels belonging to forward step ``i`` (module doc); ``copies``:
+    whether the half K/V block and the half of the queries are copied (``half_copies``)."""
     out = 2 * kv + q if i == 0 else 0.0  # the K/V concatenation; the zero-filled accumulator
     full = i <= r
     if i > 0:
-        out += kv if full else q
+        out += (kv if copies[0] else 0.0) if full else (q if copies[1] else 0.0)
     return out + (3 * o if full else 1.5 * o)
 
 
-def backward_bytes(r: int, i: int, cp: int, q: float, o: float, kv: float, fused: bool) -> float:
+def backward_bytes(r: int, i: int, cp: int, q: float, o: float, kv: float, fused: bool,
+                   copies: tuple[bool, bool]) -> float:
     """HBM bytes of rank ``r``'s eager kernels belonging to backward step ``i`` (module doc)."""
     t = cp - r - 1
     last, half_kv = i == cp - 1, t <= i < cp - 1
     out = 2 * kv if i == 0 else 0.0  # K and V into the ring buffer
     if half_kv:
-        out += kv
+        out += kv if copies[0] else 0.0
     elif not last:
-        out += q + 2 * o
+        out += q + 2 * o if copies[1] else 0.0
     if i > t:
         out += 3 * q
     elif i == t:
@@ -89,14 +96,24 @@ def backward_bytes(r: int, i: int, cp: int, q: float, o: float, kv: float, fused
     return out
 
 
+def half_copies(scn) -> tuple[bool, bool]:
+    """(the half K/V block copied, the half of the queries copied): never on the fused path's sbhd
+    leading-dimension slices; on FlashAttention's bshd, the strided K/V half always, the queries' half
+    when the micro-batch holds more than one sequence (module doc)."""
+    if scn.training.attention == "cudnn":
+        return False, False
+    return True, scn.training.micro_batch_size > 1
+
+
 def step_bytes(scn, forward: bool) -> tuple[float, float]:
     """(step 0's bytes, each later step's) averaged over the cp ranks (module doc)."""
     cp = scn.parallel.cp
     q, o, kv = bytes_of(scn)
-    fused = scn.training.attention == "cudnn"
+    fused, copies = scn.training.attention == "cudnn", half_copies(scn)
 
     def one(r: int, i: int) -> float:
-        return forward_bytes(r, i, cp, q, o, kv) if forward else backward_bytes(r, i, cp, q, o, kv, fused)
+        return (forward_bytes(r, i, cp, q, o, kv, copies) if forward else
+                backward_bytes(r, i, cp, q, o, kv, fused, copies))
     first = sum(one(r, 0) for r in range(cp)) / cp
     later = sum(one(r, i) for r in range(cp) for i in range(1, cp)) / (cp * (cp - 1)) if cp > 1 else 0.0
     return first, later
