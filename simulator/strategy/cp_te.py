@@ -37,8 +37,9 @@ ranks (the step-0 work of every rank, then the mean of the later steps: they run
 stream, so the sum is what the ranks wait for). The softmax statistics (one fp32 or fp64 value per
 query and head: 1/head_dim of Q) and their corrections are left out. TE 2.x writes the first step's
 merged output directly (``flash_attn_fwd_out_correction_init``: 2 O) instead of zero-filling and adding
-(Q + 3 O): Q + O less per layer forward. FP8 attention (``fp8_dpa``) takes other paths and is not modelled; nor is TE's second
-stream, on which every other step runs so that consecutive steps' kernels may overlap.
+(Q + 3 O): Q + O less per layer forward. FP8 attention (``fp8_dpa``) takes other paths and is not
+modelled; nor is TE's second stream, on which every other step runs so that consecutive steps' kernels
+may overlap.
 """
 
 from __future__ import annotations
