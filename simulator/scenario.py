@@ -14,6 +14,7 @@ from pathlib import Path
 from .hardware.clusters import ClusterSpec
 from .hardware.hwfile import CLUSTER_KEYS, cluster_from_table, read_cluster_file, read_text
 from .model.eager import CROSS_ENTROPY_IMPLS, KERNEL_MODES
+from .model.te_layout import ATTENTION_MODULES
 from .model.fp8 import FP8_RECIPES
 from .model.opgraph import ATTENTION_IMPLS
 from .model.spec import ModelSpec
@@ -107,6 +108,9 @@ class TrainingSpec:
     # the loss: "fused" (Megatron-Core's vocab-parallel cross entropy, the gradient written over its
     # fp32 softmax) | "torch" (F.cross_entropy on fp32 logits: torchtitan, plain PyTorch loops)
     cross_entropy: str = "fused"
+    # attention flash/cudnn reached through: "te" (Megatron-Core's SelfAttention and Transformer Engine's
+    # DotProductAttention, with their Q/K/V layout copies, model/te_layout.py) | "sdpa" (PyTorch's SDPA)
+    attention_module: str = "te"
 
     @property
     def dtype_bytes(self) -> int:
@@ -307,6 +311,9 @@ def _training(table: dict) -> TrainingSpec:
     if t.cross_entropy not in CROSS_ENTROPY_IMPLS:
         raise ScenarioError(f"training.cross_entropy must be one of {', '.join(CROSS_ENTROPY_IMPLS)}, "
                             f"got {t.cross_entropy!r}")
+    if t.attention_module not in ATTENTION_MODULES:
+        raise ScenarioError(f"training.attention_module must be one of {', '.join(ATTENTION_MODULES)}, "
+                            f"got {t.attention_module!r}")
     if t.kernels == "eager" and t.dtype == "fp8":
         raise ScenarioError("training.kernels = \"eager\" cannot run dtype fp8: FP8 training is Transformer Engine's "
                             "fused modules (use kernels = \"fused\")")

@@ -136,7 +136,7 @@ KEYS = [("model", k) for k in ("num_layers", "hidden_size", "num_attention_heads
        [("parallelism", k) for k in ("tp", "pp", "dp", "cp", "ep", "zero_stage", "schedule", "virtual_stages",
                                      "recompute", "sequence_parallel", "layers_per_stage",
                                      "defer_embedding_wgrad_compute", "wgrad_deferral_limit")] + \
-       [("training", k) for k in ("global_batch_size", "micro_batch_size", "dtype", "optimizer")]
+       [("training", k) for k in ("global_batch_size", "micro_batch_size", "dtype", "optimizer", "attention_module")]
 
 
 @settings(max_examples=60, deadline=None, derandomize=True, database=None,

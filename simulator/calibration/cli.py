@@ -48,7 +48,8 @@ def calibrated_scenario_toml(scn: Scenario, tables: str, cluster_preset: str | N
               "gpus_per_node = 1", "nics_per_node = 1", "", "[parallelism]", f"tp = {p.tp}", f"pp = {p.pp}", "",
               "[training]", f"global_batch_size = {t.global_batch_size}",
               f"micro_batch_size = {t.micro_batch_size}", f'dtype = "{t.dtype}"', f'attention = "{t.attention}"',
-              f'kernels = "{t.kernels}"', f'cross_entropy = "{t.cross_entropy}"', "",
+              f'kernels = "{t.kernels}"', f'cross_entropy = "{t.cross_entropy}"',
+              'attention_module = "sdpa"  # the profiled model (calibration/tiny_model) calls torch\'s SDPA', "",
               "[cost]", 'compute = "calibrated"', f'tables = "{tables}"', ""]
     return "\n".join(lines)
 

@@ -21,7 +21,6 @@ from ..analysis.memory import (FRAGMENTATION_FRACTION, model_state_bytes, optimi
 from ..cost.collectives import collective_time_s
 from ..cost.model import CostModel
 from ..hardware.topology import build_topology
-from ..model.fp8 import fp8_transposes
 from ..model.opgraph import OpGraph, build_op_graph
 from ..scenario import Scenario
 from ..strategy import cp_te
@@ -29,6 +28,7 @@ from ..strategy.actions import Action
 from ..strategy.blocks import LayerBlocks, Work, build_blocks, core_works, layer_blocks
 from ..strategy.blocking_tp import blocking_tp, tp_traffic
 from ..strategy.embed_grad import weight_grad_bytes
+from ..strategy.lower import graph_args
 from ..strategy.recompute import layer_recompute_modes, recomputed_forward
 from ..strategy.schedules import schedule_actions, splits_backward
 from ..strategy.stage_units import (StageLayout, activation_rules, deferred_head_wgrad, scenario_layout,
@@ -37,11 +37,6 @@ from ..strategy.zero_impl import state_zero_stage
 from ..tasks import Collective, Task
 from ..units import DTYPE_BYTES
 from .estimate_streams import ds2021_host_s, dp_stream_s, pp_stream_s
-
-
-def _fp8_transposes(scn: Scenario) -> bool:
-    """Whether TE transposes FP8 copies on the scenario's GPUs (model/fp8.fp8_transposes), as the lowering asks."""
-    return fp8_transposes(scn.cluster.gpu.architecture)
 
 
 @dataclass(frozen=True)
@@ -95,10 +90,7 @@ class EstimateCache:
         return self._blocks(scn, layer_blocks, "layer_blocks")
 
     def graph(self, scn: Scenario) -> OpGraph:
-        t = scn.training
-        return self._get(self._graph_key(scn), lambda: build_op_graph(scn.model, t.micro_batch_size, t.dtype,
-                                                                          t.fp8_recipe, t.attention, t.kernels,
-                                                                          t.cross_entropy, _fp8_transposes(scn)))
+        return self._get(self._graph_key(scn), lambda: build_op_graph(scn.model, *graph_args(scn)))
 
     def _by_scenario(self, what: str, scn: Scenario, make: Callable[[Scenario], Any]) -> Any:
         """``make(scn)`` once per scenario object (the keys below repr the specs, which hold dicts)."""
@@ -108,9 +100,7 @@ class EstimateCache:
         return hit[1]
 
     def _graph_key(self, scn: Scenario) -> tuple:
-        return self._by_scenario("graph", scn, lambda s: (
-            "graph", repr(s.model), s.training.micro_batch_size, s.training.dtype, s.training.fp8_recipe,
-            s.training.attention, s.training.kernels, s.training.cross_entropy, _fp8_transposes(s)))
+        return self._by_scenario("graph", scn, lambda s: ("graph", repr(s.model), *graph_args(s)))
 
     def _blocks(self, scn: Scenario, build: Callable[..., Any], what: str) -> Any:
         p = scn.parallel

@@ -148,8 +148,7 @@ def expert_rows(tokens: int, top_k: int, mean_load: float) -> int:
 
 
 # ---- op constructors --------------------------------------------------------------------------
-def _gemm(name: str, block: str, m: int, n: int, k: int, params: int, tp_split: str, d: int,
-          experts: int = 1) -> Op:
+def _gemm(name: str, block: str, m: int, n: int, k: int, params: int, tp_split: str, d: int, experts: int = 1) -> Op:
     f = gemm_flops(m, n, k)
     b = gemm_bytes(m, n, k, d, experts)
     return Op(name, "gemm", block, f, f, f, b, 2 * b, params, (m, n, k), tp_split, d, experts)
@@ -165,8 +164,7 @@ def _vector(name: str, kind: str, block: str, tokens: int, width: int, fwd_elem_
 
 def _norm(name: str, block: str, m: ModelSpec, tokens: int, d: int) -> Op:
     # forward reads x, writes y; backward reads dy and x, writes dx
-    return _vector(name, "norm", block, tokens, m.hidden_size, 2 * d, 3 * d, m.norm_params(),
-                   "sequence", d)
+    return _vector(name, "norm", block, tokens, m.hidden_size, 2 * d, 3 * d, m.norm_params(), "sequence", d)
 
 
 def _residual(name: str, block: str, m: ModelSpec, tokens: int, d: int) -> Op:
@@ -371,18 +369,20 @@ def _output_ops(m: ModelSpec, b: int, d: int, prefix: str, head_params: int) -> 
 
 def build_op_graph(model: ModelSpec, micro_batch_size: int, dtype: str = "bf16", fp8_recipe: str = "delayed",
                    attention: str = "flash", kernels: str = "fused", cross_entropy: str = "fused",
-                   fp8_transpose: bool = True) -> OpGraph:
+                   fp8_transpose: bool = True, te_cp: int = 0) -> OpGraph:
     """One micro-batch. ``dtype = "fp8"``: TE's FP8 training with ``fp8_recipe`` (model/fp8.py; ``fp8_transpose``:
     fp8.fp8_transposes); ``attention`` "flash-varlen" adds the unpadding copies (varlen.py); ``kernels`` "eager"
-    runs norms, RoPE, activations as plain PyTorch ops, ``cross_entropy`` "torch" the loss (eager.py)."""
+    runs norms, RoPE, activations as plain PyTorch ops, ``cross_entropy`` "torch" the loss (eager.py); ``te_cp``
+    > 0: Megatron-Core's attention through TE at that CP degree, with its layout copies (te_layout.py)."""
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
     model.check()
     d, b = _dtype_bytes("bf16" if dtype == "fp8" else dtype), micro_batch_size
-    from . import eager, fp8, varlen  # they build on this module's Op
+    from . import eager, fp8, te_layout, varlen  # they build on this module's Op
 
     def layer(ops: list[Op]) -> tuple[Op, ...]:
         out = varlen.with_unpadding(tuple(ops)) if attention == "flash-varlen" else tuple(ops)
+        out = te_layout.with_layouts(out, model, attention, te_cp) if te_cp else out
         out = eager.eager_layer(out, model) if kernels == "eager" else out
         return fp8.fp8_layer(out, fp8_recipe, fp8_transpose) if dtype == "fp8" else out
     kinds: dict = {}

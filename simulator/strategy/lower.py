@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from ..model.fp8 import fp8_transposes
 from ..model.opgraph import build_op_graph
+from ..model.te_layout import te_cp
 from ..tasks import InternalError, TaskGraph
 from .blocks import build_blocks, layer_blocks, split_off
 from .context import LowerCtx
@@ -47,11 +48,19 @@ class LoweredPlan:
     chunk_layers: tuple  # virtual stage -> tuple of global layer indices
 
 
+def graph_args(scn: Scenario) -> tuple:
+    """``build_op_graph``'s arguments after the model, one micro-batch of the scenario's training (the
+    search's estimate builds the same graph)."""
+    t, p = scn.training, scn.parallel
+    return (t.micro_batch_size, t.dtype, t.fp8_recipe, t.attention, t.kernels, t.cross_entropy,
+            fp8_transposes(scn.cluster.gpu.architecture),
+            te_cp(p.sharding, t.kernels, t.attention, t.attention_module, p.cp))
+
+
 def lower(scn: Scenario, full: bool = False) -> LoweredPlan:
     par, tr, model = scn.parallel, scn.training, scn.model
     mesh = DeviceMesh(pp=par.pp, dp=par.dp, cp=par.cp, tp=par.tp, ep=par.ep, etp=par.etp)
-    graph = build_op_graph(model, tr.micro_batch_size, tr.dtype, tr.fp8_recipe, tr.attention, tr.kernels,
-                           tr.cross_entropy, fp8_transposes(scn.cluster.gpu.architecture))
+    graph = build_op_graph(model, *graph_args(scn))
     acc, emb = weight_grad_bytes(scn)
     blocks = build_blocks(graph, par.tp, par.sequence_parallel, par.cp, par.ep, acc, par.etp, emb)
     per_layer = layer_blocks(graph, par.tp, par.sequence_parallel, par.cp, par.ep, acc, par.etp, emb)
