@@ -8,7 +8,7 @@ calls eager tensor ops that move the local blocks through HBM, in BF16. The fuse
 ``sbhd`` layout Megatron-Core hands it, viewed as [2, s/2, b, h, d]: its half blocks (``q[1]``,
 ``kv[0]``) are contiguous slices and ``.contiguous()`` copies nothing. The FlashAttention path gets
 ``bshd`` (TE's FlashAttention transposes q, k, v first; those transposes belong to every TE
-FlashAttention call and are not counted here): there the first half of a K/V block (``kv[:, :, 0]``)
+FlashAttention call, model/te_layout counts them): there the first half of a K/V block (``kv[:, :, 0]``)
 is strided and copied, and the second half of the queries (``q[:, 1]``) is contiguous only at
 micro-batch 1. With Q, O the bytes of the rank's query and output blocks and KV those of its K and V
 (``bytes_of``), rank r of cp, step i:
