@@ -14,16 +14,18 @@ LLAMA8 = MODEL_PRESETS["llama3.1-8b"]  # GQA 32/8 with RoPE: K and V a quarter o
 LLAMA2_7 = MODEL_PRESETS["llama2-7b"]  # multi-head with RoPE
 
 
-@pytest.mark.parametrize("model, attention, cp, want", [
-    (GPT3, "cudnn", 1, (0.0, 0.0)),  # cuDNN takes sbh3d as it is, and writes dQKV interleaved
-    (GPT3, "cudnn", 2, (6.0, 6.0)),  # q, k, v made contiguous before TE's ring; the gradients concatenated
-    (GPT3, "flash", 1, (8.0, 6.0)),  # transposes in (2 x 3) and out (2); fa_prepare_bwd (2 x 3)
-    (LLAMA8, "cudnn", 1, (2.5, 3.0)),  # the query reshape (2), V made contiguous (2 x 1/4); the cat (2 x 1.5)
-    (LLAMA8, "flash", 2, (7.5, 3.0)),  # + the transposes in (2 x 1.5) and out (2)
-    (LLAMA2_7, "cudnn", 1, (2.0, 6.0)),  # no reshape copy; V made contiguous; the cat of three full blocks
+@pytest.mark.parametrize("model, attention, cp, mb, want", [
+    (GPT3, "cudnn", 1, 1, (0.0, 0.0)),  # cuDNN takes sbh3d as it is, and writes dQKV interleaved
+    (GPT3, "cudnn", 2, 1, (6.0, 6.0)),  # q, k, v made contiguous before TE's ring; the gradients concatenated
+    (GPT3, "flash", 1, 1, (6.0, 6.0)),  # the interleaved views transposed (2 x 3); fa_prepare_bwd (2 x 3)
+    (GPT3, "flash", 1, 4, (8.0, 6.0)),  # above micro-batch 1 the output's transpose copies too (2)
+    (LLAMA8, "cudnn", 1, 1, (2.5, 3.0)),  # the query reshape (2), V made contiguous (2 x 1/4); the cat (2 x 1.5)
+    (LLAMA8, "flash", 2, 1, (2.5, 3.0)),  # contiguous q, k, v at micro-batch 1: their transposes are views
+    (LLAMA8, "flash", 2, 2, (7.5, 3.0)),  # above it: the transposes in (2 x 1.5) and out (2)
+    (LLAMA2_7, "cudnn", 1, 1, (2.0, 6.0)),  # no reshape copy; V made contiguous; the cat of three full blocks
 ])
-def test_bytes_per_query_element(model, attention, cp, want):
-    assert layout_bytes(model, attention, cp) == pytest.approx(want)
+def test_bytes_per_query_element(model, attention, cp, mb, want):
+    assert layout_bytes(model, attention, cp, mb) == pytest.approx(want)
 
 
 @pytest.mark.parametrize("sharding, kernels, attention, want", [
@@ -63,9 +65,36 @@ def test_fsdp_and_mla_layers_have_none():
 
 
 def test_the_readme_s_range_over_the_presets():
-    """README: per element of the query block, 0 to 10 bytes per byte of the dtype forward and 0 to 6
-    backward, over every preset without MLA, both backends, with and without CP."""
-    got = [layout_bytes(m, a, cp) for m in MODEL_PRESETS.values() if not m.is_mla
-           for a in ("flash", "cudnn") for cp in (1, 2)]
-    assert (min(f for f, _ in got), max(f for f, _ in got)) == (0.0, 10.0)
-    assert (min(b for _, b in got), max(b for _, b in got)) == (0.0, 6.0)
+    """README: per element of the query block, 0 to 10 bytes per byte of the dtype forward (at most 6 at
+    micro-batch 1) and 0 to 6 backward, over every preset without MLA, both backends, with and without CP."""
+    def span(mbs):
+        got = [layout_bytes(m, a, cp, mb) for m in MODEL_PRESETS.values() if not m.is_mla
+               for a in ("flash", "cudnn") for cp in (1, 2) for mb in mbs]
+        return min(f for f, _ in got), max(f for f, _ in got), min(b for _, b in got), max(b for _, b in got)
+    assert span((1, 2)) == (0.0, 10.0, 0.0, 6.0)
+    assert span((1,))[1] == 6.0
+
+
+def test_the_measured_copies_the_calibration_readme_quotes():
+    """scenarios/calibration/README.md, from gpu_layout_copies.csv (the lent H100): the concatenations
+    within 6% of the model's elementwise time, the strided gathers 1.4-2.0x it, the output transpose at
+    micro-batch 1 a view (microseconds for 25 MB)."""
+    import csv
+    from pathlib import Path
+
+    from simulator.cost.compute import RooflineCompute
+    from simulator.hardware.gpus import GPU_PRESETS
+    from simulator.tasks import OpWork
+    path = Path(__file__).resolve().parents[1] / "scenarios" / "calibration" / "h100" / "gpu_layout_copies.csv"
+    rows = {r["op"]: r for r in csv.DictReader(path.open())}
+    rc = RooflineCompute(GPU_PRESETS["h100-sxm5-80gb"], "bf16")
+    ratio = {op: float(r["time_s"]) / rc.op_time_s(OpWork(op, "elementwise", 0.0, float(r["bytes"])))
+             for op, r in rows.items()}
+    assert all(abs(ratio[op] - 1) < 0.06 for op in ("dqkv_interleave", "dqkv_cat"))
+    strided = [ratio[op] for op in ("qkv_to_bshd", "query_reshape", "value_contiguous")]
+    assert (round(min(strided), 1), round(max(strided), 1)) == (1.4, 2.0)
+    assert float(rows["out_to_sbhd"]["time_s"]) < 5e-6 and float(rows["out_to_sbhd"]["bytes"]) > 25e6
+    gbps = sorted(float(rows[op]["gbps"]) for op in ("qkv_to_bshd", "query_reshape", "value_contiguous"))
+    assert (round(gbps[0] / 1e3, 1), round(gbps[-1] / 1e3, 1)) == (1.3, 1.8)
+    cats = sorted(float(rows[op]["gbps"]) for op in ("dqkv_interleave", "dqkv_cat"))
+    assert (round(cats[0] / 1e3, 1), round(cats[-1] / 1e3, 1)) == (2.5, 2.8)

@@ -13,9 +13,12 @@ element, with Q, K, V, O the query, key, value and output blocks (bytes), in the
   interleaved in one buffer (``sbh3d``), a layout every backend takes as it is; otherwise the value is
   still a strided view of the projection's output (RoPE wrote new query and key tensors), the layout is
   ``not_supported`` and TE makes it contiguous: 2 V forward;
-- FlashAttention (``FlashAttention.forward``): q, k, v transposed to [b, s, h, d] copies
-  (``x.transpose(0, 1).contiguous()`` or the fused ``fa_prepare_fwd``) and the output back to [s, b, ...]
-  (``.transpose(0, 1).contiguous()``): 2 (Q + K + V) + 2 O forward; the gradients' transposes are views;
+- FlashAttention (``FlashAttention.forward``): q, k, v transposed to [b, s, h, d]
+  (``x.transpose(0, 1).contiguous()``, or the fused ``fa_prepare_fwd`` on the interleaved layout) and the
+  output back to [s, b, ...] (``.transpose(0, 1).contiguous()``): at micro-batch 1 a contiguous tensor's
+  transpose is contiguous already and copies nothing (measured on the lent H100:
+  ``scenarios/calibration/h100/gpu_layout_copies.csv``), so only the interleaved views copy, 2 (Q + K + V);
+  above micro-batch 1 all of them, 2 (Q + K + V) + 2 O forward; the gradients' transposes are views;
 - backward, ``SplitAlongDim``'s backward concatenates dQ, dK, dV into the projection's output gradient
   (``torch.cat``: 2 (Q + K + V)), except where they already lie interleaved in one buffer: the fused
   (cuDNN) backend on an ``sbh3d`` layout without context parallelism (with CP, TE makes q, k, v contiguous
@@ -46,7 +49,7 @@ def te_cp(sharding: str, kernels: str, attention: str, module: str, cp: int) -> 
     return cp if megatron and module == "te" and attention in TE_ATTENTION else 0
 
 
-def layout_bytes(model: ModelSpec, attention: str, cp: int) -> tuple[float, float]:
+def layout_bytes(model: ModelSpec, attention: str, cp: int, micro_batch: int = 1) -> tuple[float, float]:
     """(forward, backward) bytes per query element per byte of the dtype (module doc)."""
     rho = model.kv_hidden_size / model.q_size  # K (and V) per Q element
     qkv = 1.0 + 2.0 * rho
@@ -54,7 +57,7 @@ def layout_bytes(model: ModelSpec, attention: str, cp: int) -> tuple[float, floa
     interleaved = not gqa and model.position_embedding != "rope"
     fwd = (2.0 if gqa else 0.0) + (0.0 if interleaved else 2.0 * rho)
     if attention == "flash":
-        fwd += 2.0 * qkv + 2.0
+        fwd += (2.0 * qkv if interleaved or micro_batch > 1 else 0.0) + (2.0 if micro_batch > 1 else 0.0)
     elif interleaved and cp > 1:
         fwd += 2.0 * qkv
     bwd = 0.0 if attention == "cudnn" and interleaved and cp == 1 else 2.0 * qkv
@@ -65,11 +68,10 @@ def with_layouts(ops: tuple[Op, ...], model: ModelSpec, attention: str, cp: int)
     """A layer's ops with ``qkv_layout`` before its attention core (split over TP like the query)."""
     if model.is_mla:
         return ops
-    fwd, bwd = layout_bytes(model, attention, cp)
     out: list[Op] = []
     for op in ops:
         if op.kind == "attention":
-            d = op.dtype_bytes
+            d, (fwd, bwd) = op.dtype_bytes, layout_bytes(model, attention, cp, op.shape[0])
             out.append(_vector("qkv_layout", "elementwise", op.block, op.shape[0] * op.shape[2], model.q_size,
                                fwd * d, bwd * d, 0, "column", d))
         out.append(op)
