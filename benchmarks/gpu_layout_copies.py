@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -26,7 +27,7 @@ from gpu_kernels import Sampler, timed  # benchmarks/ on sys.path
 FIELDS = ("case", "op", "bytes", "time_s", "gbps", "sm_MHz", "power_W")
 
 
-def _cases() -> list[tuple[str, str, int, callable]]:
+def _cases() -> list[tuple[str, str, int, Callable]]:
     """(case, op, bytes moved, function) for each copy."""
     r = lambda *s: torch.randn(*s, device="cuda", dtype=torch.bfloat16)  # noqa: E731
     out = []

@@ -245,14 +245,14 @@ def later_step_work(work: Work, parts: int) -> Work:
                  if w.kind == "attention" and len(w.shape) == 5 else w for w in split_work(work, parts))
 
 
-def ring_steps(b: LayerBlocks, cp_algorithm: str) -> tuple[dict, dict]:
+def ring_steps(b: LayerBlocks) -> tuple[dict, dict]:
     """(the first ring step's works, each later step's) by pass of a ring CP algorithm: PyTorch's ring
     (``torch-allgather``, strategy/cp_torch) and Transformer Engine's (``ring``, strategy/cp_te: its
     ``AttnFuncWithCPAndKVP2P`` runs a later step with ``no_mask`` on the first half of the received K/V
     block or on the second half of the queries) run their later steps as non-causal half blocks
     (``later_step_work``); each module adds its own per-step copy and merge kernels. One rule for the
     lowering and the search's lower bound."""
-    return b.core_steps, b.core_later_steps if cp_algorithm in ("torch-allgather", "ring") else b.core_steps
+    return b.core_steps, b.core_later_steps
 
 
 def head_split_work(work: Work, cp: int) -> Work:
@@ -270,7 +270,7 @@ def core_works(b: LayerBlocks, cp_algorithm: str, cp: int) -> tuple[dict, dict, 
     full-length head-split kernel for "a2a", the sequence-split core for "all-gather" and cp = 1.
     One rule for the lowering and the search's lower bound."""
     if cp > 1 and cp_algorithm in ("ring", "torch-allgather"):
-        first, later = ring_steps(b, cp_algorithm)
+        first, later = ring_steps(b)
         return first, later, cp - 1
     whole = {"F": b.attn_core.fwd, "B": b.attn_core.bwd_b, "BW": b.attn_core.bwd}
     if cp > 1 and cp_algorithm == "a2a":

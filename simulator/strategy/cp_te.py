@@ -120,20 +120,20 @@ def step_bytes(scn, forward: bool) -> tuple[float, float]:
     return first, later
 
 
+def _with_copies(steps: dict, fwd_bytes: float, bwd_bytes: float) -> dict:
+    """Each pass's works of one ring step followed by TE's copies and merges, one elementwise work."""
+    return {part: tuple(work) + (OpWork("cp_te_merge" if part == "F" else "cp_te_grad_accumulate", "elementwise",
+                                        0.0, fwd_bytes if part == "F" else bwd_bytes),)
+            for part, work in steps.items()}
+
+
 def te_ring_steps(b: LayerBlocks, scn) -> tuple[dict, dict]:
     """(the first ring step's works, each later step's) by pass, with TE's copies and merges as one
     elementwise work per step after the attention kernel: one rule for the lowering and the search."""
     def build() -> tuple[dict, dict]:
-        first, later = ring_steps(b, "ring")
-        fwd, bwd = step_bytes(scn, True), step_bytes(scn, False)
-        out: tuple[dict, dict] = ({}, {})
-        for k, (f, b_) in enumerate(zip(fwd, bwd)):
-            steps = (first, later)[k]
-            for part, work in steps.items():
-                nbytes = f if part == "F" else b_
-                extra = OpWork("cp_te_merge" if part == "F" else "cp_te_grad_accumulate", "elementwise", 0.0, nbytes)
-                out[k][part] = tuple(work) + (extra,)
-        return out
+        first, later = ring_steps(b)
+        (f0, f1), (b0, b1) = step_bytes(scn, True), step_bytes(scn, False)
+        return _with_copies(first, f0, b0), _with_copies(later, f1, b1)
     return b.memo(("te-ring", scn.training.attention), build)
 
 

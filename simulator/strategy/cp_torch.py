@@ -71,7 +71,7 @@ def _step_work(ctx: LowerCtx, layer: int, part: str, j: int) -> Work:
         n = repeated_elements(ctx)
         extra = OpWork("cp_merge" if part == "F" else "cp_grad_accumulate", "elementwise", 0.0,
                        step_bytes(j, cp, part == "F") * n)
-        return tuple(ring_steps(b, "torch-allgather")[1 if j else 0][part]) + (extra,)
+        return tuple(ring_steps(b)[1 if j else 0][part]) + (extra,)
     return b.memo(("torch-allgather", part, j), build)
 
 
