@@ -109,7 +109,8 @@ class TrainingSpec:
     # fp32 softmax) | "torch" (F.cross_entropy on fp32 logits: torchtitan, plain PyTorch loops)
     cross_entropy: str = "fused"
     # attention flash/cudnn reached through: "te" (Megatron-Core's SelfAttention and Transformer Engine's
-    # DotProductAttention, with their Q/K/V layout copies, model/te_layout.py) | "sdpa" (PyTorch's SDPA)
+    # DotProductAttention, with their Q/K/V layout copies, model/te_layout.py) | "sdpa" (PyTorch's SDPA called
+    # by a PyTorch module, torchtitan's or Hugging Face's, with GQA's K and V repeated: model/repeat_kv.py)
     attention_module: str = "te"
 
     @property

@@ -369,20 +369,20 @@ def _output_ops(m: ModelSpec, b: int, d: int, prefix: str, head_params: int) -> 
 
 def build_op_graph(model: ModelSpec, micro_batch_size: int, dtype: str = "bf16", fp8_recipe: str = "delayed",
                    attention: str = "flash", kernels: str = "fused", cross_entropy: str = "fused",
-                   fp8_transpose: bool = True, te_cp: int = 0) -> OpGraph:
-    """One micro-batch. ``dtype = "fp8"``: TE's FP8 training with ``fp8_recipe`` (model/fp8.py; ``fp8_transpose``:
-    fp8.fp8_transposes); ``attention`` "flash-varlen" adds the unpadding copies (varlen.py); ``kernels`` "eager"
-    runs norms, RoPE, activations as plain PyTorch ops, ``cross_entropy`` "torch" the loss (eager.py); ``te_cp``
-    > 0: Megatron-Core's attention through TE at that CP degree, with its layout copies (te_layout.py)."""
+                   fp8_transpose: bool = True, te_cp: int = 0, kv_repeat: bool = False) -> OpGraph:
+    """One micro-batch. ``dtype = "fp8"``: TE's FP8 (fp8.py); ``attention`` "flash-varlen": unpadding (varlen.py);
+    ``kernels`` "eager", ``cross_entropy`` "torch": plain PyTorch ops (eager.py); ``te_cp`` > 0: Megatron-Core's
+    attention through TE at that CP (te_layout.py); ``kv_repeat``: GQA's K and V repeated for SDPA (repeat_kv.py)."""
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
     model.check()
     d, b = _dtype_bytes("bf16" if dtype == "fp8" else dtype), micro_batch_size
-    from . import eager, fp8, te_layout, varlen  # they build on this module's Op
+    from . import eager, fp8, repeat_kv, te_layout, varlen  # they build on this module's Op
 
     def layer(ops: list[Op]) -> tuple[Op, ...]:
         out = varlen.with_unpadding(tuple(ops)) if attention == "flash-varlen" else tuple(ops)
         out = te_layout.with_layouts(out, model, attention, te_cp) if te_cp else out
+        out = repeat_kv.with_repeat_kv(out, model) if kv_repeat else out
         out = eager.eager_layer(out, model) if kernels == "eager" else out
         return fp8.fp8_layer(out, fp8_recipe, fp8_transpose) if dtype == "fp8" else out
     kinds: dict = {}

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from ..model.fp8 import fp8_transposes
 from ..model.opgraph import build_op_graph
+from ..model import repeat_kv
 from ..model.te_layout import te_cp
 from ..tasks import InternalError, TaskGraph
 from .blocks import build_blocks, layer_blocks, split_off
@@ -54,7 +55,8 @@ def graph_args(scn: Scenario) -> tuple:
     t, p = scn.training, scn.parallel
     return (t.micro_batch_size, t.dtype, t.fp8_recipe, t.attention, t.kernels, t.cross_entropy,
             fp8_transposes(scn.cluster.gpu.architecture),
-            te_cp(p.sharding, t.kernels, t.attention, t.attention_module, p.cp))
+            te_cp(p.sharding, t.kernels, t.attention, t.attention_module, p.cp),
+            t.attention_module == repeat_kv.MODULE)
 
 
 def lower(scn: Scenario, full: bool = False) -> LoweredPlan:
