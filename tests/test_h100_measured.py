@@ -216,7 +216,7 @@ def test_a_whole_llama_step_on_one_gpu_costs_what_it_measured(tmp_path, gpu, tra
     """Four Llama 3.1 8B layers with the 128K head at seq 8192, two micro-batches and AdamW, trained on
     the lent H100 and H200 with torchtitan's eager small ops after 80 unrecorded steps at the 700 W
     limit (<gpu>/llama31-8b-4layers/, `calibrate profile --warmup 80`): the simulated step (the scenario
-    on dgx-h100 or dgx-h200) is within 1% of the measured one (-0.7%, -0.8%). Its parts are not: GEMMs run 5-15%
+    on dgx-h100 or dgx-h200) is within 1% of the measured one (-0.4%, -0.6%). Its parts are not: GEMMs run 5-15%
     faster in the step's kernel mix than the model's back-to-back rate, the eager RMSNorm and rotary
     kernels slower than their HBM rule."""
     from simulator.calibration.cli import cmd_compare
@@ -227,7 +227,7 @@ def test_a_whole_llama_step_on_one_gpu_costs_what_it_measured(tmp_path, gpu, tra
         'preset = "dgx-h100"', f'preset = "dgx-{gpu}"'))
     assert cmd_compare(str(folder / trace), str(scenario), str(tmp_path)) == 0
     c = json.loads((tmp_path / "compare.json").read_text())
-    assert c["coverage"] > 0.98 and round(100 * c["step_time_error"], 1) == {"h100": -0.7, "h200": -0.8}[gpu]
+    assert c["coverage"] > 0.98 and round(100 * c["step_time_error"], 1) == {"h100": -0.4, "h200": -0.6}[gpu]
     cat = {r["category"]: r for r in c["per_category"]}
     assert 0.05 < cat["gemm"]["simulated_s"] / cat["gemm"]["measured_s"] - 1 < 0.15
     ops = {(r["phase"], r["op"]): r["error"] for r in c["per_op"]}
@@ -245,11 +245,11 @@ def test_a_whole_llama_step_on_one_gpu_costs_what_it_measured(tmp_path, gpu, tra
             [(33.3, 26.2), (5.7, 4.9), (8.6, 9.3), (36.3, 35.5)]
         assert [(round(1e3 * cat[k]["measured_s"], 1), round(1e3 * cat[k]["simulated_s"], 1))
                 for k in ("gemm", "attention")] == [(186.3, 202.7), (32.3, 37.7)]
-    if gpu == "h100":  # scenarios/calibration/README.md: with FlashAttention-2's curve, 5.7% slow
+    if gpu == "h100":  # scenarios/calibration/README.md: with FlashAttention-2's curve, 6.0% slow
         scenario.write_text(scenario.read_text().replace('attention = "cudnn"', 'attention = "flash"'))
         assert cmd_compare(str(folder / trace), str(scenario), str(tmp_path / "flash")) == 0
         flash = json.loads((tmp_path / "flash" / "compare.json").read_text())
-        assert round(100 * flash["step_time_error"], 1) == 5.7
+        assert round(100 * flash["step_time_error"], 1) == 6.0
 
 
 def test_tables_fitted_from_the_h100_step_trace_replay_the_step(tmp_path):
@@ -267,7 +267,7 @@ def test_tables_fitted_from_the_h100_step_trace_replay_the_step(tmp_path):
     calibrated = dataclasses.replace(scn, cost=dataclasses.replace(scn.cost, compute="calibrated",
                                                                    tables=str(tmp_path)))
     step_s = simulate_metrics(calibrated)["iteration_time_s"]
-    assert round(step_s / 0.34738 - 1, 3) == -0.004
+    assert round(step_s / 0.34738 - 1, 3) == -0.002
     # scenarios/calibration/README.md: with torch's own loss rule the loss "runs at 76% forward and 90%
     # backward" of the HBM peak in the fitted rates
     with (tmp_path / "efficiencies.csv").open() as f:
@@ -359,7 +359,7 @@ def test_re_timed_grad_norm_rows():
     """scenarios/calibration/README.md: the re-timed gradient norm of the 4-layer step is 2.49 ms on the
     H100 (3.1 TB/s), 1.72 ms on the H200, where the Adam rows scaled by bytes gave 4.2 ms; the H100
     preset rows run 7.5 us at 2^20 parameters to 0.35 ms at 2^28; the profiled tables simulate the step
-    at 313 ms, 10% under the sustained measurement (347.4 ms)."""
+    at 314 ms, 10% under the sustained measurement (347.4 ms)."""
     from simulator.cost.calibrated import CalibrationTables
     from simulator.pipeline import simulate_metrics
     from simulator.scenario import load_scenario
@@ -380,5 +380,5 @@ def test_re_timed_grad_norm_rows():
     scn = load_scenario(MEASURED.parent / "llama31-8b-4layers.toml")
     step_s = simulate_metrics(dataclasses.replace(scn, cost=dataclasses.replace(
         scn.cost, compute="calibrated", tables=str(MEASURED / "llama31-8b-4layers"))))["iteration_time_s"]
-    assert (round(1e3 * step_s), round(100 * (step_s / 0.34738 - 1))) == (313, -10)
+    assert (round(1e3 * step_s), round(100 * (step_s / 0.34738 - 1))) == (314, -10)
 

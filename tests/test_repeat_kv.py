@@ -12,7 +12,8 @@ from simulator.strategy.lower import graph_args, lower
 
 @pytest.mark.parametrize("preset, want", [
     ("llama3.1-8b", 2.5),  # 32 query heads, 8 K/V heads: K and V read (2 x 1/4), written 4 times (2)
-    ("llama3.1-70b", 2.25),  # 64 and 8: rho = 1/8
+    ("llama3.1-70b", 2.25),  # 64 and 8: rho = 1/8 (README: 2.5, 2.25 and 2.125 for the three Llama 3.1 sizes)
+    ("llama3.1-405b", 2.125),  # 128 and 8
     ("llama2-7b", 0.0),  # multi-head: repeat_kv returns its input
     ("gpt3-175b", 0.0),
     ("deepseek-v3", 0.0),  # MLA: a key per query head, no repeat

@@ -163,8 +163,9 @@ def _eager_block(block: type, spec: ModelSpec, act) -> type:
                 q, k, v = (w(y).view(b, s, n, hd) for w, n in ((self.wq, heads), (self.wk, kv), (self.wv, kv)))
             with record_function(_tag(mb, self.index, "rope")):
                 q, k = rotary(q, cis), rotary(k, cis)
-            with record_function(_tag(mb, self.index, "attn_core")):
+            with record_function(_tag(mb, self.index, "kv_repeat")):  # model/repeat_kv.py's op
                 k, v = repeat_kv(k, heads // kv), repeat_kv(v, heads // kv)
+            with record_function(_tag(mb, self.index, "attn_core")):
                 a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                    is_causal=True)
                 a = a.transpose(1, 2).reshape(b, s, h)
