@@ -58,3 +58,27 @@ def test_the_copy_makes_a_step_slower_never_faster():
     from simulator.pipeline import simulate_metrics
     with_copy, without = (simulate_metrics(_scn(m))["iteration_time_s"] for m in ("sdpa", "te"))
     assert with_copy > without
+
+
+def test_eager_sdpa_keeps_the_repeated_k_and_v_in_place_of_k_and_v():
+    """Without recompute an eager layer keeps SDPA's inputs, the repeated K and V: a query block each where
+    the fused rule keeps K and V; per-op SAC and full recompute keep neither (they re-run the repeat)."""
+    from simulator.strategy.activation_memory import layer_activation_bytes
+    m = MODEL_PRESETS["llama3.1-8b"]
+    tokens, t, d = m.seq_length * 2, 2, 2
+    for recompute, extra in (("none", 2 * d * tokens * (m.q_size - m.kv_hidden_size) / t),
+                             ("selective-op", 0.0), ("full", 0.0)):
+        args = (m, 2, t, True, 1, recompute, d, 1, "flash")
+        with_repeat = layer_activation_bytes(*args, eager=True, kv_repeat=True)
+        assert with_repeat - layer_activation_bytes(*args, eager=True) == pytest.approx(extra)
+    mha = MODEL_PRESETS["llama2-7b"]
+    args = (mha, 2, t, True, 1, "none", d, 1, "flash")
+    assert layer_activation_bytes(*args, eager=True, kv_repeat=True) == layer_activation_bytes(*args, eager=True)
+
+
+def test_only_eager_sdpa_scenarios_keep_them():
+    from simulator.strategy.stage_units import layer_memory
+    stored = {(m, k): layer_memory(_scn(m, k), False, recompute="none").stored
+              for m in ("sdpa", "te") for k in ("eager", "fused")}
+    assert stored["sdpa", "eager"] > stored["te", "eager"]
+    assert stored["sdpa", "fused"] == stored["te", "fused"]  # torch.compile's partitioner: not modelled

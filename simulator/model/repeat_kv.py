@@ -18,9 +18,9 @@ is a view at any micro-batch. Counted as one memory-bound op before the attentio
 layers (multi-head attention repeats nothing; MLA has a key per query head). Under ``torch.compile``
 (``kernels = "fused"``) the repeated tensors are still written for SDPA, an external kernel; the read
 of K may fuse with RoPE's kernel (2 rho of the same order). Context parallelism (``cp_torch``) already
-exchanges the repeated K and V; this op is the copy that makes them. Not counted: the repeated K and V
-that autograd saves for SDPA's backward in place of the unrepeated ones (memory), and the recompute of
-the copy under activation checkpointing beyond the layer's other ops.
+exchanges the repeated K and V; this op is the copy that makes them. Memory: run eagerly, autograd keeps
+the repeated K and V for SDPA's backward in place of K and V (``strategy/saved_tensors.repeated_kv_saved``);
+under torch.compile the partitioner's choice (it may keep the un-repeated ones) is not modelled.
 """
 
 from __future__ import annotations

@@ -7,11 +7,9 @@ per-rank peak comes from the simulated schedule; the paper's closed forms are th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-
-from ..model.eager import EAGER_GATED_SAVED_EXTRA_PER_D, EAGER_RMSNORM_SAVED_EXTRA
 from ..model.spec import ModelSpec
 from ..units import DTYPE_BYTES
+from .saved_tensors import ActivationTerm, eager_saved, fp8_saved_inputs, repeated_kv_saved
 
 # "selective-op": torchtitan's per-op selective activation checkpointing (``SelectiveAC``,
 # ``selective_ac_option = "op"``, strategy/recompute.py): a layer keeps its input, the outputs of the
@@ -25,34 +23,6 @@ RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "moe_act", "layernorm", "mlp", 
 DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
 MASK_BYTES = 1  # dropout masks are stored as uint8 (Korthikanti et al. 2022, sec. 4.1)
 LOGITS_BYTES = DTYPE_BYTES["fp32"]  # Megatron-LM casts logits to fp32 for the vocab-parallel cross entropy
-# FP8 training (Transformer Engine): a linear layer keeps its weight-gradient input in FP8, one byte per
-# element (TE 1.11 linear.py ``saved_inputmat``; layernorm_linear/_mlp.py: ``ln_out``, ``gelu_out`` in FP8);
-# a BF16 tensor kept for another backward (the attention output) gets the FP8 copy on top. Block-scaled
-# recipes' scales (MXFP8: one byte per 32 elements) are not counted.
-FP8_SAVED_BYTES = 1
-FP8_SAVED_INPUTS = ("qkv_input", "fc1_input", "fc2_input", "expert_fc1_input", "expert_fc2_input", "shared_fc2_input")
-FP8_COPIED_INPUTS = ("proj_input",)
-
-
-@dataclass(frozen=True, slots=True)
-class ActivationTerm:
-    """One tensor a layer keeps for its backward.
-
-    ``modules``: the selective-recompute modules (``RECOMPUTE_MODULES``) that do not keep it, as
-    Megatron-Core implements them (see ``activation_terms``); "core_attn" marks the attention core
-    (scores, softmax, attention dropout), which fused attention kernels never store either.
-    ``weight_grad``: needed by the weight-gradient GEMMs (the W pass of zero-bubble schedules): a
-    weight GEMM's input X, or its output gradient dY, which the B pass creates and W consumes (Qi et
-    al. 2024, sec. 2 and Table 1).
-    """
-
-    name: str
-    bytes: float
-    modules: tuple[str, ...] = ()
-    weight_grad: bool = False
-    stored_at_f: bool = True  # False: an output gradient allocated during B, kept until W
-
-
 def standalone_norms(model: ModelSpec, moe_layer: bool) -> tuple[bool, bool]:
     """(input norm, pre-MLP norm): whether Megatron-Core's Transformer Engine layer spec builds the
     norm as a module of its own, whose output "layernorm" recompute discards (transformer_layer.py
@@ -92,7 +62,8 @@ def _check(model: ModelSpec, micro_batch_size: int, tp: int, cp: int, ep: int, d
 
 def activation_terms(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool, cp: int,
                      dtype_bytes: int = 2, ep: int = 1, dense_mlp: bool = False,
-                     etp: int = 0, fp8: bool = False, eager: bool = False) -> list[ActivationTerm]:
+                     etp: int = 0, fp8: bool = False, eager: bool = False,
+                     kv_repeat: bool = False) -> list[ActivationTerm]:
     """Every tensor one layer keeps from its forward to its backward, bytes on one rank.
 
     Notation of Korthikanti et al. 2022 (sec. 4.1): T = (s/cp)*b local tokens, h hidden, f the MLP
@@ -146,35 +117,8 @@ def activation_terms(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool,
     if drop:  # a parallel block's MLP branch: before the reduction (_mlp_input_terms)
         terms.append(ActivationTerm("mlp_dropout_mask", MASK_BYTES * tokens * h / (1 if model.parallel_attn_mlp else r)))
     terms = eager_saved(terms, model, d) if eager else terms
+    terms = terms + repeated_kv_saved(model, d, tokens, tp) if kv_repeat else terms
     return fp8_saved_inputs(terms, d) if fp8 else terms
-
-
-def eager_saved(terms: list[ActivationTerm], model: ModelSpec, d: int) -> list[ActivationTerm]:
-    """The terms as eager PyTorch keeps them (model/eager.py): a residual-stream RMSNorm's fp32 input
-    (qk and MLA latent norms not counted); a gated product's silu output, the product's size."""
-    out = []
-    for x in terms:
-        out.append(x)
-        if model.norm == "rmsnorm" and x.name in ("attn_norm_input", "mlp_norm_input"):
-            out.append(ActivationTerm(x.name + "_eager_fp32", x.bytes * EAGER_RMSNORM_SAVED_EXTRA / d, ("layernorm",)))
-        if model.gated_mlp and x.name.endswith("fc2_input"):
-            out.append(replace(x, name=x.name + "_eager_silu", bytes=x.bytes * EAGER_GATED_SAVED_EXTRA_PER_D,
-                               weight_grad=False))
-    return out
-
-
-def fp8_saved_inputs(terms: list[ActivationTerm], d: int) -> list[ActivationTerm]:
-    """The terms as FP8 training keeps them (FP8_SAVED_INPUTS): the linear layers' inputs in FP8, and an
-    FP8 copy of the attention output for the projection's weight gradient beside the BF16 one."""
-    out = []
-    for x in terms:
-        if x.name in FP8_SAVED_INPUTS:
-            x = replace(x, bytes=x.bytes * FP8_SAVED_BYTES / d)
-        elif x.name in FP8_COPIED_INPUTS:
-            out.append(replace(x, name=x.name + "_fp8", bytes=x.bytes * FP8_SAVED_BYTES / d))
-            x = replace(x, weight_grad=False)
-        out.append(x)
-    return out
 
 
 def _attention_terms(model: ModelSpec, micro_batch_size: int, t: int, r: int, cp: int, d: int,
@@ -291,7 +235,7 @@ def layer_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp:
                            recompute: str, dtype_bytes: int = 2, ep: int = 1, attention: str = "unfused",
                            dense_mlp: bool = False, etp: int = 0,
                            modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES, fp8: bool = False,
-                           eager: bool = False) -> float:
+                           eager: bool = False, kv_repeat: bool = False) -> float:
     """Bytes one transformer layer keeps for one micro-batch on one rank until its backward.
 
     none: every forward tensor (Korthikanti et al. 2022: sbh(34 + 5as/h) unsharded, sbh(10 + 24/t +
@@ -304,7 +248,8 @@ def layer_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp:
     dropped exactly as selective recompute drops them.
     """
     _check_recompute(recompute)
-    terms = activation_terms(model, micro_batch_size, tp, sp, cp, dtype_bytes, ep, dense_mlp, etp, fp8, eager)
+    terms = activation_terms(model, micro_batch_size, tp, sp, cp, dtype_bytes, ep, dense_mlp, etp, fp8, eager,
+                             kv_repeat)
     if recompute == "full":
         return next(x.bytes for x in terms if x.name == "attn_norm_input")
     if recompute == "selective-op":
@@ -335,10 +280,11 @@ def op_sac_saved_bytes(terms: list[ActivationTerm], model: ModelSpec, tp: int = 
 
 def weight_grad_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool, cp: int,
                       dtype_bytes: int = 2, ep: int = 1, dense_mlp: bool = False, etp: int = 0,
-                      fp8: bool = False, eager: bool = False) -> float:
+                      fp8: bool = False, eager: bool = False, kv_repeat: bool = False) -> float:
     """Bytes the W pass of one layer needs: each weight GEMM's input X and output gradient dY.
     For a GPT layer with t = 1 this is 32sbh, Qi et al. 2024 Table 1 (X: 2+2+2+8, dY: 6+2+8+2)."""
-    terms = activation_terms(model, micro_batch_size, tp, sp, cp, dtype_bytes, ep, dense_mlp, etp, fp8, eager)
+    terms = activation_terms(model, micro_batch_size, tp, sp, cp, dtype_bytes, ep, dense_mlp, etp, fp8, eager,
+                             kv_repeat)
     return sum(x.bytes for x in terms if x.weight_grad)
 
 
@@ -346,7 +292,7 @@ def layer_activation_split(model: ModelSpec, micro_batch_size: int, tp: int, sp:
                            recompute: str, dtype_bytes: int = 2, ep: int = 1,
                            attention: str = "unfused", dense_mlp: bool = False, etp: int = 0,
                            modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES,
-                           fp8: bool = False, eager: bool = False) -> tuple[float, float]:
+                           fp8: bool = False, eager: bool = False, kv_repeat: bool = False) -> tuple[float, float]:
     """(freed at B, freed at W) for schedules that split the backward (zero-bubble).
 
     F allocates ``layer_activation_bytes``. B consumes what only the input gradient needs and
@@ -357,8 +303,9 @@ def layer_activation_split(model: ModelSpec, micro_batch_size: int, tp: int, sp:
     keep X and dY for W; the lowering applies a negative "freed" amount as an allocation at B.
     """
     total = layer_activation_bytes(model, micro_batch_size, tp, sp, cp, recompute, dtype_bytes, ep, attention,
-                                   dense_mlp, etp, modules, fp8, eager)
-    at_w = weight_grad_bytes(model, micro_batch_size, tp, sp, cp, dtype_bytes, ep, dense_mlp, etp, fp8, eager)
+                                   dense_mlp, etp, modules, fp8, eager, kv_repeat)
+    at_w = weight_grad_bytes(model, micro_batch_size, tp, sp, cp, dtype_bytes, ep, dense_mlp, etp, fp8, eager,
+                             kv_repeat)
     return total - at_w, at_w
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Union
 
+from ..model import repeat_kv
 from ..model.opgraph import OpGraph, build_op_graph
 from ..model.spec import ModelSpec
 from .activation_memory import (embedding_activation_bytes, head_activation_bytes, layer_activation_bytes,
@@ -185,7 +186,8 @@ def layer_memory(scn: Scenario, split_backward: bool, dense_mlp: bool = False, r
     recompute = par.recompute if recompute is None else recompute
     args = (m, tr.micro_batch_size, par.tp, par.sequence_parallel, par.cp)
     kw: dict[str, Any] = {"dense_mlp": dense_mlp and m.is_moe, "etp": par.etp, "modules": par.recompute_modules,
-                          "fp8": tr.dtype == "fp8", "eager": tr.kernels == "eager"}
+                          "fp8": tr.dtype == "fp8", "eager": tr.kernels == "eager",
+                          "kv_repeat": tr.kernels == "eager" and tr.attention_module == repeat_kv.MODULE}
     d, att, ep = tr.dtype_bytes, tr.attention, par.ep
     stored = layer_activation_bytes(*args, recompute, d, ep, att, **kw)
     transient = 0.0  # what the recompute re-materialises: stored without it less stored with it
