@@ -9,7 +9,7 @@ simulated peak (the search prunes with both).
 Draws: model presets (dense, GQA, MoE, MLA, gpt-oss, Llama 4) cut to a few layers per stage, one to
 eight nodes of A100, H100, H200, B200 or Grand Teton hosts, TP/CP/PP/DP/EP, ZeRO 0-3 with every
 sharding implementation, every pipeline schedule, every CP algorithm, recompute, TP overlap, optimizer
-offload, FP8 recipes and parameters, eager kernels, torch's loss, the attention kernels, CUDA graphs,
+offload, FP8 recipes and parameters, eager kernels, torch's loss, the attention kernels and modules, CUDA graphs,
 gradient dtypes and deferred output-layer weight gradients. Draws the scenario rules refuse are drawn
 again. Prints one line per violation
 and a summary; exits 1 on any violation.
@@ -68,7 +68,8 @@ def draw(rng: random.Random) -> dict | None:
             tr["fp8_params"] = True
     for key, p, values in (("kernels", 0.2, ["eager"]), ("cross_entropy", 0.2, ["torch"]),
                            ("attention", 0.2, ["flash", "cudnn", "flash-varlen", "unfused"]),
-                           ("cuda_graphs", 0.15, [True]), ("grad_dtype", 0.2, ["fp32", "bf16"])):
+                           ("cuda_graphs", 0.15, [True]), ("grad_dtype", 0.2, ["fp32", "bf16"]),
+                           ("attention_module", 0.3, ["sdpa"])):
         if rng.random() < p:
             tr[key] = rng.choice(values)
     return {"model": model, "cluster": {"preset": rng.choice(CLUSTERS), "num_nodes": nodes},
