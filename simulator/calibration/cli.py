@@ -49,7 +49,8 @@ def calibrated_scenario_toml(scn: Scenario, tables: str, cluster_preset: str | N
               "[training]", f"global_batch_size = {t.global_batch_size}",
               f"micro_batch_size = {t.micro_batch_size}", f'dtype = "{t.dtype}"', f'attention = "{t.attention}"',
               f'kernels = "{t.kernels}"', f'cross_entropy = "{t.cross_entropy}"',
-              'attention_module = "sdpa"  # the profiled model (calibration/tiny_model) calls torch\'s SDPA', "",
+              'attention_module = "sdpa"  # the profiled model (calibration/tiny_model): K, V repeated, then SDPA',
+              "",
               "[cost]", 'compute = "calibrated"', f'tables = "{tables}"', ""]
     return "\n".join(lines)
 

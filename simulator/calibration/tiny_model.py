@@ -109,8 +109,11 @@ def _block_class(spec: ModelSpec, eager: bool = False):
             if rot is not None:
                 with record_function(_tag(mb, self.index, "rope")):
                     q, k = (_rope(t, rot[0], rot[1], hd) for t in (q, k))
+            if kv != heads:  # GQA: K and V copied to every query head, as the scenario's "sdpa" module says
+                with record_function(_tag(mb, self.index, "kv_repeat")):  # model/repeat_kv.py's op
+                    k, v = (repeat_kv(t.transpose(1, 2), heads // kv).transpose(1, 2) for t in (k, v))
             with record_function(_tag(mb, self.index, "attn_core")):
-                a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != heads)
+                a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
                 a = a.transpose(1, 2).reshape(b, s, h)
             with record_function(_tag(mb, self.index, "attn_out")):
                 a = self.attn_out(a)
