@@ -74,6 +74,15 @@ def _rope(x, cos, sin, hd: int):
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
+def _activate(act, y, gated: bool):
+    """The MLP's activation on fc1's output: plain kinds on all of it, gated ones on its gate half times the
+    up half."""
+    if not gated:
+        return act(y)
+    gate, up = y.chunk(2, dim=-1)
+    return act(gate) * up
+
+
 def _block_class(spec: ModelSpec, eager: bool = False):
     """One decoder layer; every op region annotated ``sim:<microbatch>:<layer>:<op>`` (eager: _eager_block)."""
     import torch.nn.functional as F
@@ -126,11 +135,7 @@ def _block_class(spec: ModelSpec, eager: bool = False):
             with record_function(_tag(mb, self.index, "fc1")):
                 y = self.fc1(y)
             with record_function(_tag(mb, self.index, "act")):
-                if spec.gated_mlp:
-                    gate, up = y.chunk(2, dim=-1)
-                    y = act(gate) * up
-                else:
-                    y = act(y)
+                y = _activate(act, y, spec.gated_mlp)
             with record_function(_tag(mb, self.index, "fc2")):
                 y = self.fc2(y)
             with record_function(_tag(mb, self.index, "mlp_residual")):
