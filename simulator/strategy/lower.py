@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import TYPE_CHECKING
 
+from ..model import repeat_kv
 from ..model.fp8 import fp8_transposes
 from ..model.opgraph import build_op_graph
-from ..model import repeat_kv
 from ..model.te_layout import te_cp
 from ..tasks import InternalError, TaskGraph
 from .blocks import build_blocks, layer_blocks, split_off
