@@ -22,9 +22,11 @@ def test_bytes_per_query_element_both_ways(preset, want):
     assert repeat_bytes(MODEL_PRESETS[preset]) == pytest.approx((want, want))
 
 
-def test_gqa_presets_are_the_ones_that_repeat():
-    for name, m in MODEL_PRESETS.items():
-        assert repeats_kv(m) == (not m.is_mla and m.num_kv_heads < m.num_attention_heads), name
+@pytest.mark.parametrize("preset, want", [("llama3.1-8b", True), ("mixtral-8x7b", True), ("qwen3-235b-a22b", True),
+                                          ("gpt3-175b", False), ("llama2-7b", False), ("deepseek-v3", False)])
+def test_which_presets_repeat(preset, want):
+    """GQA presets repeat K and V; multi-head ones and MLA (a key per query head) do not."""
+    assert repeats_kv(MODEL_PRESETS[preset]) == want
 
 
 def _scn(module, kernels="eager", tp=2, model="llama3.1-8b"):

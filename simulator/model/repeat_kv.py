@@ -25,8 +25,9 @@ under torch.compile the partitioner's choice (it may keep the un-repeated ones) 
 
 from __future__ import annotations
 
-from .opgraph import Op, _vector
+from .opgraph import Op
 from .spec import ModelSpec
+from .te_layout import before_attention
 
 MODULE = "sdpa"  # training.attention_module whose layers repeat K and V (model/te_layout.ATTENTION_MODULES)
 
@@ -46,14 +47,5 @@ def repeat_bytes(model: ModelSpec) -> tuple[float, float]:
 
 def with_repeat_kv(ops: tuple[Op, ...], model: ModelSpec) -> tuple[Op, ...]:
     """A layer's ops with ``kv_repeat`` before its attention core (split over TP like the query)."""
-    fwd, bwd = repeat_bytes(model)
-    if not fwd:
-        return ops
-    out: list[Op] = []
-    for op in ops:
-        if op.kind == "attention":
-            d = op.dtype_bytes
-            out.append(_vector("kv_repeat", "elementwise", op.block, op.shape[0] * op.shape[2], model.q_size,
-                               fwd * d, bwd * d, 0, "column", d))
-        out.append(op)
-    return tuple(out)
+    per_q = repeat_bytes(model)
+    return before_attention(ops, "kv_repeat", model, lambda op: per_q) if repeats_kv(model) else ops

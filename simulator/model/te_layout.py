@@ -32,6 +32,8 @@ and concatenations) and GQA without rotary embedding (whose key is a strided vie
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .opgraph import Op, _vector
 from .spec import ModelSpec
 
@@ -68,11 +70,19 @@ def with_layouts(ops: tuple[Op, ...], model: ModelSpec, attention: str, cp: int)
     """A layer's ops with ``qkv_layout`` before its attention core (split over TP like the query)."""
     if model.is_mla:
         return ops
+    return before_attention(ops, "qkv_layout", model, lambda op: layout_bytes(model, attention, cp, op.shape[0]))
+
+
+def before_attention(ops: tuple[Op, ...], name: str, model: ModelSpec,
+                     bytes_per_q: Callable[[Op], tuple[float, float]]) -> tuple[Op, ...]:
+    """``ops`` with a memory-bound copy ``name`` before each attention core, over the query block (split
+    over TP like the query), moving ``bytes_per_q(core)`` (forward, backward) bytes per query element per
+    byte of the dtype: the one shape for the copies that lay Q, K, V out for the kernel."""
     out: list[Op] = []
     for op in ops:
         if op.kind == "attention":
-            d, (fwd, bwd) = op.dtype_bytes, layout_bytes(model, attention, cp, op.shape[0])
-            out.append(_vector("qkv_layout", "elementwise", op.block, op.shape[0] * op.shape[2], model.q_size,
+            d, (fwd, bwd) = op.dtype_bytes, bytes_per_q(op)
+            out.append(_vector(name, "elementwise", op.block, op.shape[0] * op.shape[2], model.q_size,
                                fwd * d, bwd * d, 0, "column", d))
         out.append(op)
     return tuple(out)

@@ -117,7 +117,7 @@ def activation_terms(model: ModelSpec, micro_batch_size: int, tp: int, sp: bool,
     if drop:  # a parallel block's MLP branch: before the reduction (_mlp_input_terms)
         terms.append(ActivationTerm("mlp_dropout_mask", MASK_BYTES * tokens * h / (1 if model.parallel_attn_mlp else r)))
     terms = eager_saved(terms, model, d) if eager else terms
-    terms = terms + repeated_kv_saved(model, d, tokens, tp) if kv_repeat else terms
+    terms = terms + repeated_kv_saved(terms, model) if kv_repeat else terms
     return fp8_saved_inputs(terms, d) if fp8 else terms
 
 

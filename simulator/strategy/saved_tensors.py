@@ -39,14 +39,16 @@ class ActivationTerm:
     stored_at_f: bool = True  # False: an output gradient allocated during B, kept until W
 
 
-def repeated_kv_saved(model: ModelSpec, d: int, tokens: int, t: int) -> list[ActivationTerm]:
+def repeated_kv_saved(terms: list[ActivationTerm], model: ModelSpec) -> list[ActivationTerm]:
     """What SDPA keeps beyond the K and V terms when a PyTorch module repeats them first (model/repeat_kv.py)
-    and runs eagerly: the repeated K and V, a query block each, in place of K and V (which nothing else
-    keeps: RoPE's and the repeat's backward need no input), counted as the difference. torch.compile's
-    partitioner may keep the un-repeated tensors and repeat them again in the backward: not modelled."""
+    and runs eagerly: the repeated K and V, a query block (the "q" term) each, in place of the "k" and "v"
+    terms (which nothing else keeps: RoPE's and the repeat's backward need no input), counted as the
+    difference. torch.compile's partitioner may keep the un-repeated tensors and repeat them again in the
+    backward: not modelled."""
     if not repeats_kv(model):
         return []
-    extra = 2 * d * tokens * (model.q_size / t - model.head_dim * max(model.num_kv_heads // t, 1))
+    by_name = {x.name: x.bytes for x in terms}
+    extra = 2 * by_name["q"] - by_name["k"] - by_name["v"]
     return [ActivationTerm("kv_repeated_extra", max(extra, 0.0))]
 
 
