@@ -23,8 +23,9 @@ from .units import DTYPE_BYTES
 from .defaults import default_grad_dtype, default_sharding, default_virtual_stages, split_layers
 from .strategy.activation_memory import DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODES
 from .strategy.schedules import SCHEDULES
+from .strategy.ub_config import TE_DEFAULT
 from .scenario_checks import ScenarioError, check_reliability, validate
-from .scenario_fields import MODEL_KEYS, check_keys, fields_of, model_from_table
+from .scenario_fields import MODEL_KEYS, check_keys, fields_of, model_from_table, ub_config_name
 from .reliability import RELIABILITY_KEYS, ReliabilitySpec, parse_reliability
 
 SCHEDULE_NAMES = tuple(SCHEDULES)
@@ -65,6 +66,9 @@ class ParallelSpec:
     sharding: str = ""  # megatron-distopt | deepspeed | deepspeed-2021 | fsdp1 | fsdp2; "" -> defaults.default_sharding
     shard_group_size: int = 0  # HSDP: FSDP shards inside groups of this many DP ranks, replicates across; 0 = all
     tp_comm_overlap: bool = False  # SP all-gather / reduce-scatter chunked and overlapped with their GEMMs
+    # its userbuffers settings per site (strategy/ub_config): "te-default" (TE's own, what Megatron-LM's
+    # --tp-comm-overlap runs without --tp-comm-overlap-cfg), a bundled recipe table's name, or a TOML file
+    tp_comm_overlap_cfg: str = TE_DEFAULT
     # Megatron-Core's defer_embedding_wgrad_compute / wgrad_deferral_limit: the output layer's weight-gradient
     # GEMMs of the step's first wgrad_deferral_limit micro-batches (0: all) run in the pipeline flush
     defer_embedding_wgrad_compute: bool = False
@@ -238,7 +242,7 @@ def scenario_from_dict(raw: dict, default_name: str = "scenario", base_dir: Path
     model = model_from_table(raw.get("model", {}), base_dir or Path("."))
     cluster = cluster_spec(raw.get("cluster", {}), base_dir or Path("."))
     training = _training(raw.get("training", {}))
-    parallel = _parallel(raw.get("parallelism", {}), model, cluster, training)
+    parallel = _parallel(raw.get("parallelism", {}), model, cluster, training, base_dir or Path("."))
     cost = _cost(raw.get("cost", {}), base_dir or Path("."))
     if not training.grad_dtype:
         training = replace(training, grad_dtype=default_grad_dtype(parallel.zero_stage, training.dtype))
@@ -324,8 +328,11 @@ def _training(table: dict) -> TrainingSpec:
     return t
 
 
-def _parallel(table: dict, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> ParallelSpec:
+def _parallel(table: dict, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+              base_dir: Path) -> ParallelSpec:
     vals = fields_of("parallelism", table, ParallelSpec)
+    if "tp_comm_overlap_cfg" in vals:
+        vals["tp_comm_overlap_cfg"] = ub_config_name(vals["tp_comm_overlap_cfg"], base_dir)
     for key in ("tp", "pp", "dp", "cp", "ep", "virtual_stages"):
         if key in vals and vals[key] <= 0:
             raise ScenarioError(f"parallelism.{key} must be positive, got {vals[key]}")

@@ -10,6 +10,7 @@ from pathlib import Path
 from .model.presets import MODEL_PRESETS
 from .model.spec import MLP_KINDS, ModelSpec
 from .scenario_checks import ScenarioError
+from .strategy.ub_config import load_ub_config
 
 MODEL_KEYS = {f.name for f in dataclasses.fields(ModelSpec)} - {"name", "extra"} | {"preset", "hf_config"}
 
@@ -127,3 +128,15 @@ def model_from_table(table: dict, base_dir: Path) -> ModelSpec:
             if k not in fields:
                 base[k] = "" if k in ("norm", "position_embedding") else None
     return ModelSpec(**base)
+
+
+def ub_config_name(name: str, base_dir: Path) -> str:
+    """A userbuffers configuration's name, a TOML path made absolute (relative to the scenario file),
+    once it is known to load."""
+    if name.endswith(".toml") and not Path(name).is_absolute():
+        name = str((base_dir / name).resolve())
+    try:
+        load_ub_config(name)
+    except ValueError as exc:
+        raise ScenarioError(f"parallelism.tp_comm_overlap_cfg: {exc}") from None
+    return name

@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..hardware.topology import Topology
+from ..strategy.ub_config import BULK_SITES, SCATTER_SITES, OverlapSite, load_ub_config
 from ..tasks import Collective, OpWork, Task
 from .algorithms import group_shape
 from .collectives import collective_time_s, plan_collective
@@ -21,7 +22,7 @@ from .compute import RooflineCompute, gemm_shape, with_host_floor_s
 from .fairshare import isolated_time_s
 from .plan import CommPlan, CommStep, Flow
 from .sm_share import collective_ctas, with_sms_taken
-from .tp_overlap import BULK_SITES, UB_SITES, chunks, exposed_comm_s
+from .tp_overlap import chunking, exposed_comm_s
 
 if TYPE_CHECKING:  # type-only imports: the calibrated tables are imported where a run asks for them
     from ..scenario import Scenario
@@ -44,6 +45,7 @@ class CostModel:
         self._static_comm: dict = {}
         self._host_plans: dict = {}
         self.algorithms = dict(scn.cost.collective_algorithms)
+        self.ub = dict(load_ub_config(scn.parallel.tp_comm_overlap_cfg).sites)  # userbuffers settings per TP site
         self._contended: dict[tuple[int, bool], RooflineCompute] = {}  # (SMs taken, margin known) -> roofline
         self._ctas: dict[Collective, int] = {}
         self._ctas_of: dict[int, tuple[Collective, int]] = {}  # by identity (memo_by_collective)
@@ -67,10 +69,8 @@ class CostModel:
             t = self._static_comm.get(ckey)
             if t is None:
                 t = collective_time_s(c, self.topo, self.algorithms.get(c.op))
-                if c.overlap and c.overlap[0] in UB_SITES:  # a bulk site's time is its collective's
-                    site, gemm = c.overlap
-                    t = exposed_comm_s(site, self._work_time_s((gemm,)), t, len(c.group),
-                                       self.roofline.eff.num_sms, self._chunk_s(site, gemm, len(c.group)))
+                if c.overlap and c.overlap[0] not in BULK_SITES:  # a bulk site's time is its collective's
+                    t = self._overlapped_s(c, t)
                 self._static_comm[ckey] = t
             return t
         return None
@@ -91,27 +91,42 @@ class CostModel:
             return self._host_plan(c)[1]
         return collective_time_s(c, self.topo, self.algorithms.get(c.op))
 
-    def _chunk_s(self, site: str, gemm: OpWork, tp: int) -> float:
+    def _overlapped_s(self, c: Collective, comm_s: float) -> float:
+        """What a TP collective chunked under its GEMM leaves exposed (cost/tp_overlap), run as the
+        scenario's userbuffers configuration says at its site."""
+        site, gemm = c.overlap
+        s, tp = self.ub[site], len(c.group)
+        reduce_s = 0.0
+        if s.method == "ring_exchange" and site in SCATTER_SITES:  # sum of the tp chunks received: read all, write one
+            nbytes = c.size_bytes * (1 + 1 / tp)
+            reduce_s = self.roofline.op_time_s(OpWork(f"{site}.ub_sum", "elementwise", 0.0, nbytes, (int(nbytes), 1)))
+        return exposed_comm_s(site, s, self._work_time_s((gemm,)), comm_s, tp, self._chunk_s(s, gemm, tp), reduce_s)
+
+    def _chunk_s(self, s: OverlapSite, gemm: OpWork, tp: int) -> float:
         """One chunk's GEMM at a userbuffers site: its share of the rows (the sequence), on the SMs
         the site's communication leaves; a calibrated table's GEMM scaled by the roofline's ratio."""
-        parts, sms = chunks(site, tp)
+        parts, sms, chosen = chunking(s, tp)
         m, n, k = gemm_shape(gemm)
         part = replace(gemm, flops=gemm.flops / parts, bytes=gemm.bytes / parts, shape=(-(-m // parts), n, k))
         # set_sm_margin: the chunk's kernel is chosen for the SMs the communication leaves
-        rc = self._roofline_beside(sms, margin_known=True)
+        rc = self._roofline_beside(sms, margin_known=chosen)
         ratio = rc.op_time_s(part) / self.roofline.op_time_s(gemm)
         return ratio * self._work_time_s((gemm,))
 
     # ---- SMs held by communication kernels (cost/sm_share) --------------------------------------
     def kernel_ctas(self, task: Task) -> int:
-        """SMs the task's communication kernel holds while it runs: NCCL's CTAs (cost/sm_share); a
-        userbuffers bulk site's configured SMs; 0 for compute, host copies and the userbuffers sites
-        chunked under their GEMM (cost/tp_overlap charges those SMs already)."""
+        """SMs the task's communication kernel holds while it runs: NCCL's CTAs (cost/sm_share, a bulk
+        site left to NCCL included); a userbuffers bulk site's configured SMs; 0 for compute, host copies
+        and the userbuffers sites chunked under their GEMM (cost/tp_overlap charges those SMs already)."""
         c = task.comm
         if task.kind != "comm" or c is None or c.axis == "host":
             return 0
-        if c.overlap:  # userbuffers: a bulk site holds its configured SMs, the others are charged
-            return BULK_SITES.get(c.overlap[0], 0)
+        if c.overlap:
+            name = c.overlap[0]
+            if name not in BULK_SITES:  # chunked under its GEMM: cost/tp_overlap charges its SMs already
+                return 0
+            if self.ub[name].method != "nccl":  # a userbuffers bulk kernel on its configured SMs
+                return self.ub[name].sms_held
         return memo_by_collective(self._ctas_of, self._ctas, task, self._collective_ctas)
 
     def _collective_ctas(self, task: Task) -> int:

@@ -38,7 +38,7 @@ MODEL_COLUMNS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_hea
                  "vocab_size", "seq_length", "num_experts", "moe_top_k", "mtp_layers")
 PARALLEL_INT = ("tp", "pp", "dp", "cp", "ep", "etp", "zero_stage", "virtual_stages", "recompute_num_layers",
                 "wgrad_deferral_limit")
-PARALLEL_STR = ("schedule", "recompute", "sharding", "recompute_method", "cp_algorithm")
+PARALLEL_STR = ("schedule", "recompute", "sharding", "recompute_method", "cp_algorithm", "tp_comm_overlap_cfg")
 BOOL = {"true": True, "false": False}
 # The other columns row_to_raw reads, and those that only describe a row (its provenance, how its step
 # time was derived); any other column is refused, so that a misspelled one is not silently ignored.
