@@ -51,9 +51,16 @@ def test_bundled_today_rows_are_the_shared_rows_with_only_published_settings():
     assert len(today) == 42 and all(r["settings_from_source"] for r in today)
     for r in today:
         assert r["iteration_time_s"] == r["target_iteration_time_s"]
-        # the only added setting is TP overlap, and only where the recipe's YAML (quoted in notes) sets it
+        # TP overlap only where the recipe sets it: its YAML (quoted in notes) or its configure.sh over the YAML
+        # (the notes quote the YAML's false), with the userbuffers table the recipe passes, each with its source
         if r["tp_comm_overlap"]:
-            assert f"ub_tp_comm_overlap {r['tp_comm_overlap']}" in r["notes"].lower()
+            override = "configure.sh" in r["settings_from_source"] and "ub_tp_comm_overlap=true" in \
+                r["settings_from_source"].lower()
+            assert f"ub_tp_comm_overlap {r['tp_comm_overlap']}" in r["notes"].lower() or override
+        if r["tp_comm_overlap"] == "true":
+            assert f"tp_comm_overlap_cfg = {r['tp_comm_overlap_cfg']}: " in r["settings_from_source"]
+        else:
+            assert not r["tp_comm_overlap_cfg"]
         # the framework the source names, and the reduction dtype of its published mixed-precision mode
         if r["sharding"]:
             # DeepSpeed's engine of the source's date: the Narayanan et al. runs are of April 2021
