@@ -118,11 +118,13 @@ def _presets(args) -> int:
     from .hardware.clusters import CLUSTER_PRESETS
     from .hardware.gpus import GPU_PRESETS
     from .model.presets import MODEL_PRESETS
+    from .strategy.ub_config import bundled_configs, load_ub_config
     data = {"models": {k: {"params": m.num_params(), "layers": m.num_layers, "hidden_size": m.hidden_size}
                        for k, m in MODEL_PRESETS.items()},
             "gpus": {k: {"bf16_tflops": g.peak("bf16") / 1e12, "memory_GiB": g.memory_capacity_bytes / 2**30}
                      for k, g in GPU_PRESETS.items()},
-            "clusters": {k: {"gpu": c.gpu.name, "gpus_per_node": c.gpus_per_node} for k, c in CLUSTER_PRESETS.items()}}
+            "clusters": {k: {"gpu": c.gpu.name, "gpus_per_node": c.gpus_per_node} for k, c in CLUSTER_PRESETS.items()},
+            "tp_overlap": {k: {"source": load_ub_config(k).source} for k in bundled_configs()}}
     if args.json:
         print(json.dumps(data))
         return 0
@@ -135,6 +137,9 @@ def _presets(args) -> int:
     print("clusters:")
     for k, c in data["clusters"].items():
         print(f"  {k:22s} {c['gpus_per_node']} x {c['gpu']} per node")
+    print("tp_overlap (parallelism.tp_comm_overlap_cfg):")
+    for k in data["tp_overlap"]:
+        print(f"  {k}")
     return 0
 
 

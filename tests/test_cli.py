@@ -23,6 +23,8 @@ def test_presets_lists_models_gpus_clusters():
     assert {"gpt3-175b", "llama3-405b", "mixtral-8x7b"} <= set(data["models"])
     assert {"dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100", "dgx-h200"} <= set(data["clusters"])
     assert data["gpus"]["h100-sxm5-80gb"]["bf16_tflops"] == pytest.approx(989.4)
+    assert {"te1-default", "te2-default", "torch-async-tp"} <= set(data["tp_overlap"])
+    assert "NeMo" in data["tp_overlap"]["userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192"]["source"]
 
 
 def test_run_json_prints_exactly_one_value_and_writes_results(tmp_path):

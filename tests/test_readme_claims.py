@@ -215,11 +215,14 @@ def test_an_eager_host_launches_a_kernel_in_7_4_us():
     assert EAGER_KERNEL_HOST_S == pytest.approx(7.4e-6)
 
 
-def test_tp_overlap_pipelines_the_forward_reduce_scatters_in_4_chunks_on_24_and_16_sms():
-    from simulator.cost.tp_overlap import UB_SITES
-    pipelined = {k: (v.num_sm, v.splits) for k, v in UB_SITES.items() if v.method == "pipeline"}
-    assert pipelined == {"proj_fprop": (24, 4), "fc2_fprop": (16, 4)}
-    assert all(v.splits == 0 for k, v in UB_SITES.items() if k not in pipelined)  # the rest: ring exchange
+def test_te_defaults_run_ring_exchange_a_16_sm_pipeline_and_16_sm_bulk_sites():
+    from simulator.strategy.ub_config import SITES, load_ub_config
+    for name, margin in (("te1-default", False), ("te2-default", True)):
+        cfg = load_ub_config(name)
+        methods = [cfg.site(s).method for s in SITES]
+        assert methods == ["ring_exchange"] * 4 + ["pipeline"] * 2 + ["bulk"] * 4
+        assert {(cfg.site(s).num_sm, cfg.site(s).splits, cfg.site(s).sm_margin) for s in SITES[4:6]} == {(16, 4, margin)}
+        assert {cfg.site(s).num_sm for s in SITES[6:]} == {16}
 
 
 # ---- busiest rank: shown when its idle time is shorter by more than 5% of the step ------------------

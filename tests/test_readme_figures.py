@@ -308,6 +308,49 @@ def test_the_h100_kernel_tables_against_the_roofline_model(rows):
               f"15B {abs(nemotron):.1f} points {'slower' if nemotron > 0 else 'faster'}")
 
 
+def test_te_defaults_cost_a_small_layer_more_than_they_hide():
+    """A 2,048-wide Llama layer at TP 4 on one H100 node (tests/test_tp_overlap.py's scenario) against no
+    overlap, with TE 1.x's and 2.x's defaults and with NeMo's Llama 3.1 70B table."""
+    model = {"num_layers": 4, "hidden_size": 2048, "num_attention_heads": 16, "num_kv_heads": 4,
+             "ffn_hidden_size": 5632, "vocab_size": 8192, "seq_length": 2048, "mlp": "swiglu"}
+
+    def step_s(**par) -> float:
+        raw = {"model": dict(model), "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+               "parallelism": {"tp": 4, "pp": 1, "dp": 2, "sequence_parallel": True, **par},
+               "training": {"global_batch_size": 8}}
+        return simulate_metrics(scenario_from_dict(raw))["iteration_time_s"]
+
+    plain = step_s(tp_comm_overlap=False)
+    change = [step_s(tp_comm_overlap=True, tp_comm_overlap_cfg=c) / plain - 1
+              for c in ("te1-default", "te2-default", "userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192")]
+    in_readme(f"runs {100 * change[0]:.1f}% slower with TE 1.x's and {100 * change[1]:.1f}% slower with TE 2.x's "
+              f"than without overlap, {-100 * change[2]:.1f}% faster with NeMo's tuned Llama 3.1 70B table")
+
+
+def test_tp_overlap_as_each_recipe_configures_it(rows, results):
+    """Every overlapped row against NeMo's Llama 3.1 70B table (which all ran before), and the rows whose
+    configure.sh turns the overlap on against running without it."""
+    e = dict((r["name"], r["error"]) for r in results)
+    by_name = {r["name"]: r for r in rows}
+    added = {n for n, r in by_name.items() if "configure.sh" in r.get("settings_from_source", "")
+             and "tp_comm_overlap = true" in r.get("settings_from_source", "")}
+    assert added == {f"dgxc-nemotron4-340b-{x}" for x in ("bf16-128gpu", "bf16-2048gpu", "fp8-128gpu")} | {
+        "dgxc-grok1-314b-bf16-512gpu", "dgxc-grok1-314b-bf16-2048gpu"}
+    nemo_70b = "userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192"
+    moved = [abs(e[n] - evaluate_row(dict(r, tp_comm_overlap_cfg=nemo_70b))["error"])
+             for n, r in by_name.items() if r.get("tp_comm_overlap_cfg") and n not in added]
+    in_readme(f"the other rows move by at most {100 * max(moved):.1f} points")
+
+    def off(name: str) -> float:
+        return evaluate_row(dict(by_name[name], tp_comm_overlap="false", tp_comm_overlap_cfg=""))["error"]
+
+    for model in ("340b", "grok"):
+        names = sorted((n for n in added if model in n),
+                       key=lambda n: ("fp8" in n, int(n.split("-")[-1].removesuffix("gpu"))))
+        before = "/".join(f"{100 * off(n):+.1f}" for n in names)
+        in_readme(f"from {before}% to {'/'.join(f'{100 * e[n]:+.1f}' for n in names)}%")
+
+
 def test_grok1_with_either_attention_kernel(rows, results):
     grok = [r for r in rows if r["name"].startswith("dgxc-grok1")]
     flash = [next(x["error"] for x in results if x["name"] == r["name"]) for r in grok]
