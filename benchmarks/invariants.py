@@ -39,6 +39,8 @@ PRESETS = ("llama3-8b", "llama3-70b", "mixtral-8x7b", "deepseek-v3", "qwen3-235b
            "nemotron4-15b", "gpt3-13b", "llama4-scout", "grok-1", "gpt3-1.3b")
 CLUSTERS = ("dgx-h100", "dgx-a100-80gb", "dgx-b200", "grand-teton-h100", "dgx-h200")
 SCHEDULES = ("1f1b", "interleaved-1f1b", "zero-bubble", "gpipe", "zb-v", "dualpipe-v", "zb-h2", "dualpipe")
+UB_TABLES = ("te1-default", "torch-async-tp", "userbuffers_fp8_h100_h16384_tp8_cp2_mbs1_seqlen8192",
+             "ub_cfg_h100_h12288_tp4_mbs1_seqlen2048", "userbuffers_bf16_b200_h18432_tp8_mbs1_seqlen4096")
 
 
 def draw(rng: random.Random) -> dict | None:
@@ -56,6 +58,8 @@ def draw(rng: random.Random) -> dict | None:
         par["ep"] = rng.choice([1, 2, 4, 8])
     par["sequence_parallel"] = tp > 1 and rng.random() < 0.8
     draw_features(rng, par, 0.7, SCHEDULES)
+    if par.get("tp_comm_overlap") and rng.random() < 0.6:  # a userbuffers table other than TE 2.x's defaults
+        par["tp_comm_overlap_cfg"] = rng.choice(UB_TABLES)
     if pp > 1 and rng.random() < 0.3:  # Megatron-Core's deferred head wgrads (refused where they do not exist)
         par["defer_embedding_wgrad_compute"], par["wgrad_deferral_limit"] = True, rng.choice([0, 1, 3])
     if rng.random() < 0.15:
