@@ -349,6 +349,10 @@ def test_tp_overlap_as_each_recipe_configures_it(rows, results):
                        key=lambda n: ("fp8" in n, int(n.split("-")[-1].removesuffix("gpu"))))
         before = "/".join(f"{100 * off(n):+.1f}" for n in names)
         in_readme(f"from {before}% to {'/'.join(f'{100 * e[n]:+.1f}' for n in names)}%")
+    launcher = [n for n, r in by_name.items() if "NCCL_NVLS_ENABLE=0 for every job" in r.get("settings_from_source", "")]
+    assert len(launcher) == 15 and all(by_name[n]["nvls"] == "false" for n in launcher)
+    nvls = max(abs(e[n] - evaluate_row(dict(by_name[n], nvls=""))["error"]) for n in launcher)
+    in_readme(f"now run without NVLS (`nvls = false`), which moves them by at most {100 * nvls:.1f} points")
 
 
 def test_grok1_with_either_attention_kernel(rows, results):
