@@ -66,8 +66,8 @@ class ParallelSpec:
     sharding: str = ""  # megatron-distopt | deepspeed | deepspeed-2021 | fsdp1 | fsdp2; "" -> defaults.default_sharding
     shard_group_size: int = 0  # HSDP: FSDP shards inside groups of this many DP ranks, replicates across; 0 = all
     tp_comm_overlap: bool = False  # SP all-gather / reduce-scatter chunked and overlapped with their GEMMs
-    # its userbuffers settings per site (strategy/ub_config): "te-default" (TE's own, what Megatron-LM's
-    # --tp-comm-overlap runs without --tp-comm-overlap-cfg), a bundled recipe table's name, or a TOML file
+    # its userbuffers settings per site (strategy/ub_config): "te2-default" / "te1-default" (TE's own, what
+    # Megatron-LM's --tp-comm-overlap runs without --tp-comm-overlap-cfg), a bundled recipe table, or a TOML file
     tp_comm_overlap_cfg: str = TE_DEFAULT
     # Megatron-Core's defer_embedding_wgrad_compute / wgrad_deferral_limit: the output layer's weight-gradient
     # GEMMs of the step's first wgrad_deferral_limit micro-batches (0: all) run in the pipeline flush
