@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from simulator.cost.nccl_env import DEFAULT, env_for  # noqa: E402
+from simulator.cost.nccl_env import DEFAULT, FABRIC_ENV  # noqa: E402
 from simulator.cost.nccl_tuner import NCCL_VERSION  # noqa: E402
 from simulator.explore.collective import run_collective  # noqa: E402
 from simulator.hardware.clusters import CLUSTER_PRESETS  # noqa: E402
@@ -76,7 +76,7 @@ def evaluate(rows: list[dict]) -> list[dict]:
 def env_note(fabric: str) -> str:
     """The vendor's NCCL settings the simulator applies on ``fabric`` ('' for NCCL's defaults), and the
     external tuner it cannot apply."""
-    env = env_for(fabric)
+    env = FABRIC_ENV.get(fabric, DEFAULT)
     if env is DEFAULT:
         return ""
     parts = [f"NCCL_ALGO={','.join(env.algorithms)} NCCL_PROTO={','.join(env.protocols)}"]

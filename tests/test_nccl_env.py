@@ -24,8 +24,9 @@ def _coll(op, size, group):
 
 
 def test_infiniband_and_roce_run_nccls_defaults():
-    assert env_for("infiniband") is DEFAULT and env_for("roce") is DEFAULT
-    assert env_for("tcpx") is TCPX and env_for("tcpxo") is TCPXO
+    dgx = CLUSTER_PRESETS["dgx-h100"]
+    assert env_for(dgx) is DEFAULT and env_for(replace(dgx, fabric="roce")) is DEFAULT
+    assert env_for(replace(dgx, fabric="tcpx")) is TCPX and env_for(replace(dgx, fabric="tcpxo")) is TCPXO
     assert DEFAULT.allows("tree", "ll") and DEFAULT.pxn and not DEFAULT.unpack
     assert (DEFAULT.p2p_net_chunk_bytes, DEFAULT.p2p_nvl_chunk_bytes) == (128 * 1024, 512 * 1024)
     # twice the searched rings, no bounds: 8 rails of a DGX H100 give 16 channels

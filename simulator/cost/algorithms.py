@@ -179,13 +179,13 @@ def hierarchical_phases(topo: Topology, shape: GroupShape) -> list[Phase]:
 def _p2p_flow(topo: Topology, src: int, dst: int, size: float) -> Flow:
     """A point-to-point transfer on NCCL's P2P path: PXN across rails (``Topology.p2p_route``) unless
     the fabric's environment sets NCCL_P2P_PXN_LEVEL=0 (``NcclEnv.pxn``), then the sender's own NIC."""
-    pxn = env_for(topo.cluster.fabric).pxn
+    pxn = env_for(topo.cluster).pxn
     return Flow(topo.p2p_route(src, dst) if pxn else topo.route(src, dst), size)
 
 
 def direct_flows(topo: Topology, group: tuple[int, ...]) -> tuple[Flow, ...]:
     """all_to_all: NCCL's grouped send/recv, one transfer per ordered pair of ranks (PXN as above)."""
-    if env_for(topo.cluster.fabric).pxn:
+    if env_for(topo.cluster).pxn:
         routes = topo.p2p_routes(group)
     else:
         routes = [topo.route(a, b) for a in group for b in group if a != b]

@@ -156,7 +156,7 @@ def _candidates(op: str, size_bytes: float, group: tuple[int, ...], topo: Topolo
         raise ValueError(f"unknown collective op {op!r}; known: {', '.join(COLLECTIVE_OPS)}")
     shape = group_shape(group, topo)
     forced_proto = None
-    env = env_for(topo.cluster.fabric)
+    env = env_for(topo.cluster)
     if algorithm is None:
         algs = [a for a in tuner.ALGORITHMS[op] if a not in tuner.AUTO_EXCLUDED
                 and not _feasible(a, shape, topo)]
@@ -209,7 +209,7 @@ def _efficiency(topo: Topology, op: str, size: float, shape: GroupShape, alg: st
     cap = tuner.max_busbw_Bps(alg, proto, arch, shape.num_nodes, channels, ring_channels)
     if alg == "p2p":  # a send runs on as many P2P channels as its size earns (enqueue.cc)
         cap = tuner.p2p_max_Bps(size, shape.n, shape.num_nodes, topo.cluster.nic_bandwidth_Bps / GB,
-                                env_for(topo.cluster.fabric))
+                                env_for(topo.cluster))
     if cap < float("inf") and bw_s_per_byte > 0:
         # NCCL converts bus to algorithm bandwidth with 1/2 for trees and nRanks/nSteps for rings
         # (and, since 2.28, for NVLS / NVLSTree: tuning.cc "ratio *= (1.0 * nRanks) / nsteps").
@@ -227,7 +227,7 @@ def _estimate(topo: Topology, op: str, size: float, group: tuple[int, ...],
     phases, bw_s = _unit_phases(topo, op, group, alg) if bw is None else (_phases(topo, op, group, alg), bw)
     shape = group_shape(group, topo)
     base, lats = _latencies(alg, proto, op, shape, phases, topo.cluster.gpu.architecture, size,
-                            env_for(topo.cluster.fabric))
+                            env_for(topo.cluster))
     eff = _efficiency(topo, op, size, shape, alg, proto, bw_s)
     if fill:
         base += _pipeline_fill_s(topo, alg, proto, size, shape, bw_s / eff)
@@ -243,7 +243,7 @@ def _pipeline_fill_s(topo: Topology, alg: str, proto: str, size: float, shape: G
                                                                shape.rails, shape.num_nodes)
     if alg != "tree" or proto != "simple" or shape.num_nodes < 2:
         return 0.0
-    env = env_for(topo.cluster.fabric)
+    env = env_for(topo.cluster)
     nics = shape.rails if shape.uniform else 1
     channels = env.collective_channels(nics, shape.num_nodes)
     chain = next(ranks for ranks in shape.per_node if len(ranks) == shape.ppn)  # a node of the longest chain
@@ -346,7 +346,7 @@ def _build_plan(topo: Topology, op: str, size: float, group: tuple[int, ...],
     phases, bw = _unit_phases(topo, op, group, alg)
     shape = group_shape(group, topo)
     base, lats = _latencies(alg, proto, op, shape, phases, topo.cluster.gpu.architecture, size,
-                            env_for(topo.cluster.fabric))
+                            env_for(topo.cluster))
     scale = size / _efficiency(topo, op, size, shape, alg, proto, bw)
     base += _pipeline_fill_s(topo, alg, proto, size, shape, bw * scale / size)
     steps = [CommStep(base)] if base > 0 else []

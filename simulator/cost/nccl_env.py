@@ -30,7 +30,12 @@ term for are listed in each environment's comment (socket threads, flows per con
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..hardware.clusters import ClusterSpec
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -111,7 +116,15 @@ TCPXO = NcclEnv(algorithms=("ring", "tree"), protocols=("simple",), min_channels
 FABRIC_ENV: dict[str, NcclEnv] = {"tcpx": TCPX, "tcpxo": TCPXO}
 
 
-def env_for(fabric: str) -> NcclEnv:
-    """The environment jobs on ``fabric`` run under: the vendor's, else NCCL's defaults
-    (InfiniBand and RoCE need none of these variables)."""
-    return FABRIC_ENV.get(fabric, DEFAULT)
+def env_for(cluster: ClusterSpec) -> NcclEnv:
+    """The environment jobs on ``cluster`` run under: the variables its description sets
+    (``cluster.nccl_env``, hardware/nccl_vars) over its fabric's vendor environment, else NCCL's
+    defaults (InfiniBand and RoCE need none of these variables)."""
+    return _env(cluster.fabric, cluster.nccl_env)
+
+
+@functools.lru_cache(maxsize=None)
+def _env(fabric: str, overrides: tuple[tuple[str, Any], ...]) -> NcclEnv:
+    env = FABRIC_ENV.get(fabric, DEFAULT)
+    fields: dict[str, Any] = dict(overrides)  # NcclEnv field -> value, checked by hardware/nccl_vars
+    return replace(env, **fields) if fields else env

@@ -77,7 +77,7 @@ def collective_ctas(coll: Collective, algorithm: str, shape: GroupShape, cluster
     alg, _, proto = algorithm.partition("/")
     n, nodes = len(coll.group), shape.num_nodes
     nic_GBps = cluster.nic_bandwidth_Bps / 1e9
-    env = env_for(cluster.fabric)  # the fabric's NCCL environment bounds the P2P channels (cost/nccl_env)
+    env = env_for(cluster)  # the fabric's NCCL environment bounds the P2P channels (cost/nccl_env)
     if coll.op == "send_recv":
         return tuner.p2p_send_channels(coll.size_bytes, n, nodes, nic_GBps, env)
     if coll.op == "all_to_all":  # grouped sends, one per peer, each on its P2P channels

@@ -33,6 +33,9 @@ class ClusterSpec:
     topology: str = "rail-optimized"  # inter-node network
     oversubscription: float = 1.0  # leaf uplink oversubscription ratio (1.0 = non-blocking)
     fabric: str = "infiniband"  # one of FABRICS
+    # NCCL variables the job exports over the fabric's own environment, as (cost.nccl_env.NcclEnv field,
+    # value) pairs (hardware/nccl_vars: ``[cluster.nccl_env]``)
+    nccl_env: tuple[tuple[str, int | bool | tuple[str, ...]], ...] = ()
 
     @property
     def num_gpus(self) -> int:

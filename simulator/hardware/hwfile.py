@@ -16,6 +16,7 @@ from pathlib import Path
 from ..units import GB, MiB, TFLOP, gbit_per_s_to_bytes_per_s
 from .clusters import CLUSTER_PRESETS, FABRICS, TOPOLOGIES, ClusterSpec
 from .gpus import ARCHITECTURES, GPU_PRESETS, NVLS_ARCHITECTURES, GPUSpec
+from .nccl_vars import parse_nccl_env
 
 DTYPES = ("fp32", "bf16", "fp16", "fp8", "fp4")
 _GPU_KEYS = ("preset", "name", "architecture", "peak_tflops", "hbm_bandwidth_GBps", "memory_capacity_MiB",
@@ -30,7 +31,7 @@ _CLUSTER_RATES = {"nvlink_bandwidth_GBps": ("nvlink_bandwidth_Bps", lambda v: v 
                   "pcie_bandwidth_GBps": ("pcie_bandwidth_Bps", lambda v: v * GB)}
 _CLUSTER_COUNTS = ("num_nodes", "gpus_per_node", "nics_per_node")
 CLUSTER_KEYS = ("preset", "name", "gpu", *_CLUSTER_COUNTS, *_CLUSTER_RATES, "fabric", "nvls",
-                "topology", "oversubscription")
+                "topology", "oversubscription", "nccl_env")
 
 
 # No hardware quantity in these files' units (Gbps, GB/s, GB, MiB, TFLOP/s, MHz, W, ratios) comes near
@@ -184,6 +185,8 @@ def cluster_from_table(table: dict, where: str = "cluster", base: ClusterSpec | 
         if not isinstance(table["nvls"], bool):
             raise ValueError(f"{where}.nvls must be true or false, got {table['nvls']!r}")
         f["nvls"] = table["nvls"]
+    if "nccl_env" in table:
+        f["nccl_env"] = parse_nccl_env(where, table["nccl_env"])
     if base is not None and "gpus_per_node" in f and "nics_per_node" not in f:
         # a preset node cut to fewer GPUs keeps at most one NIC per GPU (the default rule)
         f["nics_per_node"] = min(base.nics_per_node, f["gpus_per_node"])
