@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .gpus import GPUSpec
+from .nccl_vars import NcclValue
 from .preset_files import PresetFiles
 
 TOPOLOGIES = ("fat-tree", "rail-optimized")
@@ -35,7 +36,7 @@ class ClusterSpec:
     fabric: str = "infiniband"  # one of FABRICS
     # NCCL variables the job exports over the fabric's own environment, as (cost.nccl_env.NcclEnv field,
     # value) pairs (hardware/nccl_vars: ``[cluster.nccl_env]``)
-    nccl_env: tuple[tuple[str, int | bool | tuple[str, ...]], ...] = ()
+    nccl_env: tuple[tuple[str, NcclValue], ...] = ()
 
     @property
     def num_gpus(self) -> int:

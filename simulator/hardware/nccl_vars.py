@@ -18,6 +18,8 @@ ALGORITHMS = {"ring": "ring", "tree": "tree", "nvls": "nvls", "nvlstree": "nvls_
 PROTOCOLS = {"simple": "simple", "ll": "ll", "ll128": "ll128"}
 UNMODELLED_ALGORITHMS = ("collnetdirect", "collnetchain", "collnet", "pat")
 MAX_CHANNELS = 64  # NCCL src/include/device.h MAXCHANNELS
+# variable -> (NcclEnv field, least, most). The byte sizes' upper ends (1 GiB chunks, 16 GiB buffers) are not
+# NCCL's limits (it has none) but a plausibility bound that catches a misplaced unit, as hwfile.MAX_QUANTITY does
 INTS = {"NCCL_MIN_NCHANNELS": ("min_channels", 1, MAX_CHANNELS),
         "NCCL_MAX_NCHANNELS": ("max_channels", 1, MAX_CHANNELS),
         "NCCL_P2P_NET_CHUNKSIZE": ("p2p_net_chunk_bytes", 1, 1 << 30),
