@@ -199,7 +199,7 @@ def _simulate(scn: Scenario, full: bool, topo: Topology) -> RunResult:
     # symmetric mode: each simulated rank stands for the dp·cp·tp ranks of its stage
     replicas = 1 if full else scn.parallel.dp * scn.parallel.cp * scn.parallel.tp
     hw_flops = (trace.total_flops() - _imbalance_excess_flops(scn, plan.graph)) * replicas
-    mem = memory_report(scn, plan.stage_params, trace)
+    mem = memory_report(scn, plan.stage_params, trace, {r: plan.mesh.stage_of(r) for r in plan.stage_params})
     stretch_s = _stretch_s(plan.graph, base, durations, busiest) if durations is not base else 0.0
     step = StepTimes(sim.makespan_s, model_flops_per_iteration(scn), hw_flops, breakdown, busiest, busy_breakdown,
                      sim.contention_s, stretch_s)

@@ -219,7 +219,7 @@ def test_model_state_uses_dp_cp_for_dense_and_expert_dp_for_experts():
 def test_buffers_from_the_trace_replace_the_static_zero3_allowance():
     scn = make(pp=1, zero_stage=3)
     counts = {"dense": 10_000_000, "expert": 0}
-    assert "zero3_gathered" in static_buffers(scn, counts)
+    assert "zero3_gathered" in static_buffers(scn, counts, 0)
     trace = Trace((ev("gather", 0, 1, 300.0, phase=""), ev("F0", 1, 2, 50.0),
                    ev("release", 2, 3, -300.0, phase=""), ev("B0", 3, 4, -50.0, "B")))
     rep = memory_report(scn, {0: counts}, trace)
@@ -264,6 +264,35 @@ def test_fp8_training_keeps_bf16_weights_plus_the_te_fp8_weight_cache():
                                    "parallelism": {"tp": 1, "dp": 8, "zero_stage": 1},
                                    "training": {"global_batch_size": 8, "dtype": dtype}})
     counts = {"dense": 1_000_000, "expert": 0}
-    fp8, bf16 = static_buffers(scn("fp8"), counts), static_buffers(scn("bf16"), counts)
-    assert fp8["fp8_weight_cache"] == 1_000_000 * FP8_WEIGHT_COPY_BYTES and "fp8_weight_cache" not in bf16
+    fp8, bf16 = static_buffers(scn("fp8"), counts, 0), static_buffers(scn("bf16"), counts, 0)
+    m, h = scn("fp8").model, 1024
+    layer = h * (h + 2 * m.num_kv_heads * (h // 8)) + h * h + 3 * h * m.ffn_hidden_size  # bias-free SwiGLU
+    assert fp8["fp8_weight_cache"] == 2 * layer * FP8_WEIGHT_COPY_BYTES and "fp8_weight_cache" not in bf16
     assert scn("fp8").training.dtype_bytes == 2  # activations and weights stay BF16
+
+
+def test_the_fp8_weight_cache_holds_the_te_linear_layers_of_the_rank_stage_not_its_embedding_or_head():
+    """TE caches the quantized weights of its own linear modules: a stage's layers' QKV, projection and
+    MLP GEMMs (an MoE layer's local experts), not the vocab-parallel embedding or the output layer that the
+    first and last stage also hold, nor the norms and router."""
+    from simulator.analysis.memory import static_buffers
+    from simulator.scenario import scenario_from_dict
+
+    def scn(ep):
+        return scenario_from_dict({
+            "model": {"num_layers": 4, "hidden_size": 1024, "num_attention_heads": 8, "vocab_size": 32000,
+                      "seq_length": 512, "mlp": "swiglu", "ffn_hidden_size": 2048, "num_experts": 8,
+                      "moe_top_k": 2},
+            "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+            "parallelism": {"tp": 1, "pp": 2, "dp": 4, "ep": ep, "zero_stage": 1},
+            "training": {"global_batch_size": 16, "dtype": "fp8"}})
+
+    h, f = 1024, 2048
+    attention, expert = 4 * h * h, 3 * h * f  # QKV (8 K/V heads) + projection; one bias-free SwiGLU expert
+    for ep in (2, 4):
+        s = scn(ep)
+        for stage in (0, 1):
+            counts = rank_param_counts(s.model, s.parallel, stage)
+            cache = static_buffers(s, counts, stage)["fp8_weight_cache"]
+            assert cache == 2 * (attention + 8 // ep * expert) * 2  # two layers, FP8 weight + transpose
+            assert (counts["dense"] + counts["expert"]) * 2 - cache >= 32000 * h * 2  # embedding or head

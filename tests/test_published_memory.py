@@ -4,7 +4,7 @@ optimizer state) and DeepSpeed's per-submodule gathers, against closed forms."""
 
 import pytest
 
-from simulator.analysis.memory import optimizer_bytes_per_param, zero3_gathered_bytes
+from simulator.analysis.memory import fp8_linear_params, optimizer_bytes_per_param, zero3_gathered_bytes
 from simulator.explore.validate import read_rows, row_to_raw
 from simulator.pipeline import simulate_metrics
 from simulator.scenario import scenario_from_dict
@@ -75,8 +75,13 @@ def test_fp8_params_store_the_weights_in_one_byte_and_gather_them_in_fp8():
                                                         "fp8_params": fp8_params, **training}})
     off, on = make(False), make(True)
     m_off, m_on = simulate_metrics(off)["memory_bytes"], simulate_metrics(on)["memory_bytes"]
-    assert m_on["params"] == pytest.approx(m_off["params"] / 2)
-    assert m_off["buffers"] - m_on["buffers"] == pytest.approx(m_on["params"], rel=1e-2)  # the cache's 1 B
+    h, layers, vocab = 2048, 24, on.model.vocab_size
+    linear = layers * (12 * h * h + 9 * h)  # QKV, projection, fc1, fc2 with their biases
+    assert fp8_linear_params(on, 0) == linear
+    assert m_off["params"] - m_on["params"] == linear  # those weights in 1 B; embedding and norms stay BF16
+    rest = vocab * h + 2048 * h + (4 * layers + 2) * h  # word and position embeddings, LayerNorms
+    assert m_on["params"] - linear == 2 * rest
+    assert m_off["buffers"] - m_on["buffers"] == pytest.approx(linear, rel=1e-2)  # the cache's 1 B
     gathered = [sum(t.comm.size_bytes for t in lower(s).graph.tasks if t.name.startswith("param_all_gather"))
                 for s in (off, on)]
     assert gathered[1] == pytest.approx(gathered[0] / 2)
@@ -87,3 +92,4 @@ def test_fp8_params_store_the_weights_in_one_byte_and_gather_them_in_fp8():
     with pytest.raises(ScenarioError, match="fp8_params"):
         scenario_from_dict({**base, "parallelism": {"dp": 8, "zero_stage": 3},
                             "training": {"global_batch_size": 8, "dtype": "fp8", "fp8_params": True}})
+

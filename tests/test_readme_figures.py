@@ -463,7 +463,7 @@ def test_the_zero3_and_summary_prose(results):
 
 def test_the_held_out_nemo_2407_table(rows, results):
     """The README's figures for the NeMo 24.07 FP8 table: MAPE, mean, worst, the Llama 3 8B pair, the
-    four refused memory verdicts and that three of them fit with bf16 gradients."""
+    four refused memory verdicts and that all of them fit with bf16 gradients."""
     e = {r["name"]: r for r in results}
     nm = [r["error"] for r in results if r["name"].startswith("nemo2407")]
     assert len(nm) == 12
@@ -475,7 +475,8 @@ def test_the_held_out_nemo_2407_table(rows, results):
     refused = sorted((r["name"], r["memory_total_bytes"] / 2 ** 30) for r in results if not r["fits_in_memory"])
     in_readme(", ".join(f"{n.replace('nemo2407-', '')} {g:.1f} GiB" for n, g in refused))
     bf16 = [evaluate_row(dict(next(x for x in rows if x["name"] == n), grad_dtype="bf16")) for n, _ in refused]
-    assert sum(r["fits_in_memory"] for r in bf16) == 3
+    assert all(r["fits_in_memory"] for r in bf16)
+    in_readme("(NVIDIA's later recipes set bf16 gradients, with which all four fit)")
 
 
 

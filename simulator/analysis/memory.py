@@ -12,12 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..model.fp8 import fp8_transposes, weight_copy_bytes_per_param
+from ..model.fp8 import fp8_transposes, is_fp8_linear, weight_copy_bytes_per_param
 from ..model.opgraph import build_op_graph
 from ..model.spec import ModelSpec
 from ..scenario import Scenario, TrainingSpec
 from ..strategy.schedules import schedule_actions
-from ..strategy.sharding import layer_submodules, params_per_rank
+from ..strategy.sharding import layer_params_per_rank, layer_submodules, params_per_rank
 from ..strategy.stage_units import (activation_rules, deferred_head_wgrad, layout_copies,  # noqa: F401
                                    rank_param_counts, scenario_layout, stage_layout,  # (stage_layout re-exported)
                                    stage_param_counts)
@@ -198,10 +198,11 @@ def _walk(start: np.ndarray, end: np.ndarray, delta: np.ndarray, is_buf: np.ndar
     return t, act, held
 
 
-def static_buffers(scn: Scenario, counts: dict, trace_has_buffers: bool = False) -> dict:
-    """Allowances that do not follow the schedule, bytes on one rank (see the constants above):
-    CUDA context, NCCL buffers of every communicator the rank uses (DualPipe's copy pair included), the
-    ZeRO-2/3 reduce bucket and the ZeRO-3 gathered layers, unless the trace carries buffer deltas (the gathers themselves)."""
+def static_buffers(scn: Scenario, counts: dict, stage: int, trace_has_buffers: bool = False) -> dict:
+    """Allowances that do not follow the schedule, bytes on one rank of pipeline ``stage`` (see the
+    constants above): CUDA context, NCCL buffers of every communicator the rank uses (DualPipe's copy
+    pair included), the ZeRO-2/3 reduce bucket, Transformer Engine's FP8 weight cache and the ZeRO-3
+    gathered layers, unless the trace carries buffer deltas (the gathers themselves)."""
     par, tr = scn.parallel, scn.training
     groups = sum(1 for size in (par.tp, par.cp, par.pp, par.dp * par.cp, par.ep) if size > 1)
     groups += par.pp > 1 and layout_copies(par) > 1  # DualPipe's pair summing the copies' gradients
@@ -212,15 +213,50 @@ def static_buffers(scn: Scenario, counts: dict, trace_has_buffers: bool = False)
         out["dp_bucket"] = min(ZERO_REDUCE_BUCKET_ELEMENTS, params) * tr.grad_dtype_bytes
     if tr.dtype == "fp8" and par.zero_stage < 3:
         # Transformer Engine caches each FP8 linear layer's quantized weight in both usages across the
-        # micro-batches of a step (``is_first_microbatch``): 1 + 1 B per parameter, plus the block
-        # recipes' scales. An upper bound: the embedding and output layer rows a first or last stage
-        # holds stay BF16 but are counted. (ZeRO-3 gathers a layer's weights per use: no persistent copy.)
-        # with fp8_params the FP8 copy is the parameter itself: only its transpose is cached
+        # micro-batches of a step (``is_first_microbatch``): 1 + 1 B per parameter of those layers, plus the
+        # block recipes' scales; with fp8_params the FP8 copy is the parameter itself: only its transpose
+        # is cached. (ZeRO-3 gathers a layer's weights per use: no persistent copy.)
         copies = weight_copy_bytes_per_param(tr.fp8_recipe, fp8_transposes(scn.cluster.gpu.architecture))
-        out["fp8_weight_cache"] = params * (copies - tr.fp8_params)
+        out["fp8_weight_cache"] = fp8_linear_params(scn, stage) * (copies - tr.fp8_params)
     if par.zero_stage >= 3 and not trace_has_buffers and par.dp * par.cp > 1 and not pipelined_fsdp2(par):
         out["zero3_gathered"] = zero3_gathered_bytes(scn)
     return out
+
+
+def fp8_linear_params(scn: Scenario, stage: int) -> int:
+    """Parameters one rank of pipeline ``stage`` holds in Transformer Engine linear modules: the column-,
+    row-parallel and expert GEMMs of its layers (``model.fp8.is_fp8_linear``), their biases included (a
+    1/hidden share), what TE's FP8 weight cache copies. The word embedding, the output layer (Megatron-
+    Core's own ColumnParallelLinear, outside ``fp8_autocast``; torchtitan's float8 conversion skips
+    ``output``), the norms and the router stay BF16 and are not cached."""
+    par = scn.parallel
+    per_layer = _fp8_linear_params(scn.model, par.tp, par.ep, par.etp)
+    layout = scenario_layout(scn)
+    return sum(per_layer[u] for vs in layout.held(stage) for u in layout.units(vs) if isinstance(u, int))
+
+
+def fp8_params_bf16_bytes(scn: Scenario, counts: dict, stage: int) -> float:
+    """With ``training.fp8_params`` only TE's linear weights are stored in FP8 (``TrainingSpec.param_bytes``,
+    1 B); the rank's other parameters (``counts`` less ``fp8_linear_params``: embedding, output layer,
+    norms, router) stay BF16: the byte each of them lacks there. fp8_params needs ZeRO <= 1, so
+    parameters are whole on every rank."""
+    if not scn.training.fp8_params:
+        return 0.0
+    rest = counts.get("dense", 0) + counts.get("expert", 0) - fp8_linear_params(scn, stage)
+    return float(rest * (DTYPE_BYTES["bf16"] - scn.training.param_bytes))
+
+
+@functools.lru_cache(maxsize=64)
+def _fp8_linear_params(model: ModelSpec, tp: int, ep: int, etp: int) -> tuple[int, ...]:
+    """Per global layer index, the parameters of its TE linear modules on one rank (one count per layer
+    template: dense first layers, MoE layers, an MTP module)."""
+    graph = build_op_graph(model, 1, "bf16")  # parameters depend on neither micro-batch nor dtype
+    kinds: dict = {}
+    for i in range(model.total_layers):
+        ops = graph.layer_ops(i)
+        if id(ops) not in kinds:
+            kinds[id(ops)] = sum(layer_params_per_rank(tuple(filter(is_fp8_linear, ops)), tp, ep, etp))
+    return tuple(kinds[id(graph.layer_ops(i))] for i in range(model.total_layers))
 
 
 def zero3_gathered_bytes(scn: Scenario) -> float:
@@ -243,8 +279,9 @@ def zero3_gathered_bytes(scn: Scenario) -> float:
     return live * pbytes + flat + largest * tr.grad_dtype_bytes
 
 
-def memory_report(scn: Scenario, stage_params: dict, trace: Trace) -> MemoryReport:
-    """Peak memory of every rank in ``stage_params`` (rank -> {"dense", "expert"} parameters).
+def memory_report(scn: Scenario, stage_params: dict, trace: Trace, stages: Mapping | None = None) -> MemoryReport:
+    """Peak memory of every rank in ``stage_params`` (rank -> {"dense", "expert"} parameters), each
+    rank of pipeline stage ``stages[rank]`` (None: the ranks are the stages).
 
     Model state from ``model_state_bytes`` (dense params sharded by ZeRO over dp*cp, experts over
     dp*cp/ep). Activations: the rank's trace events applied in time order; the peak is read off that
@@ -266,6 +303,8 @@ def memory_report(scn: Scenario, stage_params: dict, trace: Trace) -> MemoryRepo
                      model_state_bytes(counts.get("expert", 0), stage, expert_dp,
                                        tr.param_bytes, tr.grad_dtype_bytes, par.offload_optimizer,
                                        opt_bpp))
+        pipe_stage = rank if stages is None else stages[rank]
+        state["params"] += fp8_params_bf16_bytes(scn, counts, pipe_stage)
         start, end, delta, phases = trace.memory_columns(rank)  # all the timeline reads: no event need be made
         is_buf = np.array([p not in ACTIVATION_PHASES for p in phases], dtype=bool)  # is_buffer_event
         times, act, held = _walk(start, end, delta, is_buf, trace.start_s)
@@ -274,7 +313,7 @@ def memory_report(scn: Scenario, stage_params: dict, trace: Trace) -> MemoryRepo
         if abs(end_dyn) > 1e-6 * max(peak_dyn, 1.0):
             raise InternalError(f"memory_report: rank {rank} ends the step with {end_dyn:.6g} bytes of activations/"
                              f"buffers still allocated (mem_delta_bytes do not balance)")
-        buffers = static_buffers(scn, counts, bool(is_buf.any()))
+        buffers = static_buffers(scn, counts, pipe_stage, bool(is_buf.any()))
         buffers["fragmentation"] = FRAGMENTATION_FRACTION * peak_dyn
         fixed = sum(buffers.values())
         tops = np.flatnonzero(total == total.max())  # the peak: its earliest instant

@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..analysis.memory import (FRAGMENTATION_FRACTION, model_state_bytes, optimizer_bytes_per_param,
-                               schedule_trace, static_buffers)
+from ..analysis.memory import (FRAGMENTATION_FRACTION, fp8_params_bf16_bytes, model_state_bytes,
+                               optimizer_bytes_per_param, schedule_trace, static_buffers)
 from ..cost.collectives import collective_time_s
 from ..cost.model import CostModel
 from ..hardware.topology import build_topology
@@ -284,8 +284,8 @@ def memory_totals(scn: Scenario, cache: EstimateCache | None = None) -> list[flo
         counts = cache.stage_counts(scn, s, lambda: stage_param_counts(graph, par, layout, s))
         state = [model_state_bytes(counts[k], state_zero_stage(par), dp, pbytes, tr.grad_dtype_bytes,
                                    par.offload_optimizer, opt) for k, dp in (("dense", dense_dp), ("expert", par.expert_dp))]
-        fixed = sum(static_buffers(scn, counts).values()) + FRAGMENTATION_FRACTION * act
-        out.append(sum(sum(x.values()) for x in state) + fixed + act)
+        fixed = sum(static_buffers(scn, counts, s).values()) + FRAGMENTATION_FRACTION * act
+        out.append(sum(sum(x.values()) for x in state) + fp8_params_bf16_bytes(scn, counts, s) + fixed + act)
     return out
 
 
