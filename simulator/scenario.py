@@ -103,6 +103,9 @@ class TrainingSpec:
     fp8_recipe: str = "delayed"  # TE FP8 scaling recipe (dtype "fp8"): delayed | current | blockwise | mxfp8
     # the optimizer's master copy and moments (Apex DistributedFusedAdam ``dtype``, NeMo optim.dtype)
     optimizer_state_dtype: str = "fp32"
+    # the optimizer's master copy of the weights: "stored" in optimizer_state_dtype | "remainders" (Apex
+    # store_param_remainders) | "parameter" (none: the BF16 parameter; strategy/grad_sync.MASTER_WEIGHTS)
+    master_weights: str = "stored"
     # dtype fp8: the linear layers' weights stored in FP8 (TE fp8_model_init; NeMo fp8_params,
     # Megatron-Core --fp8-param-gather), gathered by the distributed optimizer in FP8
     fp8_params: bool = False

@@ -12,6 +12,7 @@ from .hardware.gpus import FP8_ARCHITECTURES
 from .model.fp8 import RECIPE_ARCHITECTURES
 from .model.spec import ModelSpec
 from .strategy.activation_memory import RECOMPUTE_MODES as _RECOMPUTE, RECOMPUTE_MODULES
+from .strategy.grad_sync import MASTER_WEIGHTS
 from .strategy.recompute import RECOMPUTE_METHODS
 from .strategy.schedules import SCHEDULES, StageMap, splits_backward
 from .strategy.sharding import heads_per_tp_rank
@@ -40,6 +41,7 @@ def validate(scn: Scenario) -> None:
         raise ScenarioError(f"training.dtype = {t.dtype!r} needs cluster.gpu.peak_tflops.{t.dtype}; gpu "
                             f"{c.gpu.name} lists {', '.join(c.gpu.peak_flops_per_s)}")
     _check_fp8_recipe(c, t)
+    _check_master_weights(t)
     _check_model_split(m, p, t)
     _check_batch_and_schedule(m, p, t)
     _check_recompute_modules(m, p, t)
@@ -83,6 +85,20 @@ def _check_fp8_recipe(c: ClusterSpec, t: TrainingSpec) -> None:
     if archs and c.gpu.architecture not in archs:
         raise ScenarioError(f"training.fp8_recipe = {t.fp8_recipe!r} needs a {' or '.join(archs)} GPU; "
                             f"cluster.gpu {c.gpu.name} is {c.gpu.architecture}")
+
+
+def _check_master_weights(t: TrainingSpec) -> None:
+    """Apex's remainders complete an fp32 master whose high half is a BF16 parameter; with no copy the
+    BF16 parameter is the master, so the state must be BF16 too."""
+    if t.master_weights not in MASTER_WEIGHTS:
+        raise ScenarioError(f"training.master_weights must be one of {', '.join(MASTER_WEIGHTS)}, "
+                            f"got {t.master_weights!r}")
+    bf16_params = t.dtype in ("bf16", "fp8") and not t.fp8_params
+    need = {"remainders": "fp32", "parameter": "bf16"}.get(t.master_weights)
+    if need and (t.optimizer_state_dtype != need or not bf16_params):
+        raise ScenarioError(f"training.master_weights = {t.master_weights!r} needs BF16 parameters and "
+                            f"optimizer_state_dtype = {need!r}; got dtype {t.dtype!r}, fp8_params "
+                            f"{t.fp8_params}, optimizer_state_dtype {t.optimizer_state_dtype!r}")
 
 
 def _check_model_split(m: ModelSpec, p: ParallelSpec, t: TrainingSpec) -> None:

@@ -325,7 +325,7 @@ def test_interleaving_sends_between_all_virtual_stages():
 
 
 def test_the_optimizer_step_reads_the_gradients_for_the_clipping_norm_then_runs_adam():
-    from simulator.strategy.grad_sync import ADAM_STATE_RW_BYTES
+    from simulator.strategy.grad_sync import ADAM_STATE_RW_BYTES, adam_state_rw_bytes
     s = scenario_from_dict({"model": {"num_layers": 2, "hidden_size": 256, "num_attention_heads": 4,
                                       "vocab_size": 1024, "seq_length": 128},
                             "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 1, "gpus_per_node": 2},
@@ -335,6 +335,7 @@ def test_the_optimizer_step_reads_the_gradients_for_the_clipping_norm_then_runs_
     norm, adam = step.work
     assert (norm.name, adam.name) == ("grad_norm", "adam")
     shard = norm.shape[0]
+    assert adam_state_rw_bytes(s.training) == ADAM_STATE_RW_BYTES == 24  # fp32 master, m and v, read and written
     assert norm.bytes == shard * 4 and adam.bytes == shard * (ADAM_STATE_RW_BYTES + 4)  # fp32 main grads
 
 

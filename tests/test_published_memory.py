@@ -35,6 +35,36 @@ def test_bf16_optimizer_state_halves_adam_memory_and_traffic():
         scn(training={"optimizer_state_dtype": "fp8"})
 
 
+def test_apex_master_weights_as_nemo_1_configures_them():
+    """NeMo 1's distributed_fused_adam (Apex DistributedFusedAdam): with fp32 state and a BF16 model it keeps
+    the 16 low bits of each fp32 master (store_param_remainders): 4 + 4 + 2 = 10 B per parameter; with bf16
+    state the BF16 parameter is the master (store_params False): 2 + 2 = 4 B. The step reads and writes
+    each state element."""
+    from simulator.strategy.grad_sync import adam_state_rw_bytes
+    stored = scn(zero_stage=1)
+    rem = scn(zero_stage=1, training={"master_weights": "remainders"})
+    par = scn(zero_stage=1, training={"master_weights": "parameter", "optimizer_state_dtype": "bf16"})
+    assert [optimizer_bytes_per_param(s.training) for s in (stored, rem, par)] == [12, 10, 4]
+    assert [adam_state_rw_bytes(s.training) for s in (stored, rem, par)] == [24, 20, 8]
+    m12, m10 = simulate_metrics(stored)["memory_bytes"], simulate_metrics(rem)["memory_bytes"]
+    assert m10["optimizer"] == pytest.approx(m12["optimizer"] * 10 / 12)
+    for training in ({"master_weights": "remainders", "optimizer_state_dtype": "bf16"},
+                     {"master_weights": "parameter"},
+                     {"master_weights": "remainders", "dtype": "fp16"}):
+        with pytest.raises(ScenarioError, match="training.master_weights = '(remainders|parameter)' needs BF16 "
+                                                "parameters and optimizer_state_dtype"):
+            scn(zero_stage=1, training=training)
+    with pytest.raises(ScenarioError, match="needs BF16 parameters and optimizer_state_dtype = 'fp32'; got "
+                                            "dtype 'fp8', fp8_params True"):
+        scenario_from_dict({"model": {"preset": "gpt3-1.3b"}, "parallelism": {"dp": 8, "zero_stage": 1},
+                            "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+                            "training": {"global_batch_size": 8, "dtype": "fp8", "fp8_params": True,
+                                         "master_weights": "remainders"}})
+    with pytest.raises(ScenarioError, match="training.master_weights must be one of stored, remainders, "
+                                            "parameter, got 'fp32'"):
+        scn(training={"master_weights": "fp32"})
+
+
 def test_deepspeed_holds_its_prefetched_submodules_not_two_layers():
     """GPT-3 175B's layer: QKV 453M, proj 151M, fc1 604M, fc2 604M elements, all under
     stage3_max_live_parameters (1e9), so a fetch and the next are held at once: fc1 + fc2 at most; the

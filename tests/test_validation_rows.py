@@ -46,6 +46,19 @@ def test_bundled_csv_is_the_shared_rows_plus_source_settings():
         assert [r["iteration_time_s"] for r in rows] == [r["iteration_time_s"] for r in shared]
 
 
+def test_rows_with_an_apex_master_copy_say_where_nemo_sets_it():
+    """NeMo 1's recipes (NeMo 24.07 table, DGX Cloud v24.11.1) run Apex DistributedFusedAdam, whose master
+    copy NeMo's setup_optimization chooses: the 16-bit remainders with fp32 state, none with bf16 state,
+    a stored copy under fp8_params (the default, left blank)."""
+    rows = [r for r in read_rows([]) if r.get("master_weights")]
+    assert len(rows) == 25
+    for r in rows:
+        assert r["fp8_params"] != "true" and "distributed_fused_adam" in r["settings_from_source"] + r["notes"]
+        want = "parameter" if r["optimizer_state_dtype"] == "bf16" else "remainders"
+        assert r["master_weights"] == want
+        assert f"master_weights = {want}: NeMo's MegatronBaseModel.setup_optimization" in r["settings_from_source"]
+
+
 def test_bundled_today_rows_are_the_shared_rows_with_only_published_settings():
     today = read_rows([DEFAULT_CSVS[2]])
     assert len(today) == 42 and all(r["settings_from_source"] for r in today)

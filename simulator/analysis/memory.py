@@ -16,6 +16,7 @@ from ..model.fp8 import fp8_transposes, is_fp8_linear, weight_copy_bytes_per_par
 from ..model.opgraph import build_op_graph
 from ..model.spec import ModelSpec
 from ..scenario import Scenario, TrainingSpec
+from ..strategy.grad_sync import master_weight_bytes
 from ..strategy.schedules import schedule_actions
 from ..strategy.sharding import layer_params_per_rank, layer_submodules, params_per_rank
 from ..strategy.stage_units import (activation_rules, deferred_head_wgrad, layout_copies,  # noqa: F401
@@ -29,8 +30,9 @@ from ..units import DTYPE_BYTES, MiB
 # ---- constants, each with its source ----------------------------------------------------------
 # Mixed-precision Adam keeps an fp32 master copy of the weights and fp32 first and second moments:
 # K = 12 bytes/param (Rajbhandari et al. 2020, ZeRO, sec. 3.1; Megatron-LM's optimizer the same).
-# SGD with momentum keeps the fp32 master copy and one fp32 momentum buffer: 8 bytes/param.
-OPTIMIZER_BYTES_PER_PARAM = {"adam": 12, "adamw": 12, "sgd": 8}
+# SGD with momentum keeps the fp32 master copy and one fp32 momentum buffer: 8 bytes/param. Moments per
+# parameter; the master copy's bytes follow training.master_weights (strategy/grad_sync.master_weight_bytes).
+OPTIMIZER_MOMENTS = {"adam": 2, "adamw": 2, "sgd": 1}
 # FP8 training (Transformer Engine) keeps the weights in bf16 and casts them to FP8 per GEMM
 # (Micikevicius et al. 2022, "FP8 Formats for Deep Learning", sec. 4; TE's fp8_autocast), unless
 # ``training.fp8_params`` stores them in FP8 (``TrainingSpec.param_bytes``), and keeps each linear
@@ -73,14 +75,15 @@ BREAKDOWN_KEYS = ("params", "grads", "optimizer", "activations", "buffers", "tot
 
 
 def optimizer_bytes_per_param(tr: TrainingSpec) -> int:
-    """OPTIMIZER_BYTES_PER_PARAM (fp32 state) with the state in ``training.optimizer_state_dtype``: Apex
-    DistributedFusedAdam keeps its parameter shard and both moments in its ``dtype`` (NeMo
-    ``optim.dtype``; apex/contrib/optimizers/distributed_fused_adam.py, StateBucket), 6 B for bf16 Adam."""
-    opt = OPTIMIZER_BYTES_PER_PARAM.get(tr.optimizer)
-    if opt is None:
+    """Optimizer state per parameter: its moments in ``training.optimizer_state_dtype`` (Apex
+    DistributedFusedAdam keeps them in its ``dtype``, NeMo ``optim.dtype``; 12 B for fp32 Adam, 6 for bf16)
+    and its master copy (``training.master_weights``: Apex's 16-bit remainders, 10 B with fp32 moments;
+    none, 4 B with bf16 ones)."""
+    moments = OPTIMIZER_MOMENTS.get(tr.optimizer)
+    if moments is None:
         raise ValueError(f"training.optimizer {tr.optimizer!r} has no memory rule; known: "
-                         f"{', '.join(OPTIMIZER_BYTES_PER_PARAM)}")
-    return opt * tr.optimizer_state_bytes // DTYPE_BYTES["fp32"]
+                         f"{', '.join(OPTIMIZER_MOMENTS)}")
+    return moments * tr.optimizer_state_bytes + master_weight_bytes(tr)
 
 
 def model_state_bytes(params: int, zero_stage: int, dp: int, dtype_bytes: int, grad_dtype_bytes: int,

@@ -47,7 +47,7 @@ OTHER_COLUMNS = ("mlp", "model_preset", "moe_capacity_factor", "dropout", "moe_p
                  "num_nodes", "gpus_per_node", "nics_per_node", "nic_bandwidth_Gbps", "sequence_parallel",
                  "tp_comm_overlap", "layers_per_stage", "recompute_modules", "global_batch_size",
                  "micro_batch_size", "dtype", "attention", "grad_dtype", "grad_accumulation_fusion",
-                 "optimizer_state_dtype", "fp8_params", "kernels", "cuda_graphs", "fp8_recipe",
+                 "optimizer_state_dtype", "master_weights", "fp8_params", "kernels", "cuda_graphs", "fp8_recipe",
                  "cross_entropy", "attention_module", "nvls", "overlap_grad_reduce", "defer_embedding_wgrad_compute")
 DESCRIPTIVE_COLUMNS = ("source", "name", "kind", "notes", "quote", "source_url", "settings_from_source",
                        "measured_metric", "measured_value", "iteration_time_s", "target_iteration_time_s",
@@ -112,8 +112,8 @@ def row_to_raw(row: dict) -> dict:
     if "recompute_modules" in given:  # Megatron-Core --recompute-modules, semicolon-separated
         par["recompute_modules"] = _items(given, "recompute_modules")
     training: dict = {k: _int(given, k) for k in ("global_batch_size", "micro_batch_size") if k in given}
-    for k in ("dtype", "attention", "grad_dtype", "optimizer_state_dtype", "kernels", "fp8_recipe", "cross_entropy",
-              "attention_module"):
+    for k in ("dtype", "attention", "grad_dtype", "optimizer_state_dtype", "master_weights", "kernels", "fp8_recipe",
+              "cross_entropy", "attention_module"):
         if k in given:
             training[k] = given[k]
     for k in ("grad_accumulation_fusion", "fp8_params", "cuda_graphs"):

@@ -36,7 +36,16 @@ BUCKET_PARAMS_PER_DP_RANK = 1_000_000
 DEEPSPEED_REDUCE_BUCKET_PARAMS = 500_000_000
 # Fused Adam (apex / torch foreach) per parameter: read grad, read+write fp32 master, m, v (24 B),
 # write the 16-bit model copy (2 B): memory-bound (Rajbhandari et al. 2020 §3 state sizes).
-ADAM_STATE_RW_BYTES = 24
+ADAM_MOMENTS = 2  # Adam's first and second moments, each one state element per parameter
+ADAM_STATE_RW_BYTES = 2 * (ADAM_MOMENTS + 1) * DTYPE_BYTES["fp32"]  # fp32 moments and master: 24 B
+# training.master_weights: where the optimizer's master copy of a weight lives. "stored": its own copy
+# in optimizer_state_dtype (Megatron-Core's distributed optimizer, torch, Apex with store_params).
+# "remainders": Apex DistributedFusedAdam's store_param_remainders, the 16 low bits of each fp32 master
+# (int16) whose 16 high bits are the BF16 parameter (apex/contrib/optimizers/distributed_fused_adam.py,
+# StateBucket.param_remainders_shard); NeMo 1 sets it for a BF16 model with fp32 optim.dtype.
+# "parameter": no copy, the BF16 parameter is the master; NeMo 1 sets store_params = False when
+# optim.dtype is the model's (NeMo v2.0.0 megatron_base_model.setup_optimization). Bytes per parameter:
+MASTER_WEIGHTS = {"stored": None, "remainders": 2, "parameter": 0}  # None: optimizer_state_dtype's size
 # DeepSpeed 2021 allreduce_and_copy (stage3.py v0.3.13): flatten(bucket) reads and writes it, div_ reads
 # and writes it, the copy back into the gradients reads and writes it: 6 bytes moved per bucket byte.
 DS2021_BUCKET_PASSES = 6
@@ -237,10 +246,16 @@ def zero3_reduce(ctx: LowerCtx, rank: int, name: str, dense: float, expert: floa
     return out
 
 
+def master_weight_bytes(tr) -> int:
+    """Bytes of the optimizer's master copy per parameter (``training.master_weights``)."""
+    size = MASTER_WEIGHTS[tr.master_weights]
+    return tr.optimizer_state_bytes if size is None else size
+
+
 def adam_state_rw_bytes(tr) -> int:
-    """Bytes Adam reads and writes of its state per parameter: ADAM_STATE_RW_BYTES at fp32, scaled to
-    ``training.optimizer_state_dtype``."""
-    return ADAM_STATE_RW_BYTES * tr.optimizer_state_bytes // DTYPE_BYTES["fp32"]
+    """Bytes Adam reads and writes of its state per parameter: each moment and the master copy read and
+    written (ADAM_STATE_RW_BYTES with fp32 state and a stored master)."""
+    return 2 * (ADAM_MOMENTS * tr.optimizer_state_bytes + master_weight_bytes(tr))
 
 
 def optimizer_step(ctx: LowerCtx, rank: int, deps: list[int], dense: float, expert: float) -> int:
