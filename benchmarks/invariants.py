@@ -70,6 +70,10 @@ def draw(rng: random.Random) -> dict | None:
         tr["dtype"], tr["fp8_recipe"] = "fp8", rng.choice(["delayed", "current", "blockwise", "mxfp8"])
         if rng.random() < 0.3:
             tr["fp8_params"] = True
+    if rng.random() < 0.2:  # Apex's master copies as NeMo 1 sets them (refused under fp8_params)
+        tr["master_weights"] = rng.choice(["remainders", "parameter"])
+        if tr["master_weights"] == "parameter":
+            tr["optimizer_state_dtype"] = "bf16"
     for key, p, values in (("kernels", 0.2, ["eager"]), ("cross_entropy", 0.2, ["torch"]),
                            ("attention", 0.2, ["flash", "cudnn", "flash-varlen", "unfused"]),
                            ("cuda_graphs", 0.15, [True]), ("grad_dtype", 0.2, ["fp32", "bf16"]),
