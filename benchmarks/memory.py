@@ -31,8 +31,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from simulator.analysis.memory import (layer_param_counts, memory_report, model_state_bytes,  # noqa: E402
-                                       rank_param_counts, schedule_trace)
+from simulator.analysis.buffers import layer_param_counts  # noqa: E402
+from simulator.analysis.memory import (memory_report, model_state_bytes, rank_param_counts,  # noqa: E402
+                                       schedule_trace)
 from simulator.scenario import scenario_from_dict  # noqa: E402
 from simulator.units import GiB  # noqa: E402
 

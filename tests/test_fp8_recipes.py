@@ -4,7 +4,7 @@ rates, the cached weight copies, and the scenario rules that refuse a recipe by 
 
 import pytest
 
-from simulator.analysis.memory import static_buffers
+from simulator.analysis.buffers import static_buffers
 from simulator.cost.compute import BLOCK_SCALED_GEMM_RATE, EFFICIENCIES, RooflineCompute
 from simulator.hardware.gpus import GPU_PRESETS
 from simulator.model.fp8 import (AMAX_BYTES, CAST_BYTES, CAST_TRANSPOSE_BYTES, FP8_RECIPES, SCALE_KERNEL_BYTES,

@@ -10,9 +10,9 @@ import dataclasses
 
 import pytest
 
-from simulator.analysis.memory import (CUDA_CONTEXT_BYTES, estimate_memory, layer_param_counts,
-                                       memory_report, model_state_bytes, rank_param_counts,
-                                       schedule_trace, static_buffers, walk_memory, is_buffer_event)
+from simulator.analysis.buffers import CUDA_CONTEXT_BYTES, layer_param_counts, static_buffers
+from simulator.analysis.memory import (estimate_memory, memory_report, model_state_bytes, rank_param_counts,
+                                       schedule_trace, walk_memory, is_buffer_event)
 from simulator.analysis.memory_plot import pick_ranks, plot_memory
 from simulator.scenario import scenario_from_dict
 from simulator.strategy.activation_memory import (head_activation_bytes, layer_activation_bytes,
@@ -229,6 +229,23 @@ def test_buffers_from_the_trace_replace_the_static_zero3_allowance():
     assert rep.buffer_detail[0]["cuda_context"] == CUDA_CONTEXT_BYTES
 
 
+def test_deepspeed_holds_its_reduce_bucket_fsdp_one_unit_of_gradients():
+    """DeepSpeed ZeRO-2/3 reduce through a reduce_bucket_size bucket (5e8 elements); FSDP has none: it
+    reduce-scatters one unit's (a layer's) gradients from their copy in the reduce dtype; at ZeRO-3 that
+    copy is part of the gathered allowance; under torch's pipelining it comes after the last backward."""
+    counts = {"dense": 10**9, "expert": 0}
+    layer = layer_param_counts(make(pp=1).model, 1)["dense"]
+    ds = static_buffers(make(pp=1, zero_stage=2, sharding="deepspeed"), counts, 0)
+    assert ds["dp_bucket"] == 5e8 * 2 and "fsdp_reduce_input" not in ds  # bf16 gradients at ZeRO-2
+    fsdp2 = make(pp=1, zero_stage=2, sharding="fsdp2")
+    z2 = static_buffers(fsdp2, counts, 0)
+    assert "dp_bucket" not in z2 and z2["fsdp_reduce_input"] == layer * fsdp2.training.grad_dtype_bytes
+    z3 = make(pp=1, zero_stage=3, sharding="fsdp1")
+    assert static_buffers(z3, counts, 0)["zero3_gathered"] == layer * (2 * 2 + z3.training.grad_dtype_bytes)
+    piped = static_buffers(make(pp=2, zero_stage=2, sharding="fsdp2"), counts, 0)
+    assert not {"dp_bucket", "fsdp_reduce_input", "zero3_gathered"} & set(piped)
+
+
 def test_oom_verdict_flips_when_the_micro_batch_doubles_at_the_edge():
     small, big = make(pp=4, mbs=1, m=16), make(pp=4, mbs=2, m=8)
     lo, hi = estimate_memory(small).peak["total"], estimate_memory(big).peak["total"]
@@ -254,7 +271,7 @@ def test_plot_memory_writes_a_png(tmp_path):
 
 
 def test_fp8_training_keeps_bf16_weights_plus_the_te_fp8_weight_cache():
-    from simulator.analysis.memory import FP8_WEIGHT_COPY_BYTES, static_buffers
+    from simulator.analysis.buffers import FP8_WEIGHT_COPY_BYTES
     from simulator.scenario import scenario_from_dict
 
     def scn(dtype):
@@ -275,7 +292,6 @@ def test_the_fp8_weight_cache_holds_the_te_linear_layers_of_the_rank_stage_not_i
     """TE caches the quantized weights of its own linear modules: a stage's layers' QKV, projection and
     MLP GEMMs (an MoE layer's local experts), not the vocab-parallel embedding or the output layer that the
     first and last stage also hold, nor the norms and router."""
-    from simulator.analysis.memory import static_buffers
     from simulator.scenario import scenario_from_dict
 
     def scn(ep):

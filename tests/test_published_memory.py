@@ -4,7 +4,8 @@ optimizer state) and DeepSpeed's per-submodule gathers, against closed forms."""
 
 import pytest
 
-from simulator.analysis.memory import fp8_linear_params, optimizer_bytes_per_param, zero3_gathered_bytes
+from simulator.analysis.buffers import fp8_linear_params, zero3_gathered_bytes
+from simulator.analysis.memory import optimizer_bytes_per_param
 from simulator.explore.validate import read_rows, row_to_raw
 from simulator.pipeline import simulate_metrics
 from simulator.scenario import scenario_from_dict

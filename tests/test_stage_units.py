@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simulator.analysis.memory import ACTIVATION_PHASES, layer_param_counts, rank_param_counts, schedule_trace
+from simulator.analysis.buffers import layer_param_counts
+from simulator.analysis.memory import ACTIVATION_PHASES, rank_param_counts, schedule_trace
 from simulator.model.opgraph import build_op_graph
 from simulator.scenario import scenario_from_dict
 from simulator.strategy.lower import lower

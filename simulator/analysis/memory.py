@@ -1,31 +1,27 @@
 """Per-rank memory: model state by precision and ZeRO stage, activations tracked along the simulated
-timeline (the trace's mem_delta_bytes in schedule order), documented buffer allowances, the peak
-breakdown of the worst rank (metrics.json ``memory_bytes``) and the out-of-memory verdict.
+timeline (the trace's mem_delta_bytes in schedule order), the buffer allowances of ``analysis/buffers``,
+the peak breakdown of the worst rank (metrics.json ``memory_bytes``) and the out-of-memory verdict.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from ..model.fp8 import fp8_transposes, is_fp8_linear, weight_copy_bytes_per_param
 from ..model.opgraph import build_op_graph
-from ..model.spec import ModelSpec
 from ..scenario import Scenario, TrainingSpec
 from ..strategy.grad_sync import master_weight_bytes
 from ..strategy.schedules import schedule_actions
-from ..strategy.sharding import layer_params_per_rank, layer_submodules, params_per_rank
-from ..strategy.stage_units import (activation_rules, deferred_head_wgrad, layout_copies,  # noqa: F401
-                                   rank_param_counts, scenario_layout, stage_layout,  # (stage_layout re-exported)
+from ..strategy.stage_units import (activation_rules, deferred_head_wgrad, rank_param_counts,  # noqa: F401
+                                   scenario_layout, stage_layout,  # (rank_param_counts, stage_layout re-exported)
                                    stage_param_counts)
-from ..strategy.zero_impl import DEEPSPEED, deepspeed_live_params, pipelined_fsdp2, state_zero_stage
+from ..strategy.zero_impl import state_zero_stage
 from ..tasks import InternalError
 from ..trace import Trace, TraceEvent
-from ..units import DTYPE_BYTES, MiB
+from .buffers import fp8_params_bf16_bytes, static_buffers
 
 # ---- constants, each with its source ----------------------------------------------------------
 # Mixed-precision Adam keeps an fp32 master copy of the weights and fp32 first and second moments:
@@ -33,33 +29,6 @@ from ..units import DTYPE_BYTES, MiB
 # SGD with momentum keeps the fp32 master copy and one fp32 momentum buffer: 8 bytes/param. Moments per
 # parameter; the master copy's bytes follow training.master_weights (strategy/grad_sync.master_weight_bytes).
 OPTIMIZER_MOMENTS = {"adam": 2, "adamw": 2, "sgd": 1}
-# FP8 training (Transformer Engine) keeps the weights in bf16 and casts them to FP8 per GEMM
-# (Micikevicius et al. 2022, "FP8 Formats for Deep Learning", sec. 4; TE's fp8_autocast), unless
-# ``training.fp8_params`` stores them in FP8 (``TrainingSpec.param_bytes``), and keeps each linear
-# layer's weight quantized in both usages across micro-batches (TE Linear's weight workspaces), bytes
-# per parameter by scaling recipe: model/fp8.py WEIGHT_COPY_BYTES (2 for the per-tensor recipes: the
-# FP8 weight and its transpose; the transpose alone with fp8_params).
-FP8_WEIGHT_COPY_BYTES = weight_copy_bytes_per_param("delayed")
-# CUDA context with lazy module loading (CUDA >= 11.7, PyTorch's default): "around 400MB"
-# (PyTorch maintainers, pytorch/pytorch#109888; #86509 measured 287 MB for a minimal program).
-CUDA_CONTEXT_BYTES = 400 * MiB
-# NCCL receive buffers per channel and peer, one per protocol (NCCL src/init.cc defaults):
-# Simple DEFAULT_BUFFSIZE = 4 MiB; LL128 = 120 elems/thread x 640 threads x 8 steps x 8 B;
-# LL = 8 lines/thread x 512 threads x 8 steps x 16 B.
-NCCL_CHANNEL_BUFFER_BYTES = 4 * MiB + 120 * 640 * 8 * 8 + 8 * 512 * 8 * 16
-# Channels per communicator: the MAXCHANNELS cap of NCCL 2.x, 32 (src/include/device.h; newer
-# releases allow 64). An upper bound: NCCL opens fewer on some topologies, and an OOM verdict
-# should rather warn than miss.
-NCCL_CHANNELS = 32
-# DeepSpeed ZeRO-2/3 reduce gradients through a bucket of reduce_bucket_size = 5e8 elements
-# (DeepSpeed configuration docs, zero_optimization.reduce_bucket_size default). Megatron-LM's DDP
-# and distributed optimizer (zero_stage <= 1) reduce in place: buckets are views into the contiguous
-# grad buffer (megatron/core/distributed/param_and_grad_buffer.py), no extra memory.
-ZERO_REDUCE_BUCKET_ELEMENTS = 5e8
-# FSDP holds the full (TP-sharded) parameters of the layer being computed plus the prefetched next
-# one (FSDP forward/backward prefetch of one unit, PyTorch FSDP docs), and the layer's unsharded
-# gradient until its reduce-scatter. DeepSpeed gathers per submodule (``zero3_gathered_bytes``).
-ZERO3_GATHERED_LAYERS = 2
 # Fragmentation of PyTorch's caching allocator in LLM training: a defragmenting allocator removes
 # on average 15 percentage points of it (up to 33), 9.2 GB (up to 25 GB) per A100 80GB, across eight
 # LLMs (Guo et al. 2024, GMLake, ASPLOS, abstract). Charged as 15% of the memory allocated and
@@ -112,18 +81,6 @@ def model_state_bytes(params: int, zero_stage: int, dp: int, dtype_bytes: int, g
         "optimizer": 0.0 if offload_optimizer else
         params * optimizer_bytes_per_param / (n if zero_stage >= 1 else 1),
     }
-
-
-def layer_param_counts(model: ModelSpec, tp: int, ep: int = 1, etp: int = 0) -> dict:
-    """{"dense", "expert"} parameters of one of the model's main layers on one (tp, ep) rank, by the
-    one counter (``strategy.sharding.params_per_rank``; the layout: ``strategy.stage_units``). A new
-    dict per call, counted once per (model, tp, ep, etp) (the search asks it for every ZeRO-3 plan)."""
-    return dict(_layer_param_counts(model, tp, ep, etp))
-
-
-@functools.lru_cache(maxsize=64)
-def _layer_param_counts(model: ModelSpec, tp: int, ep: int, etp: int) -> tuple:
-    return tuple(params_per_rank(build_op_graph(model, 1, "bf16"), tp, ep, 1, False, False, etp).items())
 
 
 class Timeline(Mapping):
@@ -199,87 +156,6 @@ def _walk(start: np.ndarray, end: np.ndarray, delta: np.ndarray, is_buf: np.ndar
     if not len(t) or t[0] != start_s:
         t, act, held = np.append(start_s, t), np.append(0.0, act), np.append(0.0, held)
     return t, act, held
-
-
-def static_buffers(scn: Scenario, counts: dict, stage: int, trace_has_buffers: bool = False) -> dict:
-    """Allowances that do not follow the schedule, bytes on one rank of pipeline ``stage`` (see the
-    constants above): CUDA context, NCCL buffers of every communicator the rank uses (DualPipe's copy
-    pair included), the ZeRO-2/3 reduce bucket, Transformer Engine's FP8 weight cache and the ZeRO-3
-    gathered layers, unless the trace carries buffer deltas (the gathers themselves)."""
-    par, tr = scn.parallel, scn.training
-    groups = sum(1 for size in (par.tp, par.cp, par.pp, par.dp * par.cp, par.ep) if size > 1)
-    groups += par.pp > 1 and layout_copies(par) > 1  # DualPipe's pair summing the copies' gradients
-    out = {"cuda_context": float(CUDA_CONTEXT_BYTES),
-           "nccl": float(groups * NCCL_CHANNELS * NCCL_CHANNEL_BUFFER_BYTES)}
-    params = counts.get("dense", 0) + counts.get("expert", 0)
-    if par.zero_stage >= 2 and par.dp * par.cp > 1:
-        out["dp_bucket"] = min(ZERO_REDUCE_BUCKET_ELEMENTS, params) * tr.grad_dtype_bytes
-    if tr.dtype == "fp8" and par.zero_stage < 3:
-        # Transformer Engine caches each FP8 linear layer's quantized weight in both usages across the
-        # micro-batches of a step (``is_first_microbatch``): 1 + 1 B per parameter of those layers, plus the
-        # block recipes' scales; with fp8_params the FP8 copy is the parameter itself: only its transpose
-        # is cached. (ZeRO-3 gathers a layer's weights per use: no persistent copy.)
-        copies = weight_copy_bytes_per_param(tr.fp8_recipe, fp8_transposes(scn.cluster.gpu.architecture))
-        out["fp8_weight_cache"] = fp8_linear_params(scn, stage) * (copies - tr.fp8_params)
-    if par.zero_stage >= 3 and not trace_has_buffers and par.dp * par.cp > 1 and not pipelined_fsdp2(par):
-        out["zero3_gathered"] = zero3_gathered_bytes(scn)
-    return out
-
-
-def fp8_linear_params(scn: Scenario, stage: int) -> int:
-    """Parameters one rank of pipeline ``stage`` holds in Transformer Engine linear modules: the column-,
-    row-parallel and expert GEMMs of its layers (``model.fp8.is_fp8_linear``), their biases included (a
-    1/hidden share), what TE's FP8 weight cache copies. The word embedding, the output layer (Megatron-
-    Core's own ColumnParallelLinear, outside ``fp8_autocast``; torchtitan's float8 conversion skips
-    ``output``), the norms and the router stay BF16 and are not cached."""
-    par = scn.parallel
-    per_layer = _fp8_linear_params(scn.model, par.tp, par.ep, par.etp)
-    layout = scenario_layout(scn)
-    return sum(per_layer[u] for vs in layout.held(stage) for u in layout.units(vs) if isinstance(u, int))
-
-
-def fp8_params_bf16_bytes(scn: Scenario, counts: dict, stage: int) -> float:
-    """With ``training.fp8_params`` only TE's linear weights are stored in FP8 (``TrainingSpec.param_bytes``,
-    1 B); the rank's other parameters (``counts`` less ``fp8_linear_params``: embedding, output layer,
-    norms, router) stay BF16: the byte each of them lacks there. fp8_params needs ZeRO <= 1, so
-    parameters are whole on every rank."""
-    if not scn.training.fp8_params:
-        return 0.0
-    rest = counts.get("dense", 0) + counts.get("expert", 0) - fp8_linear_params(scn, stage)
-    return float(rest * (DTYPE_BYTES["bf16"] - scn.training.param_bytes))
-
-
-@functools.lru_cache(maxsize=64)
-def _fp8_linear_params(model: ModelSpec, tp: int, ep: int, etp: int) -> tuple[int, ...]:
-    """Per global layer index, the parameters of its TE linear modules on one rank (one count per layer
-    template: dense first layers, MoE layers, an MTP module)."""
-    graph = build_op_graph(model, 1, "bf16")  # parameters depend on neither micro-batch nor dtype
-    kinds: dict = {}
-    for i in range(model.total_layers):
-        ops = graph.layer_ops(i)
-        if id(ops) not in kinds:
-            kinds[id(ops)] = sum(layer_params_per_rank(tuple(filter(is_fp8_linear, ops)), tp, ep, etp))
-    return tuple(kinds[id(graph.layer_ops(i))] for i in range(model.total_layers))
-
-
-def zero3_gathered_bytes(scn: Scenario) -> float:
-    """Parameters gathered at once and the unsharded gradient they produce, bytes on one rank. FSDP:
-    ZERO3_GATHERED_LAYERS layers and one layer's gradient. DeepSpeed (``zero_impl.deepspeed_live_params``):
-    the submodules its prefetch rule holds at once, the largest submodule's gradient until its bucket
-    takes it, and for the 2021 engine ProcessGroupNCCL's flattened output beside the gathered buffer
-    (one more largest fetch, freed after the copy-out)."""
-    par, tr = scn.parallel, scn.training
-    pbytes = tr.param_bytes
-    if par.sharding not in DEEPSPEED:
-        layer = layer_param_counts(scn.model, par.tp, par.ep, par.etp)
-        per_layer = layer["dense"] + layer["expert"]
-        return per_layer * (ZERO3_GATHERED_LAYERS * pbytes + tr.grad_dtype_bytes)
-    graph = build_op_graph(scn.model, tr.micro_batch_size, tr.dtype, tr.fp8_recipe, tr.attention, tr.kernels,
-                           tr.cross_entropy)
-    kinds = {tuple(subs) for subs in layer_submodules(graph, par.tp, par.ep)}
-    live, largest = (max(v) for v in zip(*(deepspeed_live_params(k) for k in kinds)))
-    flat = largest * pbytes if par.sharding == "deepspeed-2021" else 0.0
-    return live * pbytes + flat + largest * tr.grad_dtype_bytes
 
 
 def memory_report(scn: Scenario, stage_params: dict, trace: Trace, stages: Mapping | None = None) -> MemoryReport:

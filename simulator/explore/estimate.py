@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..analysis.memory import (FRAGMENTATION_FRACTION, fp8_params_bf16_bytes, model_state_bytes,
-                               optimizer_bytes_per_param, schedule_trace, static_buffers)
+from ..analysis.buffers import fp8_params_bf16_bytes, static_buffers
+from ..analysis.memory import FRAGMENTATION_FRACTION, model_state_bytes, optimizer_bytes_per_param, schedule_trace
 from ..cost.collectives import collective_time_s
 from ..cost.model import CostModel
 from ..hardware.topology import build_topology
