@@ -134,7 +134,7 @@ class TrainingSpec:
     def param_bytes(self) -> int:
         """Bytes of a stored model parameter: the training dtype, BF16 under FP8 training (TE casts the
         weights per GEMM), one byte with ``fp8_params`` for TE's linear weights (the memory report adds
-        the byte the rank's BF16 embedding, output layer and norms lack: ``analysis.memory``)."""
+        the byte the rank's BF16 embedding, output layer and norms lack: ``analysis.buffers``)."""
         return 1 if self.fp8_params else max(DTYPE_BYTES[self.dtype], DTYPE_BYTES["bf16"])
 
     @property

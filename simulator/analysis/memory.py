@@ -13,7 +13,7 @@ import numpy as np
 
 from ..model.opgraph import build_op_graph
 from ..scenario import Scenario, TrainingSpec
-from ..strategy.grad_sync import master_weight_bytes
+from ..strategy.grad_sync import ADAM_MOMENTS, master_weight_bytes
 from ..strategy.schedules import schedule_actions
 from ..strategy.stage_units import (activation_rules, deferred_head_wgrad, rank_param_counts,  # noqa: F401
                                    scenario_layout, stage_layout,  # (rank_param_counts, stage_layout re-exported)
@@ -28,7 +28,7 @@ from .buffers import fp8_params_bf16_bytes, static_buffers
 # K = 12 bytes/param (Rajbhandari et al. 2020, ZeRO, sec. 3.1; Megatron-LM's optimizer the same).
 # SGD with momentum keeps the fp32 master copy and one fp32 momentum buffer: 8 bytes/param. Moments per
 # parameter; the master copy's bytes follow training.master_weights (strategy/grad_sync.master_weight_bytes).
-OPTIMIZER_MOMENTS = {"adam": 2, "adamw": 2, "sgd": 1}
+OPTIMIZER_MOMENTS = {"adam": ADAM_MOMENTS, "adamw": ADAM_MOMENTS, "sgd": 1}
 # Fragmentation of PyTorch's caching allocator in LLM training: a defragmenting allocator removes
 # on average 15 percentage points of it (up to 33), 9.2 GB (up to 25 GB) per A100 80GB, across eight
 # LLMs (Guo et al. 2024, GMLake, ASPLOS, abstract). Charged as 15% of the memory allocated and
