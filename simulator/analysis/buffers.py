@@ -11,9 +11,9 @@ import functools
 from ..model.fp8 import fp8_transposes, is_fp8_linear, weight_copy_bytes_per_param
 from ..model.opgraph import build_op_graph
 from ..model.spec import ModelSpec
-from ..scenario import Scenario
+from ..scenario import ParallelSpec, Scenario
 from ..strategy.sharding import layer_params_per_rank, layer_submodules, params_per_rank
-from ..strategy.stage_units import layout_copies, scenario_layout
+from ..strategy.stage_units import layout_copies, stage_layout
 from ..strategy.zero_impl import DEEPSPEED, deepspeed_live_params, pipelined_fsdp2
 from ..units import DTYPE_BYTES, MiB
 
@@ -75,10 +75,11 @@ def static_buffers(scn: Scenario, counts: dict, stage: int, trace_has_buffers: b
     out = {"cuda_context": float(CUDA_CONTEXT_BYTES),
            "nccl": float(groups * NCCL_CHANNELS * NCCL_CHANNEL_BUFFER_BYTES)}
     params = counts.get("dense", 0) + counts.get("expert", 0)
-    if par.zero_stage >= 2 and par.dp * par.cp > 1 and par.sharding in DEEPSPEED:
-        out["dp_bucket"] = min(ZERO_REDUCE_BUCKET_ELEMENTS, params) * tr.grad_dtype_bytes
-    elif par.zero_stage == 2 and par.dp * par.cp > 1 and not pipelined_fsdp2(par):  # ZeRO-3's: zero3_gathered
-        out["fsdp_reduce_input"] = fsdp_reduce_input_bytes(scn)
+    if par.zero_stage >= 2 and par.dp * par.cp > 1:
+        if par.sharding in DEEPSPEED:
+            out["dp_bucket"] = min(ZERO_REDUCE_BUCKET_ELEMENTS, params) * tr.grad_dtype_bytes
+        elif par.zero_stage == 2 and not pipelined_fsdp2(par):  # ZeRO-3's is in zero3_gathered
+            out["fsdp_reduce_input"] = fsdp_reduce_input_bytes(scn)
     if tr.dtype == "fp8" and par.zero_stage < 3:
         # Transformer Engine caches each FP8 linear layer's quantized weight in both usages across the
         # micro-batches of a step (``is_first_microbatch``): 1 + 1 B per parameter of those layers, plus the
@@ -97,10 +98,7 @@ def fp8_linear_params(scn: Scenario, stage: int) -> int:
     1/hidden share), what TE's FP8 weight cache copies. The word embedding, the output layer (Megatron-
     Core's own ColumnParallelLinear, outside ``fp8_autocast``; torchtitan's float8 conversion skips
     ``output``), the norms and the router stay BF16 and are not cached."""
-    par = scn.parallel
-    per_layer = _fp8_linear_params(scn.model, par.tp, par.ep, par.etp)
-    layout = scenario_layout(scn)
-    return sum(per_layer[u] for vs in layout.held(stage) for u in layout.units(vs) if isinstance(u, int))
+    return _fp8_linear_params_per_stage(scn.model, scn.parallel)[stage]
 
 
 def fp8_params_bf16_bytes(scn: Scenario, counts: dict, stage: int) -> float:
@@ -115,16 +113,20 @@ def fp8_params_bf16_bytes(scn: Scenario, counts: dict, stage: int) -> float:
 
 
 @functools.lru_cache(maxsize=64)
-def _fp8_linear_params(model: ModelSpec, tp: int, ep: int, etp: int) -> tuple[int, ...]:
-    """Per global layer index, the parameters of its TE linear modules on one rank (one count per layer
-    template: dense first layers, MoE layers, an MTP module)."""
+def _fp8_linear_params_per_stage(model: ModelSpec, par: ParallelSpec) -> tuple[int, ...]:
+    """``fp8_linear_params`` of every pipeline stage, each layer template (dense first layers, MoE layers,
+    an MTP module) counted once: memory_report asks it for every simulated rank."""
     graph = build_op_graph(model, 1, "bf16")  # parameters depend on neither micro-batch nor dtype
+    layout = stage_layout(par, model.mtp_layers)
     kinds: dict = {}
-    for i in range(model.total_layers):
+
+    def layer(i: int) -> int:
         ops = graph.layer_ops(i)
         if id(ops) not in kinds:
-            kinds[id(ops)] = sum(layer_params_per_rank(tuple(filter(is_fp8_linear, ops)), tp, ep, etp))
-    return tuple(kinds[id(graph.layer_ops(i))] for i in range(model.total_layers))
+            kinds[id(ops)] = sum(layer_params_per_rank(tuple(filter(is_fp8_linear, ops)), par.tp, par.ep, par.etp))
+        return kinds[id(ops)]
+    return tuple(sum(layer(u) for vs in layout.held(s) for u in layout.units(vs) if isinstance(u, int))
+                 for s in range(par.pp))
 
 
 def zero3_gathered_bytes(scn: Scenario) -> float:
