@@ -99,21 +99,38 @@ def torch_cross_entropy_bytes(d: int) -> tuple[int, int]:
 TORCH_CROSS_ENTROPY_KERNELS = (3, 4)
 
 
-def eager_head(ops: tuple[Op, ...], model: ModelSpec, kernels: str, cross_entropy: str) -> tuple[Op, ...]:
+def loss_parallel_cross_entropy_bytes(d: int) -> tuple[int, int]:
+    """F.cross_entropy under loss parallel (TP > 1: the logits a DTensor sharded over the vocabulary),
+    whose handlers (torch/distributed/tensor/parallel/loss.py) run decompositions of plain ops, per logit:
+    forward the upcast (d + 4), ``_log_softmax``'s amax (4), ``x - x_max`` (8), ``exp`` (8), ``sum`` (4),
+    ``shifted - logsumexp`` (8); backward ``_nll_loss_and_log_softmax_backward``'s ``zeros_like`` (4),
+    ``exp(x)`` (8), the add (12), the product with the upstream gradient (8), then the cast back (4 + d).
+    The per-token ops (the max and sum all-reduces, the target gather) are not counted."""
+    return d + 36, 36 + d
+
+
+LOSS_PARALLEL_CROSS_ENTROPY_KERNELS = (6, 5)
+
+
+def eager_head(ops: tuple[Op, ...], model: ModelSpec, kernels: str, cross_entropy: str,
+               loss_parallel: bool = False) -> tuple[Op, ...]:
     """The head's ops with eager PyTorch's norm (``kernels = "eager"``) and torch's loss
-    (``cross_entropy = "torch"``), each where the scenario runs it."""
+    (``cross_entropy = "torch"``; ``loss_parallel``: under TP), each where the scenario runs it."""
     ops = eager_layer(ops, model) if kernels == "eager" else ops
-    return torch_loss(ops) if cross_entropy == "torch" else ops
+    return torch_loss(ops, loss_parallel) if cross_entropy == "torch" else ops
 
 
-def torch_loss(ops: tuple[Op, ...]) -> tuple[Op, ...]:
-    """The head's loss ops as ``F.cross_entropy`` on upcast logits runs them (the module docstring)."""
+def torch_loss(ops: tuple[Op, ...], loss_parallel: bool = False) -> tuple[Op, ...]:
+    """The head's loss ops as ``F.cross_entropy`` on upcast logits runs them (the module docstring), or
+    its loss-parallel decomposition (``loss_parallel_cross_entropy_bytes``)."""
+    rule, kernels = ((loss_parallel_cross_entropy_bytes, LOSS_PARALLEL_CROSS_ENTROPY_KERNELS) if loss_parallel
+                     else (torch_cross_entropy_bytes, TORCH_CROSS_ENTROPY_KERNELS))
     out = []
     for op in ops:
         if op.kind == "loss":
             n = math.prod(op.shape)
-            fwd, bwd = torch_cross_entropy_bytes(op.dtype_bytes)
-            op = replace(op, fwd_bytes=float(fwd * n), bwd_bytes=float(bwd * n), kernels=TORCH_CROSS_ENTROPY_KERNELS)
+            fwd, bwd = rule(op.dtype_bytes)
+            op = replace(op, fwd_bytes=float(fwd * n), bwd_bytes=float(bwd * n), kernels=kernels)
         out.append(op)
     return tuple(out)
 

@@ -369,10 +369,11 @@ def _output_ops(m: ModelSpec, b: int, d: int, prefix: str, head_params: int) -> 
 
 def build_op_graph(model: ModelSpec, micro_batch_size: int, dtype: str = "bf16", fp8_recipe: str = "delayed",
                    attention: str = "flash", kernels: str = "fused", cross_entropy: str = "fused",
-                   fp8_transpose: bool = True, te_cp: int = 0, kv_repeat: bool = False) -> OpGraph:
+                   fp8_transpose: bool = True, te_cp: int = 0, kv_repeat: bool = False, loss_parallel: bool = False
+                   ) -> OpGraph:
     """One micro-batch. ``dtype = "fp8"``: TE's FP8 (fp8.py); ``attention`` "flash-varlen": unpadding (varlen.py);
-    ``kernels`` "eager", ``cross_entropy`` "torch": plain PyTorch ops (eager.py); ``te_cp`` > 0: Megatron-Core's
-    attention through TE at that CP (te_layout.py); ``kv_repeat``: GQA's K and V repeated for SDPA (repeat_kv.py)."""
+    ``kernels`` "eager", ``cross_entropy`` "torch" (``loss_parallel``: over TP): PyTorch ops (eager.py); ``te_cp``
+    > 0: Megatron-Core's attention via TE (te_layout.py); ``kv_repeat``: GQA's K, V repeated for SDPA (repeat_kv.py)."""
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
     model.check()
@@ -394,7 +395,6 @@ def build_op_graph(model: ModelSpec, micro_batch_size: int, dtype: str = "bf16",
     mtp: tuple[Op, ...] = ()
     if model.mtp_layers:
         mtp = layer(_mtp_input_ops(model, b, d) + _attention_ops(model, b, d) + _mlp_ops(model, b, d))
-    head = tuple(_head_ops(model, b, d))
-    head = eager.eager_head(head, model, kernels, cross_entropy)
+    head = eager.eager_head(tuple(_head_ops(model, b, d)), model, kernels, cross_entropy, loss_parallel)
     return OpGraph(model, b, d, tuple(_embed_ops(model, b, d)), main, head,
                    kinds.get((True, False), ()), kinds.get((False, True), ()), kinds.get((True, True), ()), mtp)

@@ -23,6 +23,14 @@ RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "moe_act", "layernorm", "mlp", 
 DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
 MASK_BYTES = 1  # dropout masks are stored as uint8 (Korthikanti et al. 2022, sec. 4.1)
 LOGITS_BYTES = DTYPE_BYTES["fp32"]  # Megatron-LM casts logits to fp32 for the vocab-parallel cross entropy
+# F.cross_entropy's backward (training.cross_entropy "torch"): fp32 logit-sized tensors it allocates beside
+# the saved log-softmax output. Whole vocabulary (TP 1): nll_loss_backward's zero-filled gradient, then
+# _log_softmax_backward_data's output, two at once. Loss parallel (TP > 1, vocabulary sharded; torchtitan
+# runs it whenever TP is on): torch/distributed/tensor/parallel/loss.py _nll_loss_and_log_softmax_backward
+# computes both in ``(grad_input + torch.exp(x)) * grad_output`` over ``grad_input = torch.zeros_like(x)``:
+# the zeros, exp(x) and their sum alive at the add, the zeros, the sum and the product at the multiply.
+TORCH_LOSS_BACKWARD_TENSORS = 2
+LOSS_PARALLEL_BACKWARD_TENSORS = 3
 def standalone_norms(model: ModelSpec, moe_layer: bool) -> tuple[bool, bool]:
     """(input norm, pre-MLP norm): whether Megatron-Core's Transformer Engine layer spec builds the
     norm as a module of its own, whose output "layernorm" recompute discards (transformer_layer.py
@@ -340,8 +348,10 @@ def loss_backward_bytes(model: ModelSpec, micro_batch_size: int, tp: int, cp: in
     ``F.cross_entropy`` on fp32 logits (log_softmax, then nll_loss) saves the log-softmax output, and
     its backward allocates nll_loss's gradient and then log_softmax's, two more fp32 logit-sized
     tensors alive at once (torch/csrc/autograd: each backward node returns a new tensor); with loss
-    parallel (DTensor, vocabulary sharded over TP) each is V/t wide."""
+    parallel (DTensor, vocabulary sharded over TP) each is V/t wide, and the fused backward of its
+    handlers holds three (LOSS_PARALLEL_BACKWARD_TENSORS)."""
     if cross_entropy == "fused":
         return 0.0
     tokens = (model.seq_length // cp) * micro_batch_size
-    return 2 * LOGITS_BYTES * tokens * model.vocab_size / tp
+    tensors = LOSS_PARALLEL_BACKWARD_TENSORS if tp > 1 else TORCH_LOSS_BACKWARD_TENSORS
+    return tensors * LOGITS_BYTES * tokens * model.vocab_size / tp

@@ -51,12 +51,13 @@ class LoweredPlan:
 
 def graph_args(scn: Scenario) -> tuple:
     """``build_op_graph``'s arguments after the model, one micro-batch of the scenario's training (the
-    search's estimate builds the same graph)."""
+    search's estimate builds the same graph). PyTorch's loss under TP is loss parallel (torchtitan
+    enables it whenever TP is on)."""
     t, p = scn.training, scn.parallel
     return (t.micro_batch_size, t.dtype, t.fp8_recipe, t.attention, t.kernels, t.cross_entropy,
             fp8_transposes(scn.cluster.gpu.architecture),
             te_cp(p.sharding, t.kernels, t.attention, t.attention_module, p.cp),
-            t.attention_module == repeat_kv.MODULE)
+            t.attention_module == repeat_kv.MODULE, p.tp > 1)
 
 
 def lower(scn: Scenario, full: bool = False) -> LoweredPlan:
