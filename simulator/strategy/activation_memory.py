@@ -31,6 +31,8 @@ LOGITS_BYTES = DTYPE_BYTES["fp32"]  # Megatron-LM casts logits to fp32 for the v
 # the zeros, exp(x) and their sum alive at the add, the zeros, the sum and the product at the multiply.
 TORCH_LOSS_BACKWARD_TENSORS = 2
 LOSS_PARALLEL_BACKWARD_TENSORS = 3
+
+
 def standalone_norms(model: ModelSpec, moe_layer: bool) -> tuple[bool, bool]:
     """(input norm, pre-MLP norm): whether Megatron-Core's Transformer Engine layer spec builds the
     norm as a module of its own, whose output "layernorm" recompute discards (transformer_layer.py
