@@ -112,6 +112,12 @@ def loss_parallel_cross_entropy_bytes(d: int) -> tuple[int, int]:
 LOSS_PARALLEL_CROSS_ENTROPY_KERNELS = (6, 5)
 
 
+def is_loss_parallel(cross_entropy: str, tp: int) -> bool:
+    """PyTorch's loss runs loss parallel under TP: torchtitan enables ``loss_parallel`` whenever TP is on
+    (the output layer's logits a DTensor sharded over the vocabulary)."""
+    return cross_entropy == "torch" and tp > 1
+
+
 def eager_head(ops: tuple[Op, ...], model: ModelSpec, kernels: str, cross_entropy: str,
                loss_parallel: bool = False) -> tuple[Op, ...]:
     """The head's ops with eager PyTorch's norm (``kernels = "eager"``) and torch's loss

@@ -7,6 +7,7 @@ per-rank peak comes from the simulated schedule; the paper's closed forms are th
 
 from __future__ import annotations
 
+from ..model.eager import is_loss_parallel
 from ..model.spec import ModelSpec
 from ..units import DTYPE_BYTES
 from .saved_tensors import ActivationTerm, eager_saved, fp8_saved_inputs, repeated_kv_saved
@@ -25,8 +26,8 @@ MASK_BYTES = 1  # dropout masks are stored as uint8 (Korthikanti et al. 2022, se
 LOGITS_BYTES = DTYPE_BYTES["fp32"]  # Megatron-LM casts logits to fp32 for the vocab-parallel cross entropy
 # F.cross_entropy's backward (training.cross_entropy "torch"): fp32 logit-sized tensors it allocates beside
 # the saved log-softmax output. Whole vocabulary (TP 1): nll_loss_backward's zero-filled gradient, then
-# _log_softmax_backward_data's output, two at once. Loss parallel (TP > 1, vocabulary sharded; torchtitan
-# runs it whenever TP is on): torch/distributed/tensor/parallel/loss.py _nll_loss_and_log_softmax_backward
+# _log_softmax_backward_data's output, two at once. Loss parallel (model/eager.is_loss_parallel):
+# torch/distributed/tensor/parallel/loss.py _nll_loss_and_log_softmax_backward
 # computes both in ``(grad_input + torch.exp(x)) * grad_output`` over ``grad_input = torch.zeros_like(x)``:
 # the zeros, exp(x) and their sum alive at the add, the zeros, the sum and the product at the multiply.
 TORCH_LOSS_BACKWARD_TENSORS = 2
@@ -355,5 +356,5 @@ def loss_backward_bytes(model: ModelSpec, micro_batch_size: int, tp: int, cp: in
     if cross_entropy == "fused":
         return 0.0
     tokens = (model.seq_length // cp) * micro_batch_size
-    tensors = LOSS_PARALLEL_BACKWARD_TENSORS if tp > 1 else TORCH_LOSS_BACKWARD_TENSORS
+    tensors = LOSS_PARALLEL_BACKWARD_TENSORS if is_loss_parallel(cross_entropy, tp) else TORCH_LOSS_BACKWARD_TENSORS
     return tensors * LOGITS_BYTES * tokens * model.vocab_size / tp

@@ -16,6 +16,7 @@ from itertools import chain
 from typing import TYPE_CHECKING
 
 from ..model import repeat_kv
+from ..model.eager import is_loss_parallel
 from ..model.fp8 import fp8_transposes
 from ..model.opgraph import build_op_graph
 from ..model.te_layout import te_cp
@@ -51,13 +52,12 @@ class LoweredPlan:
 
 def graph_args(scn: Scenario) -> tuple:
     """``build_op_graph``'s arguments after the model, one micro-batch of the scenario's training (the
-    search's estimate builds the same graph). PyTorch's loss under TP is loss parallel (torchtitan
-    enables it whenever TP is on)."""
+    search's estimate builds the same graph)."""
     t, p = scn.training, scn.parallel
     return (t.micro_batch_size, t.dtype, t.fp8_recipe, t.attention, t.kernels, t.cross_entropy,
             fp8_transposes(scn.cluster.gpu.architecture),
             te_cp(p.sharding, t.kernels, t.attention, t.attention_module, p.cp),
-            t.attention_module == repeat_kv.MODULE, p.tp > 1)
+            t.attention_module == repeat_kv.MODULE, is_loss_parallel(t.cross_entropy, p.tp))
 
 
 def lower(scn: Scenario, full: bool = False) -> LoweredPlan:
